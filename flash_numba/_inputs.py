@@ -1,0 +1,253 @@
+"""Checking and normalising the arrays given to the public functions.
+
+Conventions (the same for every public function):
+
+* Shapes ``(N, d)``, ``(H, N, d)`` or ``(B, H, N, d)``; q, k and v have the same
+  rank and leading dimensions, the same head dim ``d`` (1..128), and k and v the
+  same length ``Nk``, which may differ from q's ``Nq``.
+* Storage dtypes float16, float32 or float64, the same for all arrays; kernels
+  accumulate in float32 (float64 for float64 storage).  The log-sum-exp ``lse``
+  is float32 (float64 for float64 storage), shape ``lead + (Nq,)``.
+* Host (NumPy) arrays are copied to the device and results come back as NumPy.
+  Device arrays (Numba device arrays, or anything with
+  ``__cuda_array_interface__``: PyTorch, CuPy) are used in place, zero-copy, and
+  results stay on the device as Numba device arrays.  Mixing the two is refused.
+* Non-contiguous host arrays (views, negative strides) are copied to contiguous
+  form; non-contiguous device arrays are refused (``.contiguous()`` them).
+* NaN or Inf in the inputs is not searched for (that would cost a pass over the
+  data): it propagates to the outputs as in PyTorch.
+
+Every problem raises ``TypeError`` (wrong kind of object or dtype) or
+``ValueError`` (wrong shape or value) whose message names the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .device import SIMULATOR
+
+MAX_HEAD_DIM = 128
+SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_DTYPE_NAMES = "float16, float32 or float64"
+
+
+def acc_dtype(dtype) -> np.dtype:
+    """The accumulation dtype for a storage dtype (also the dtype of ``lse``)."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _is_device_array(x) -> bool:
+    if SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return isinstance(x, FakeCUDAArray)
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def _as_array(x, name: str):
+    """Return (array, on_device) for a host or device array, or raise TypeError."""
+    if _is_device_array(x):
+        if SIMULATOR:
+            return x, True
+        from numba import cuda
+
+        arr = cuda.as_cuda_array(x)
+        return arr, True
+    if isinstance(x, np.ndarray):
+        return x, False
+    if hasattr(x, "__cuda_array_interface__") and SIMULATOR:
+        raise TypeError(f"{name}: a GPU array was given but flash_numba runs in the CUDA simulator")
+    if hasattr(x, "__array__") and not isinstance(x, (str, bytes)):
+        try:
+            return np.asarray(x), False
+        except Exception:  # pragma: no cover - exotic objects
+            pass
+    raise TypeError(
+        f"{name}: expected a NumPy array or a CUDA array (Numba, PyTorch, CuPy), got {type(x).__name__}"
+    )
+
+
+def _check_dtype(arr, name: str) -> np.dtype:
+    dt = np.dtype(arr.dtype)
+    if dt not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: dtype {dt} is not supported; use {_DTYPE_NAMES}")
+    return dt
+
+
+def _is_c_contiguous(arr) -> bool:
+    if isinstance(arr, np.ndarray):
+        return arr.flags.c_contiguous
+    fn = getattr(arr, "is_c_contiguous", None)
+    return bool(fn()) if fn is not None else True
+
+
+@dataclass
+class Operand:
+    """One array, reshaped to ``(BH, N, d)`` (or ``(BH, N)`` for lse) on the device."""
+
+    dev: object  # device array, contiguous
+    on_device: bool  # True if the caller gave a device array
+
+
+@dataclass
+class Problem:
+    """The validated shape of an attention call."""
+
+    lead: tuple  # leading dims of q: (), (H,) or (B, H)
+    BH: int
+    Nq: int
+    Nk: int
+    d: int
+    dtype: np.dtype
+    on_device: bool
+    scale: float
+    causal: bool
+
+    @property
+    def acc(self) -> np.dtype:
+        return acc_dtype(self.dtype)
+
+
+def check_scale(scale, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: must be finite, got {scale}")
+    return scale
+
+
+def _to_device(arr, on_device: bool, shape3, name: str):
+    """Contiguous device array of shape ``shape3`` (a zero-copy view when possible)."""
+    from numba import cuda
+
+    if on_device:
+        if not _is_c_contiguous(arr):
+            raise ValueError(f"{name}: device array is not C-contiguous; make it contiguous first")
+        return arr.reshape(shape3)
+    host = np.ascontiguousarray(arr).reshape(shape3)
+    return cuda.to_device(host)
+
+
+def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> tuple[Problem, dict]:
+    """Validate q, k, v (and, for the backward, o, lse, do) and move them to the device.
+
+    ``named`` maps argument names to arrays and must start with q, k, v.
+    ``extra`` may hold ``o``, ``do`` (same shape and dtype as q) and ``lse``
+    (shape ``lead + (Nq,)``, float32 / float64).
+    Returns the :class:`Problem` and a dict of name -> :class:`Operand`.
+    """
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True or False, got {causal!r}")
+    arrays = {}
+    for name, x in list(named.items()) + list((extra or {}).items()):
+        arrays[name] = _as_array(x, name)
+    q, k, v = (arrays[n][0] for n in ("q", "k", "v"))
+    places = {n: on for n, (_, on) in arrays.items()}
+    if len(set(places.values())) > 1:
+        host = [n for n, on in places.items() if not on]
+        dev = [n for n, on in places.items() if on]
+        raise TypeError(
+            f"{', '.join(host)} on the host but {', '.join(dev)} on the device: "
+            "give all arrays as NumPy arrays or all as CUDA arrays"
+        )
+    on_device = places["q"]
+
+    if q.ndim not in (2, 3, 4):
+        raise ValueError(f"q: expected shape (N, d), (H, N, d) or (B, H, N, d), got {tuple(q.shape)}")
+    for name, x in (("k", k), ("v", v)):
+        if x.ndim != q.ndim:
+            raise ValueError(f"{name}: has {x.ndim} dimensions but q has {q.ndim} ({tuple(x.shape)} vs {tuple(q.shape)})")
+    lead = tuple(q.shape[:-2])
+    for name, x in (("k", k), ("v", v)):
+        if tuple(x.shape[:-2]) != lead:
+            raise ValueError(f"{name}: leading (batch, head) dims {tuple(x.shape[:-2])} differ from q's {lead}")
+    Nq, d = int(q.shape[-2]), int(q.shape[-1])
+    Nk = int(k.shape[-2])
+    if k.shape[-1] != d:
+        raise ValueError(f"k: head dim {k.shape[-1]} differs from q's {d}")
+    if v.shape[-1] != d:
+        raise ValueError(f"v: head dim {v.shape[-1]} differs from q's {d} (flash_numba needs equal head dims)")
+    if v.shape[-2] != Nk:
+        raise ValueError(f"v: sequence length {v.shape[-2]} differs from k's {Nk}")
+    if d < 1 or d > MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim d = {d} is not supported; use 1 <= d <= {MAX_HEAD_DIM}")
+    if Nq == 0:
+        raise ValueError("q: empty sequence (Nq = 0); need at least one query row")
+    if Nk == 0:
+        raise ValueError("k: empty sequence (Nk = 0); need at least one key")
+    if any(int(s) == 0 for s in lead):
+        raise ValueError(f"q: a batch or head dim is zero {tuple(q.shape)}")
+    dtype = _check_dtype(q, "q")
+    for name in arrays:
+        if name == "lse":
+            continue
+        dt = _check_dtype(arrays[name][0], name)
+        if dt != dtype:
+            raise TypeError(f"{name}: dtype {dt} differs from q's {dtype}; give all arrays one dtype")
+    for name in ("o", "do"):
+        if name in arrays and tuple(arrays[name][0].shape) != tuple(q.shape):
+            raise ValueError(f"{name}: shape {tuple(arrays[name][0].shape)} differs from q's {tuple(q.shape)}")
+    if "lse" in arrays:
+        lse = arrays["lse"][0]
+        want = lead + (Nq,)
+        if tuple(lse.shape) != want:
+            raise ValueError(f"lse: expected shape {want} (q's leading dims and Nq), got {tuple(lse.shape)}")
+        if np.dtype(lse.dtype) != acc_dtype(dtype):
+            raise TypeError(f"lse: expected dtype {acc_dtype(dtype)} for {dtype} inputs, got {np.dtype(lse.dtype)}")
+
+    BH = int(np.prod(lead)) if lead else 1
+    prob = Problem(lead, BH, Nq, Nk, d, dtype, on_device, check_scale(scale, d), bool(causal))
+    ops = {}
+    for name, (arr, on) in arrays.items():
+        if name == "lse":
+            shape3 = (BH, Nq)
+        else:
+            shape3 = (BH, Nk if name in ("k", "v") else Nq, d)
+        ops[name] = Operand(_to_device(arr, on, shape3, name), on)
+    return prob, ops
+
+
+def finish(prob: Problem, dev, shape_tail):
+    """Reshape a device result to the caller's leading dims; copy to host if the inputs were."""
+    shape = prob.lead + tuple(shape_tail)
+    if prob.on_device:
+        return dev.reshape(shape)
+    return dev.copy_to_host().reshape(shape)
+
+
+#: Tests set this (or FLASH_NUMBA_POISON=1 in the environment) so that every
+#: output buffer starts filled with NaN: an element a kernel forgets to write
+#: then fails the comparison instead of passing by luck on zeros.
+import os as _os
+
+POISON_OUTPUTS = _os.environ.get("FLASH_NUMBA_POISON", "") == "1"
+
+
+def empty(shape, dtype):
+    """An output buffer on the device (NaN-filled when :data:`POISON_OUTPUTS`)."""
+    from numba import cuda
+
+    if POISON_OUTPUTS:
+        return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
+    return cuda.device_array(shape, dtype=dtype)
+
+
+def zeros(shape, dtype):
+    """A zero-filled device buffer, for accumulators the algorithm starts at 0."""
+    from numba import cuda
+
+    return cuda.to_device(np.zeros(shape, dtype=dtype))
+
+
+def full(shape, value, dtype):
+    """A device buffer filled with ``value`` (e.g. -inf for a running max)."""
+    from numba import cuda
+
+    return cuda.to_device(np.full(shape, value, dtype=dtype))

@@ -1,0 +1,145 @@
+"""The public functions: standard attention and FlashAttention, forward and backward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _inputs, blocks, kernels
+from .hbm import Counters, HBMCount
+
+
+@dataclass
+class ForwardResult:
+    """``o``: the output, shaped like q; ``lse``: L = m + log(l) per query row,
+    shape ``lead + (Nq,)`` (-inf for a row with no visible key, whose o is 0);
+    ``hbm``: an :class:`~flash_numba.hbm.HBMCount` when ``count_hbm=True``, else None;
+    ``kernel`` and ``block`` say what ran."""
+
+    o: object
+    lse: object
+    hbm: HBMCount | None
+    kernel: str
+    block: tuple[int, int] | None
+
+
+@dataclass
+class BackwardResult:
+    """``dq``, ``dk``, ``dv``: gradients shaped like q, k, v; ``hbm`` as in :class:`ForwardResult`."""
+
+    dq: object
+    dk: object
+    dv: object
+    hbm: HBMCount | None
+    kernel: str
+    block: tuple[int, int] | None
+
+
+def _block(mod, prob, block, pass_):
+    max_Br, max_Bc = mod.block_limits(prob.d, prob.dtype, pass_)
+
+    def fp(Br, Bc, d, dtype):
+        return mod.shared_bytes(Br, Bc, d, dtype, pass_)
+
+    if block is None:
+        return blocks.choose(prob.d, prob.dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
+    return blocks.validate(block, prob.d, prob.dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
+
+
+def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"):
+    """The ``(Br, Bc)`` a call would use (``None`` for the standard kernels)."""
+    import numpy as np
+
+    mod = kernels.get(kernel)
+    if not getattr(mod, "USES_BLOCKS", True):
+        return None
+    prob = _inputs.Problem((), 1, 1, 1, d, np.dtype(dtype), False, 1.0, False)
+    return _block(mod, prob, block, pass_)
+
+
+def _check_count(count_hbm):
+    if not isinstance(count_hbm, bool):
+        raise TypeError(f"count_hbm: expected True or False, got {count_hbm!r}")
+
+
+def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
+    mod = kernels.get(kernel)
+    _check_count(count_hbm)
+    prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
+    uses_blocks = getattr(mod, "USES_BLOCKS", True)
+    if not uses_blocks and block is not None:
+        raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
+    blk = _block(mod, prob, block, "forward") if uses_blocks else None
+    counters = Counters(count_hbm)
+    o, lse = mod.forward(prob, ops, blk, counters)
+    return ForwardResult(
+        _inputs.finish(prob, o, (prob.Nq, prob.d)),
+        _inputs.finish(prob, lse, (prob.Nq,)),
+        counters.result(),
+        kernel,
+        blk,
+    )
+
+
+def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm) -> BackwardResult:
+    mod = kernels.get(kernel)
+    _check_count(count_hbm)
+    prob, ops = _inputs.prepare(
+        {"q": q, "k": k, "v": v}, causal=causal, scale=scale, extra={"o": o, "lse": lse, "do": do}
+    )
+    uses_blocks = getattr(mod, "USES_BLOCKS", True)
+    if not uses_blocks and block is not None:
+        raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
+    blk = _block(mod, prob, block, "backward") if uses_blocks else None
+    counters = Counters(count_hbm)
+    dq, dk, dv = mod.backward(prob, ops, blk, counters)
+    return BackwardResult(
+        _inputs.finish(prob, dq, (prob.Nq, prob.d)),
+        _inputs.finish(prob, dk, (prob.Nk, prob.d)),
+        _inputs.finish(prob, dv, (prob.Nk, prob.d)),
+        counters.result(),
+        kernel,
+        blk,
+    )
+
+
+def standard_attention_forward(q, k, v, *, causal=False, scale=None, count_hbm=False) -> ForwardResult:
+    """Standard attention in three kernels that materialise S and P in HBM.
+
+    q: (..., Nq, d); k, v: (..., Nk, d) with leading dims (), (H,) or (B, H).
+    ``causal`` masks key j for query i when j > i + (Nk - Nq) (bottom-right
+    aligned, as PyTorch and FlashAttention >= 2.1).  ``scale`` defaults to
+    1/sqrt(d).  Returns a :class:`ForwardResult`.
+    """
+    return _forward("standard", q, k, v, causal, scale, None, count_hbm)
+
+
+def standard_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, count_hbm=False) -> BackwardResult:
+    """Standard backward: recompute S and P into HBM, then dV, dP, dS, dQ, dK kernels."""
+    return _backward("standard", q, k, v, o, lse, do, causal, scale, None, count_hbm)
+
+
+def flash_attention_forward(
+    q, k, v, *, causal=False, scale=None, kernel="flash2", block=None, count_hbm=False
+) -> ForwardResult:
+    """FlashAttention forward (``kernel="flash1"`` or ``"flash2"``); never stores S or P.
+
+    ``block=(Br, Bc)`` overrides the block sizes chosen from the device's shared
+    memory (validated against the device's limits).
+    """
+    if kernel == "standard":
+        raise ValueError("kernel: 'standard' is not a FlashAttention kernel; use standard_attention_forward")
+    return _forward(kernel, q, k, v, causal, scale, block, count_hbm)
+
+
+def flash_attention_backward(
+    q, k, v, o, lse, do, *, causal=False, scale=None, kernel="flash2", block=None, count_hbm=False
+) -> BackwardResult:
+    """FlashAttention backward: recomputes P blockwise from q, k and lse."""
+    if kernel == "standard":
+        raise ValueError("kernel: 'standard' is not a FlashAttention kernel; use standard_attention_backward")
+    return _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm)
+
+
+def attention(q, k, v, *, causal=False, scale=None):
+    """softmax(scale * q k^T) v with the flash2 kernels; returns O only."""
+    return flash_attention_forward(q, k, v, causal=causal, scale=scale).o

@@ -1,0 +1,229 @@
+"""Where the kernels run: a real NVIDIA GPU, or Numba's CUDA simulator.
+
+Everything in flash_numba that depends on the machine goes through this module:
+
+* :func:`mode` says ``"gpu"`` or ``"simulator"`` and :func:`describe` says it in
+  one line, with the device's name, compute capability, SM count and shared
+  memory.
+* :func:`info` returns those numbers as a :class:`DeviceInfo`.  The simulator has
+  no device attributes, so there it returns documented stand-ins (a T4-like
+  budget of 48 KB shared memory per block, 64 KB per SM, 1 SM), clearly marked
+  ``simulated=True``.
+* :func:`jit` wraps ``numba.cuda.jit`` and drops the options that the simulator
+  rejects (``max_registers``, ``lineinfo``, ``launch_bounds``), so one kernel
+  definition serves both.
+* :class:`CudaTimer` times with CUDA events on a GPU.  The simulator's events
+  report -1 ms; there the timer reports ``None`` and says why instead of
+  printing a meaningless number.
+
+Choosing the mode.  ``NUMBA_ENABLE_CUDASIM=1`` must be set before numba is
+imported.  When flash_numba is imported before numba, the variable is unset and
+no NVIDIA driver can be loaded, :mod:`flash_numba` sets it for you (a laptop
+"just works" in the simulator).  Set ``NUMBA_ENABLE_CUDASIM=0`` to forbid that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+
+#: Why the simulator was chosen, when flash_numba chose it (None otherwise).
+AUTO_SIMULATOR_REASON: str | None = None
+
+
+def _driver_loadable() -> bool:
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _choose_mode_before_numba_import() -> None:
+    """Turn the simulator on when there is no GPU driver and nobody decided."""
+    global AUTO_SIMULATOR_REASON
+    if "numba" in sys.modules or "NUMBA_ENABLE_CUDASIM" in os.environ:
+        return
+    if not _driver_loadable():
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        AUTO_SIMULATOR_REASON = "no NVIDIA driver found"
+
+
+_choose_mode_before_numba_import()
+
+from . import _compat  # noqa: E402,F401  (must precede numba.cuda)
+import numba  # noqa: E402
+from numba import cuda  # noqa: E402
+
+#: True when kernels run in Numba's CUDA simulator (Python threads on the CPU).
+SIMULATOR: bool = bool(numba.config.ENABLE_CUDASIM)
+
+#: Static shared memory a kernel may declare, on every GPU we target (T4 .. H200).
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the kernels need to know about the device.
+
+    In the simulator the numbers are stand-ins (``simulated=True``): a 48 KB
+    shared-memory budget per block, as on every real GPU we target, so block
+    sizes chosen there are the ones a T4 would get.
+    """
+
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    shared_mem_per_block: int  # bytes a block may use (static limit applied)
+    shared_mem_per_sm: int  # bytes per multiprocessor
+    total_memory: int | None  # bytes of device memory (HBM / GDDR); None if unknown
+    warp_size: int
+    simulated: bool
+
+    @property
+    def mode(self) -> str:
+        return "simulator" if self.simulated else "gpu"
+
+
+def mode() -> str:
+    """``"simulator"`` or ``"gpu"``; raises if neither is available."""
+    if SIMULATOR:
+        return "simulator"
+    if not cuda.is_available():
+        raise RuntimeError(
+            "No CUDA GPU is available to Numba and the simulator is off. "
+            "Set NUMBA_ENABLE_CUDASIM=1 before importing numba (or import flash_numba "
+            "first, which does it when no NVIDIA driver is found)."
+        )
+    return "gpu"
+
+
+_INFO: DeviceInfo | None = None
+
+
+def info() -> DeviceInfo:
+    """The current device's name, compute capability, SMs and shared memory."""
+    global _INFO
+    if _INFO is not None:
+        return _INFO
+    if mode() == "simulator":
+        _INFO = DeviceInfo(
+            name="Numba CUDA simulator",
+            compute_capability=(7, 5),
+            sm_count=1,
+            shared_mem_per_block=STATIC_SHARED_LIMIT,
+            shared_mem_per_sm=64 * 1024,
+            total_memory=None,
+            warp_size=32,
+            simulated=True,
+        )
+        return _INFO
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    try:
+        total = cuda.current_context().get_memory_info()[1]
+    except Exception:  # pragma: no cover - depends on the driver
+        total = None
+    _INFO = DeviceInfo(
+        name=name,
+        compute_capability=tuple(dev.compute_capability),
+        sm_count=int(dev.MULTIPROCESSOR_COUNT),
+        shared_mem_per_block=min(int(dev.MAX_SHARED_MEMORY_PER_BLOCK), STATIC_SHARED_LIMIT),
+        shared_mem_per_sm=int(dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+        total_memory=total,
+        warp_size=int(dev.WARP_SIZE),
+        simulated=False,
+    )
+    return _INFO
+
+
+def describe() -> str:
+    """One line: where the kernels run, and the numbers that matter."""
+    d = info()
+    if d.simulated:
+        why = f" ({AUTO_SIMULATOR_REASON})" if AUTO_SIMULATOR_REASON else ""
+        return (
+            f"simulator{why}: kernels run as Python threads on the CPU; use tiny sizes, "
+            f"times are not measured; stand-in budget {d.shared_mem_per_block // 1024} KB "
+            f"shared memory per block"
+        )
+    mem = f", {d.total_memory / 2**30:.0f} GiB" if d.total_memory else ""
+    return (
+        f"gpu: {d.name} (sm_{d.compute_capability[0]}{d.compute_capability[1]}), "
+        f"{d.sm_count} SMs{mem}, shared memory {d.shared_mem_per_block // 1024} KB per block "
+        f"(static), {d.shared_mem_per_sm // 1024} KB per SM"
+    )
+
+
+_SIM_REJECTS = ("max_registers", "lineinfo", "launch_bounds")
+
+
+def jit(*args, **options):
+    """``numba.cuda.jit`` that also works in the simulator.
+
+    The simulator raises on ``max_registers``, ``lineinfo`` and
+    ``launch_bounds``; they only tune code generation, so they are dropped there.
+    """
+    if SIMULATOR:
+        for key in _SIM_REJECTS:
+            options.pop(key, None)
+    return cuda.jit(*args, **options)
+
+
+class CudaTimer:
+    """Time a region of device work with CUDA events.
+
+    >>> with CudaTimer() as t:          # doctest: +SKIP
+    ...     kernel[grid, block](...)
+    >>> t.ms                            # doctest: +SKIP
+
+    In the simulator events report -1; there ``ms`` is ``None`` and
+    :attr:`note` explains why.
+    """
+
+    note = "the simulator has no clock for kernels (its CUDA events report -1 ms)"
+
+    def __init__(self) -> None:
+        self.ms: float | None = None
+
+    def __enter__(self) -> "CudaTimer":
+        if not SIMULATOR:
+            self._start = cuda.event(timing=True)
+            self._stop = cuda.event(timing=True)
+            self._start.record()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if SIMULATOR:
+            self.ms = None
+            return
+        self._stop.record()
+        self._stop.synchronize()
+        self.ms = cuda.event_elapsed_time(self._start, self._stop)
+
+
+def time_ms(fn, *, warmup: int = 3, repeats: int = 10) -> list[float] | None:
+    """Run ``fn()`` ``warmup`` times, then time ``repeats`` calls with CUDA events.
+
+    Returns the list of times in milliseconds (take the median), or ``None`` in
+    the simulator, which cannot time kernels.
+    """
+    if SIMULATOR:
+        return None
+    for _ in range(warmup):
+        fn()
+    cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        with CudaTimer() as t:
+            fn()
+        out.append(t.ms)
+    return out
+
+
+def synchronize() -> None:
+    cuda.synchronize()

@@ -1,0 +1,117 @@
+"""HBM byte counts: the record every counted call returns, and the in-kernel counters.
+
+What is counted.  Every kernel has an instrumented variant, chosen by a
+compile-time switch ``COUNT`` in its factory (the plain variant compiles the
+counting code away and pays nothing).  In the instrumented variant each thread
+adds, in registers, the bytes that *its own code* asks global memory for: every
+element it loads from or stores to a global array, times that array's item size.
+At the end each thread adds its two totals to a per-kernel ``int64[2]`` array
+with one atomic each (``[bytes_read, bytes_written]``).
+
+What is not counted.  These are bytes *requested by the code*, the quantity in
+the FlashAttention paper's IO analysis.  The hardware may serve a re-read from
+the L2 cache instead of HBM, fetch whole 32-byte sectors, or merge writes; only
+a hardware profiler (Nsight Compute's ``dram__bytes_*``) sees that.
+``flash_numba.iomodel`` predicts these counts exactly in closed form, and the
+tests assert counted == predicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class KernelBytes:
+    """Bytes one kernel launch (or a group of launches) read and wrote."""
+
+    bytes_read: int
+    bytes_written: int
+
+    @property
+    def total(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass(frozen=True)
+class HBMCount:
+    """Bytes read from and written to HBM by one call, with a per-kernel breakdown.
+
+    ``per_kernel`` maps a kernel's name (``"scores S = scale*Q@K^T"``...) to its
+    :class:`KernelBytes`, in launch order.  Two counts compare equal when every
+    kernel's bytes agree, which is how the tests hold kernels to the IO model.
+    """
+
+    per_kernel: dict[str, KernelBytes] = field(default_factory=dict)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(k.bytes_read for k in self.per_kernel.values())
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(k.bytes_written for k in self.per_kernel.values())
+
+    @property
+    def total(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    def __add__(self, other: "HBMCount") -> "HBMCount":
+        merged = dict(self.per_kernel)
+        for name, kb in other.per_kernel.items():
+            if name in merged:
+                old = merged[name]
+                kb = KernelBytes(old.bytes_read + kb.bytes_read, old.bytes_written + kb.bytes_written)
+            merged[name] = kb
+        return HBMCount(merged)
+
+    def table(self, title: str | None = None) -> str:
+        """A fixed-width table, one row per kernel and a total row."""
+        w = max([len(n) for n in self.per_kernel] + [5])
+        lines = [] if title is None else [title]
+        lines.append(f"{'kernel':<{w}}  {'read':>14}  {'written':>14}  {'total':>14}")
+        for name, kb in self.per_kernel.items():
+            lines.append(f"{name:<{w}}  {kb.bytes_read:>14,}  {kb.bytes_written:>14,}  {kb.total:>14,}")
+        lines.append(f"{'total':<{w}}  {self.bytes_read:>14,}  {self.bytes_written:>14,}  {self.total:>14,}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return (
+            f"HBM: {self.bytes_read:,} B read + {self.bytes_written:,} B written "
+            f"= {self.total:,} B ({len(self.per_kernel)} kernels)"
+        )
+
+
+class Counters:
+    """Device-side counters for one API call: one ``int64[2]`` array per kernel.
+
+    ``Counters(enabled=False)`` hands every kernel the same one-element dummy
+    array; the plain kernels never touch it.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        from numba import cuda
+
+        self.enabled = enabled
+        self._cuda = cuda
+        self._arrays: dict[str, object] = {}
+        self._dummy = None if enabled else cuda.to_device(np.zeros(2, dtype=np.int64))
+
+    def array(self, name: str):
+        """The device array a kernel named ``name`` adds its bytes to."""
+        if not self.enabled:
+            return self._dummy
+        if name not in self._arrays:
+            self._arrays[name] = self._cuda.to_device(np.zeros(2, dtype=np.int64))
+        return self._arrays[name]
+
+    def result(self) -> HBMCount | None:
+        if not self.enabled:
+            return None
+        per = {}
+        for name, arr in self._arrays.items():
+            r, w = (int(x) for x in arr.copy_to_host())
+            per[name] = KernelBytes(r, w)
+        return HBMCount(per)

@@ -1,0 +1,50 @@
+"""Pieces every kernel module shares.
+
+The counting pattern (see :mod:`flash_numba.hbm`).  A kernel factory takes a
+``count`` flag and closes over it as the constant ``COUNT``.  Inside the kernel::
+
+    nr = 0                      # bytes this thread read from global memory
+    nw = 0                      # bytes this thread wrote
+    ...
+    x = q[bh, row, c]
+    if COUNT:
+        nr += Q_BYTES           # item size of q, a closure constant
+    ...
+    if COUNT:
+        cuda.atomic.add(counter, 0, nr)
+        cuda.atomic.add(counter, 1, nw)
+
+Numba folds ``if COUNT:`` away when COUNT is False, so the plain kernel pays
+nothing.  ``counter`` is an ``int64[2]`` array from :class:`~flash_numba.hbm.Counters`.
+A thread that leaves early must still add what it counted (or count nothing
+before leaving).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+
+_NB = {
+    np.dtype(np.float16): types.float16,
+    np.dtype(np.float32): types.float32,
+    np.dtype(np.float64): types.float64,
+}
+
+
+def nb_type(dtype):
+    """The Numba scalar type of a NumPy dtype."""
+    return _NB[np.dtype(dtype)]
+
+
+def acc_nb_type(dtype):
+    """Accumulation type: float64 for float64 storage, else float32."""
+    return types.float64 if np.dtype(dtype) == np.float64 else types.float32
+
+
+def array_type(dtype, ndim: int):
+    """A C-contiguous Numba array type, for compile-tier signatures."""
+    return types.Array(nb_type(dtype), ndim, "C")
+
+
+COUNTER_TYPE = types.Array(types.int64, 1, "C")
