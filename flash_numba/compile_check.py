@@ -7,10 +7,21 @@ capability (7.5 = Colab's T4, 9.0 = H100/H200); this needs ``numba-cuda[cu13]``
 PTX with the ``ptxas`` from the ``nvidia-cuda-nvcc`` wheel (13.5; the system's
 13.0 ptxas rejects Numba's newer PTX) and reads its ``-v`` report: registers,
 static shared memory, stack frame and spills per kernel.
+
+Run it for every kernel module (this is what ``tests/test_compile.py`` does)::
+
+    NUMBA_ENABLE_CUDASIM=0 python -m flash_numba.compile_check [--csv compile.csv]
+
+It compiles each module's ``compile_all`` for cc 7.5 and 9.0, prints one row per
+kernel specialisation (registers, static shared bytes, stack, spills) and exits
+non-zero if anything failed to compile or declares more than 48 KB of static
+shared memory.
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
 import os
 import re
 import shutil
@@ -19,15 +30,40 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from .device import STATIC_SHARED_LIMIT
+
 CCS = ((7, 5), (9, 0))
+
+#: (dtypes, head dims) handed to each module's ``compile_all``: every dtype at
+#: d = 64, and the other head dims the tests use at float32.
+GROUPS = ((("float16", "float32", "float64"), (64,)), (("float32",), (16, 80, 128)))
+
+
+@dataclass(frozen=True)
+class _TargetDevice:
+    compute_capability: tuple
 
 
 def compile_ptx(pyfunc, argtypes, cc) -> str:
-    """PTX for the Python function of a kernel at the given argument types and cc."""
-    from numba import cuda
+    """PTX for the Python function of a kernel at the given argument types and cc.
 
-    ptx, _ = cuda.compile_ptx(pyfunc, tuple(argtypes), cc=cc, fastmath=getattr(pyfunc, "_fastmath", False))
+    A kernel that calls a ``@cuda.jit(device=True)`` function makes Numba type
+    that function for the *current* device's compute capability, which fails
+    when there is no GPU; the target ``cc`` stands in for it meanwhile.
+    """
+    from unittest import mock
+
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    with mock.patch.object(dispatcher, "get_current_device", lambda: _TargetDevice(tuple(cc))):
+        ptx, _ = cuda.compile_ptx(pyfunc, tuple(argtypes), cc=cc, fastmath=getattr(pyfunc, "_fastmath", False))
     return ptx
+
+
+def ptx_shared_bytes(ptx: str) -> int:
+    """Static shared memory a PTX module declares (sum of its ``.shared`` arrays)."""
+    return sum(int(n) for n in re.findall(r"^\s*(?:\.visible\s+)?\.shared\s+.*\[(\d+)\];", ptx, flags=re.M))
 
 
 @dataclass
@@ -67,7 +103,11 @@ def ptxas_report(ptx: str, cc) -> PtxasReport | None:
         )
     if proc.returncode != 0:
         raise RuntimeError(f"ptxas failed for sm_{cc[0]}{cc[1]}:\n{proc.stderr[-2000:]}")
-    text = proc.stderr
+    return parse_ptxas(proc.stderr)
+
+
+def parse_ptxas(text: str) -> PtxasReport:
+    """The numbers in ``ptxas -v`` output for one kernel."""
     regs = re.search(r"Used (\d+) registers", text)
     smem = re.search(r"(\d+) bytes smem", text)
     stack = re.search(r"(\d+) bytes stack frame", text)
@@ -83,3 +123,102 @@ def ptxas_report(ptx: str, cc) -> PtxasReport | None:
 
 def have_ptxas() -> bool:
     return find_ptxas() is not None or shutil.which("ptxas") is not None
+
+
+@dataclass
+class Row:
+    """One compiled kernel specialisation."""
+
+    module: str
+    label: str
+    cc: tuple
+    shared_bytes: int  # static shared memory (from ptxas, else from the PTX)
+    ptxas: PtxasReport | None
+
+    def csv_fields(self) -> dict:
+        r = self.ptxas
+        return {
+            "module": self.module,
+            "label": self.label,
+            "cc": f"{self.cc[0]}.{self.cc[1]}",
+            "registers": r.registers if r else "",
+            "shared_bytes": self.shared_bytes,
+            "stack_bytes": r.stack_bytes if r else "",
+            "spill_stores": r.spill_stores if r else "",
+            "spill_loads": r.spill_loads if r else "",
+        }
+
+
+def compile_module(name: str, ccs=CCS, groups=GROUPS) -> list[Row]:
+    """Compile every specialisation of ``flash_numba.kernels.<name>`` and assemble it with ptxas."""
+    from . import kernels
+
+    mod = kernels.get(name)
+    rows, seen = [], set()
+    for cc in ccs:
+        for dtypes, ds in groups:
+            for label, ptx in mod.compile_all((cc,), dtypes, ds):
+                if (label, cc) in seen:  # a kernel not specialised on d comes back once per group
+                    continue
+                seen.add((label, cc))
+                rep = ptxas_report(ptx, cc)
+                shared = rep.shared_bytes if rep else ptx_shared_bytes(ptx)
+                rows.append(Row(name, label, cc, shared, rep))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    """A fixed-width table: kernel, cc, registers, shared bytes, stack, spills."""
+    w = max([len(r.label) for r in rows] + [6])
+    lines = [f"{'kernel':<{w}}  {'cc':>3}  {'regs':>4}  {'shared B':>8}  {'stack B':>7}  {'spills st/ld':>12}"]
+    for r in rows:
+        f = r.csv_fields()
+        spills = f"{f['spill_stores']}/{f['spill_loads']}" if r.ptxas else ""
+        lines.append(
+            f"{r.label:<{w}}  {f['cc']:>3}  {f['registers']:>4}  {r.shared_bytes:>8}  {f['stack_bytes']:>7}"
+            f"  {spills:>12}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile every kernel module for cc 7.5 and 9.0; 0 if all compiled within the shared-memory limit."""
+    parser = argparse.ArgumentParser(prog="python -m flash_numba.compile_check", description=main.__doc__)
+    parser.add_argument("--csv", help="also write the table to this CSV file")
+    parser.add_argument("--kernels", nargs="+", help="kernel modules (default: all of flash_numba.kernels.NAMES)")
+    args = parser.parse_args(argv)
+
+    import numba
+
+    from . import kernels
+
+    if numba.config.ENABLE_CUDASIM:
+        print("the compile tier needs the real CUDA target: run with NUMBA_ENABLE_CUDASIM=0", file=sys.stderr)
+        return 2
+    rows, failures = [], []
+    for name in args.kernels or kernels.NAMES:
+        try:
+            got = compile_module(name)
+        except Exception as exc:  # report every module's failure, not just the first
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        if not got:
+            failures.append(f"{name}: compile_all returned no kernels")
+        rows += got
+    print(format_table(rows))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(Row("", "", (0, 0), 0, None).csv_fields()))
+            writer.writeheader()
+            writer.writerows(r.csv_fields() for r in rows)
+    too_big = [r for r in rows if r.shared_bytes > STATIC_SHARED_LIMIT]
+    failures += [f"{r.label} (cc {r.cc[0]}.{r.cc[1]}): {r.shared_bytes} bytes of static shared memory" for r in too_big]
+    assembler = "ptxas " + find_ptxas() if find_ptxas() else "no ptxas found: shared bytes read from the PTX"
+    print(f"{len(rows)} kernel specialisations compiled ({assembler})")
+    for line in failures:
+        print(f"FAILED {line}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

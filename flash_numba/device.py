@@ -62,6 +62,11 @@ from numba import cuda  # noqa: E402
 #: True when kernels run in Numba's CUDA simulator (Python threads on the CPU).
 SIMULATOR: bool = bool(numba.config.ENABLE_CUDASIM)
 
+if SIMULATOR:  # the simulator lacks warp shuffles; add them (see _simwarp)
+    from . import _simwarp
+
+    _simwarp.install()
+
 #: Static shared memory a kernel may declare, on every GPU we target (T4 .. H200).
 STATIC_SHARED_LIMIT = 48 * 1024
 

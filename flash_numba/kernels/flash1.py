@@ -1,0 +1,467 @@
+"""flash1: FlashAttention as the paper writes it (Dao et al. 2022, Algorithms 1 and 4).
+
+What it does.  The forward pass is Algorithm 1, line by line: the outer loop
+walks over the key/value blocks K_j, V_j (Bc rows each, loaded once into shared
+memory, our SRAM), the inner loop over the query blocks Q_i (Br rows each).  For
+every block pair it computes the score tile S_ij = scale * Q_i K_j^T on chip,
+its row statistics (m~_ij, l~_ij) and P~_ij, and merges them into the running
+O_i, l_i, m_i, which live in HBM: they are read and written back on every outer
+step, exactly the IO pattern that the paper's Theorem 2 analyses.  The backward
+pass is the paper's Algorithm 4 (Appendix B) with one change taken from
+FlashAttention-2: it recomputes P_ij = exp(S_ij - L_i) from the saved
+L = m + log(l) instead of from l and m.  dQ is accumulated in HBM by a
+read-modify-write on every outer step (Algorithm 4, line 21).
+
+What changed since ``standard``.  S and P (N x N) are never stored: each score
+tile lives in shared memory only while one block pair is processed, and the
+softmax is computed online.  HBM traffic drops from Theta(N d + N^2) to
+Theta(N^2 d^2 / M) for M elements of SRAM (see :mod:`flash_numba.iomodel.flash1`).
+
+Layout.  One thread block per (batch, head) and max(Br, Bc) threads, as the
+original FlashAttention.  All threads cooperate on loading and storing tiles,
+one element each in turn; thread r < Br owns query row r of the block (its
+scores, softmax statistics, D_i), thread c < Bc owns key row c (dK_j, dV_j).
+Tiles are held in the accumulation dtype (float32, float64 for float64
+storage).  For float16 storage the running O (forward) and dQ (backward) are
+float32 buffers in HBM, converted to float16 once at the end; for float32 and
+float64 the output itself is the accumulator.
+
+Caveats.  One block per (batch, head) leaves most of a GPU idle when B*H is
+smaller than the number of SMs, and each block walks all Tc*Tr pairs in
+sequence: this version is written to be read next to the paper, not to be fast.
+flash2 swaps the loops (one block per query block, O_i kept on chip) and fixes
+both.  Causal: block pairs wholly above the diagonal are skipped (nothing is
+loaded for them); the others are masked element by element.  A query row with no
+visible key (causal with Nq > Nk) ends with O = 0 and L = -inf.
+
+Counters (``count_hbm=True``).  Bytes the kernels' code reads from and writes to
+global arrays, per launch: "init O, l, m" and "Algorithm 1" for the forward,
+"init dQ" and "Algorithm 4" for the backward.  :mod:`flash_numba.iomodel.flash1`
+predicts the same numbers in closed form.
+
+Run it::
+
+    import numpy as np, flash_numba as fn
+    q = k = v = np.random.default_rng(0).standard_normal((4, 256, 64)).astype(np.float32)
+    r = fn.flash_attention_forward(q, k, v, kernel="flash1", count_hbm=True)
+    print(r.block, r.hbm.table())
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda
+
+from .. import _inputs, blocks
+from ..compile_check import compile_ptx
+from ..device import STATIC_SHARED_LIMIT, jit
+from ._common import COUNTER_TYPE, acc_nb_type, array_type
+
+USES_BLOCKS = True
+
+#: Threads per block, max(Br, Bc), stay at or below 256: then a block launches
+#: whatever the register count (65536 registers per SM / 256 threads = 256 each).
+MAX_THREADS = 256
+
+FORWARD_NAMES = ("init O, l, m", "Algorithm 1")
+BACKWARD_NAMES = ("init dQ", "Algorithm 4")
+
+
+def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int:
+    """Static shared memory of the main kernel of ``pass_``, as it declares it."""
+    a = _inputs.acc_dtype(dtype).itemsize
+    if pass_ == "forward":
+        # K_j, V_j (Bc, d); Q_i (Br, d); S_ij (Br, Bc); w_old, w_new (Br)
+        return a * (2 * Bc * d + Br * d + Br * Bc + 2 * Br)
+    if pass_ == "backward":
+        # K_j, V_j, dK_j, dV_j (Bc, d); Q_i, dO_i (Br, d); P_ij, dS_ij (Br, Bc)
+        return a * (4 * Bc * d + 2 * Br * d + 2 * Br * Bc)
+    raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
+
+
+def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
+    """``(max_Br, max_Bc)``: a block runs max(Br, Bc) threads, at most :data:`MAX_THREADS`."""
+    return MAX_THREADS, MAX_THREADS
+
+
+def default_block(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
+    """The paper's ``(Br, Bc)`` shrunk to fit 48 KB, independent of the device present."""
+    max_Br, max_Bc = block_limits(d, dtype, pass_)
+    return blocks.choose(
+        d,
+        dtype,
+        lambda Br, Bc, d_, dt: shared_bytes(Br, Bc, d_, dt, pass_),
+        max_Br=max_Br,
+        max_Bc=max_Bc,
+        budget=STATIC_SHARED_LIMIT,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_kernels(d, Br, Bc, dtype, causal, count):
+    """``(init_O_l_m, algorithm1)`` specialised for one shape, dtype, causal and COUNT."""
+    dtype = np.dtype(dtype)
+    ACC = acc_nb_type(dtype)
+    D = d
+    T = max(Br, Bc)  # threads per block
+    ISZ = dtype.itemsize  # bytes of one element of q, k, v, o
+    ASZ = _inputs.acc_dtype(dtype).itemsize  # bytes of one element of O (accumulator), l, m, L
+    CONVERT = ISZ != ASZ  # float16: O accumulates in float32 and is converted at the end
+    CAUSAL = causal
+    COUNT = count
+    ZERO = ACC(0)
+    NEG_INF = ACC(-math.inf)
+
+    @jit
+    def init_O_l_m(O, l, m, counter):
+        """Algorithm 1, line 2: O = 0, l = 0, m = -inf in HBM; block bh does one (batch, head)."""
+        bh = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        N = O.shape[1]
+        nw = 0
+        for idx in range(tid, N * D, T):
+            O[bh, idx // D, idx % D] = ZERO
+            if COUNT:
+                nw += ASZ
+        for row in range(tid, N, T):
+            l[bh, row] = ZERO
+            m[bh, row] = NEG_INF
+            if COUNT:
+                nw += 2 * ASZ
+        if COUNT:
+            cuda.atomic.add(counter, 1, nw)
+
+    @jit
+    def algorithm1(q, k, v, O, l, m, o, L, scale, counter):
+        """Algorithm 1, lines 5-15, then L = m + log(l) (and o = O for float16)."""
+        bh = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        Nq = q.shape[1]
+        Nk = k.shape[1]
+        Tr = (Nq + Br - 1) // Br
+        Tc = (Nk + Bc - 1) // Bc
+        diag = Nk - Nq  # causal: key col is visible to query row iff col <= row + diag
+        K_j = cuda.shared.array((Bc, D), ACC)
+        V_j = cuda.shared.array((Bc, D), ACC)
+        Q_i = cuda.shared.array((Br, D), ACC)
+        S_ij = cuda.shared.array((Br, Bc), ACC)  # S_ij, then P~_ij in place
+        w_old = cuda.shared.array(Br, ACC)  # line 12's weight of O_i:        l_i e^(m_i - m_new) / l_new
+        w_new = cuda.shared.array(Br, ACC)  # line 12's weight of P~_ij V_j:  e^(m~_ij - m_new) / l_new
+        nr = 0
+        nw = 0
+        for j in range(Tc):  # line 5
+            c0 = j * Bc
+            cols = min(Bc, Nk - c0)  # the last block may be partial
+            # line 6: load K_j, V_j from HBM to SRAM
+            for idx in range(tid, cols * D, T):
+                c = idx // D
+                x = idx % D
+                K_j[c, x] = ACC(k[bh, c0 + c, x])
+                V_j[c, x] = ACC(v[bh, c0 + c, x])
+                if COUNT:
+                    nr += 2 * ISZ
+            cuda.syncthreads()
+            for i in range(Tr):  # line 7
+                r0 = i * Br
+                rows = min(Br, Nq - r0)
+                if CAUSAL and c0 > r0 + rows - 1 + diag:
+                    continue  # block pair wholly above the diagonal: skipped, nothing loaded
+                # line 8: load Q_i to SRAM (O_i, l_i, m_i are read where they are used)
+                for idx in range(tid, rows * D, T):
+                    Q_i[idx // D, idx % D] = ACC(q[bh, r0 + idx // D, idx % D])
+                    if COUNT:
+                        nr += ISZ
+                cuda.syncthreads()
+                if tid < rows:  # thread r owns query row r of the block
+                    r = tid
+                    row = r0 + r
+                    m_i = m[bh, row]
+                    l_i = l[bh, row]
+                    if COUNT:
+                        nr += 2 * ASZ
+                    # line 9: S_ij = scale Q_i K_j^T (row r, masked); line 10: m~_ij = rowmax(S_ij)
+                    m_ij = NEG_INF
+                    for c in range(cols):
+                        s = ZERO
+                        for x in range(D):
+                            s += Q_i[r, x] * K_j[c, x]
+                        s *= scale
+                        if CAUSAL and c0 + c > row + diag:
+                            s = NEG_INF
+                        S_ij[r, c] = s
+                        m_ij = max(m_ij, s)
+                    # line 10: P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij); a fully masked row gives 0
+                    l_ij = ZERO
+                    for c in range(cols):
+                        p = ZERO
+                        if m_ij != NEG_INF:
+                            p = math.exp(S_ij[r, c] - m_ij)
+                        S_ij[r, c] = p
+                        l_ij += p
+                    # line 11: m_new = max(m_i, m~_ij), l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+                    m_new = max(m_i, m_ij)
+                    l_new = ZERO
+                    if m_new == NEG_INF:  # no visible key in this row yet: l and O_i stay 0
+                        w_old[r] = ZERO
+                        w_new[r] = ZERO
+                    else:
+                        e_old = math.exp(m_i - m_new)
+                        e_new = math.exp(m_ij - m_new)
+                        l_new = e_old * l_i + e_new * l_ij
+                        w_old[r] = l_i * e_old / l_new
+                        w_new[r] = e_new / l_new
+                    # line 13: write l_i <- l_new, m_i <- m_new to HBM
+                    l[bh, row] = l_new
+                    m[bh, row] = m_new
+                    if COUNT:
+                        nw += 2 * ASZ
+                cuda.syncthreads()
+                # line 12: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j),
+                # read from and written to HBM, one element (r, x) per thread in turn
+                for idx in range(tid, rows * D, T):
+                    r = idx // D
+                    x = idx % D
+                    pv = ZERO
+                    for c in range(cols):
+                        pv += S_ij[r, c] * V_j[c, x]
+                    O[bh, r0 + r, x] = w_old[r] * O[bh, r0 + r, x] + w_new[r] * pv
+                    if COUNT:
+                        nr += ASZ
+                        nw += ASZ
+                cuda.syncthreads()
+        # The pair (Tr-1, j) is never skipped, so every thread passed a barrier after the last write.
+        # FlashAttention-2's statistic for the backward: L = m + log(l), -inf for a row with no visible key.
+        for row in range(tid, Nq, T):
+            l_r = l[bh, row]
+            L_r = NEG_INF
+            if l_r > ZERO:
+                L_r = m[bh, row] + math.log(l_r)
+            L[bh, row] = L_r
+            if COUNT:
+                nr += 2 * ASZ
+                nw += ASZ
+        if CONVERT:
+            for idx in range(tid, Nq * D, T):
+                o[bh, idx // D, idx % D] = O[bh, idx // D, idx % D]
+                if COUNT:
+                    nr += ASZ
+                    nw += ISZ
+        if COUNT:
+            cuda.atomic.add(counter, 0, nr)
+            cuda.atomic.add(counter, 1, nw)
+
+    return init_O_l_m, algorithm1
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_kernels(d, Br, Bc, dtype, causal, count):
+    """``(init_dQ, algorithm4)`` specialised for one shape, dtype, causal and COUNT."""
+    dtype = np.dtype(dtype)
+    ACC = acc_nb_type(dtype)
+    D = d
+    T = max(Br, Bc)  # threads per block
+    ISZ = dtype.itemsize  # bytes of one element of q, k, v, o, do, dq, dk, dv
+    ASZ = _inputs.acc_dtype(dtype).itemsize  # bytes of one element of dQ (accumulator), L
+    CONVERT = ISZ != ASZ  # float16: dQ accumulates in float32 and is converted at the end
+    CAUSAL = causal
+    COUNT = count
+    ZERO = ACC(0)
+
+    @jit
+    def init_dQ(dQ, counter):
+        """Algorithm 4, line 5: dQ = 0 in HBM; block bh does one (batch, head)."""
+        bh = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        N = dQ.shape[1]
+        nw = 0
+        for idx in range(tid, N * D, T):
+            dQ[bh, idx // D, idx % D] = ZERO
+            if COUNT:
+                nw += ASZ
+        if COUNT:
+            cuda.atomic.add(counter, 1, nw)
+
+    @jit
+    def algorithm4(q, k, v, o, L, do, dQ, dq, dk, dv, scale, counter):
+        """Algorithm 4, lines 6-25, with P_ij = exp(S_ij - L_i) (and dq = dQ for float16)."""
+        bh = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        Nq = q.shape[1]
+        Nk = k.shape[1]
+        Tr = (Nq + Br - 1) // Br
+        Tc = (Nk + Bc - 1) // Bc
+        diag = Nk - Nq  # causal: key col is visible to query row iff col <= row + diag
+        K_j = cuda.shared.array((Bc, D), ACC)
+        V_j = cuda.shared.array((Bc, D), ACC)
+        dK_j = cuda.shared.array((Bc, D), ACC)
+        dV_j = cuda.shared.array((Bc, D), ACC)
+        Q_i = cuda.shared.array((Br, D), ACC)
+        dO_i = cuda.shared.array((Br, D), ACC)
+        P_ij = cuda.shared.array((Br, Bc), ACC)
+        dS_ij = cuda.shared.array((Br, Bc), ACC)
+        nr = 0
+        nw = 0
+        for j in range(Tc):  # line 6
+            c0 = j * Bc
+            cols = min(Bc, Nk - c0)  # the last block may be partial
+            # line 7: load K_j, V_j from HBM to SRAM; line 8: dK_j = dV_j = 0 on SRAM
+            for idx in range(tid, cols * D, T):
+                c = idx // D
+                x = idx % D
+                K_j[c, x] = ACC(k[bh, c0 + c, x])
+                V_j[c, x] = ACC(v[bh, c0 + c, x])
+                dK_j[c, x] = ZERO
+                dV_j[c, x] = ZERO
+                if COUNT:
+                    nr += 2 * ISZ
+            cuda.syncthreads()
+            for i in range(Tr):  # line 9
+                r0 = i * Br
+                rows = min(Br, Nq - r0)
+                if CAUSAL and c0 > r0 + rows - 1 + diag:
+                    continue  # block pair wholly above the diagonal: skipped, nothing loaded
+                # line 10: load Q_i, dO_i to SRAM (O_i, L_i and dQ_i are read where they are used)
+                for idx in range(tid, rows * D, T):
+                    r = idx // D
+                    x = idx % D
+                    Q_i[r, x] = ACC(q[bh, r0 + r, x])
+                    dO_i[r, x] = ACC(do[bh, r0 + r, x])
+                    if COUNT:
+                        nr += 2 * ISZ
+                cuda.syncthreads()
+                if tid < rows:  # thread r owns query row r of the block
+                    r = tid
+                    row = r0 + r
+                    L_i = L[bh, row]
+                    # line 19: D_i = rowsum(dO_i * O_i), with O_i's row read from HBM
+                    D_i = ZERO
+                    for x in range(D):
+                        D_i += dO_i[r, x] * ACC(o[bh, row, x])
+                    if COUNT:
+                        nr += ASZ + D * ISZ
+                    for c in range(cols):
+                        qk = ZERO
+                        dP = ZERO
+                        for x in range(D):
+                            qk += Q_i[r, x] * K_j[c, x]
+                            dP += dO_i[r, x] * V_j[c, x]  # line 17: dP_ij = dO_i V_j^T
+                        P = ZERO  # line 12: a masked entry has P_ij = 0
+                        if not (CAUSAL and c0 + c > row + diag):
+                            P = math.exp(scale * qk - L_i)  # lines 11, 13: S_ij = scale Q_i K_j^T, P_ij = exp(S_ij - L_i)
+                        P_ij[r, c] = P
+                        dS_ij[r, c] = P * (dP - D_i)  # line 20: dS_ij = P_ij * (dP_ij - D_i)
+                cuda.syncthreads()
+                if tid < cols:  # thread c owns key row c of the block
+                    c = tid
+                    for x in range(D):
+                        pdo = ZERO
+                        dsq = ZERO
+                        for r in range(rows):
+                            pdo += P_ij[r, c] * dO_i[r, x]
+                            dsq += dS_ij[r, c] * Q_i[r, x]
+                        dV_j[c, x] += pdo  # line 16: dV_j <- dV_j + P_ij^T dO_i
+                        dK_j[c, x] += scale * dsq  # line 22: dK_j <- dK_j + scale dS_ij^T Q_i
+                # line 21: dQ_i <- dQ_i + scale dS_ij K_j, read from and written to HBM
+                for idx in range(tid, rows * D, T):
+                    r = idx // D
+                    x = idx % D
+                    dsk = ZERO
+                    for c in range(cols):
+                        dsk += dS_ij[r, c] * K_j[c, x]
+                    dQ[bh, r0 + r, x] += scale * dsk
+                    if COUNT:
+                        nr += ASZ
+                        nw += ASZ
+                cuda.syncthreads()
+            # line 24: write dK_j, dV_j to HBM
+            for idx in range(tid, cols * D, T):
+                c = idx // D
+                x = idx % D
+                dk[bh, c0 + c, x] = dK_j[c, x]
+                dv[bh, c0 + c, x] = dV_j[c, x]
+                if COUNT:
+                    nw += 2 * ISZ
+        if CONVERT:  # every thread passed a barrier after the last dQ update (pair (Tr-1, Tc-1) runs)
+            for idx in range(tid, Nq * D, T):
+                dq[bh, idx // D, idx % D] = dQ[bh, idx // D, idx % D]
+                if COUNT:
+                    nr += ASZ
+                    nw += ISZ
+        if COUNT:
+            cuda.atomic.add(counter, 0, nr)
+            cuda.atomic.add(counter, 1, nw)
+
+    return init_dQ, algorithm4
+
+
+def forward(prob, ops, block, counters):
+    """O and L = m + log(l) for ``prob``: the init kernel, then Algorithm 1."""
+    Br, Bc = block
+    init, algorithm1 = _forward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
+    BH, Nq, d, acc = prob.BH, prob.Nq, prob.d, prob.acc
+    o = _inputs.empty((BH, Nq, d), prob.dtype)
+    O = o if acc == prob.dtype else _inputs.empty((BH, Nq, d), acc)  # float16: a float32 accumulator
+    l = _inputs.empty((BH, Nq), acc)
+    m = _inputs.empty((BH, Nq), acc)
+    lse = _inputs.empty((BH, Nq), acc)
+    threads = max(Br, Bc)
+    init[BH, threads](O, l, m, counters.array(FORWARD_NAMES[0]))
+    q, k, v = (ops[name].dev for name in ("q", "k", "v"))
+    algorithm1[BH, threads](q, k, v, O, l, m, o, lse, acc.type(prob.scale), counters.array(FORWARD_NAMES[1]))
+    return o, lse
+
+
+def backward(prob, ops, block, counters):
+    """dQ, dK, dV for ``prob``: the init kernel, then Algorithm 4."""
+    Br, Bc = block
+    init, algorithm4 = _backward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
+    BH, Nq, Nk, d, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.acc
+    dq = _inputs.empty((BH, Nq, d), prob.dtype)
+    dQ = dq if acc == prob.dtype else _inputs.empty((BH, Nq, d), acc)  # float16: a float32 accumulator
+    dk = _inputs.empty((BH, Nk, d), prob.dtype)
+    dv = _inputs.empty((BH, Nk, d), prob.dtype)
+    threads = max(Br, Bc)
+    init[BH, threads](dQ, counters.array(BACKWARD_NAMES[0]))
+    q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
+    algorithm4[BH, threads](q, k, v, o, lse, do, dQ, dq, dk, dv, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1]))
+    return dq, dk, dv
+
+
+def compile_all(ccs, dtypes, ds):
+    """PTX of every specialisation: default blocks for each d, causal or not, counting or not.
+
+    Returns ``[(label, ptx)]``; the label names the pass, kernel, d, dtype,
+    (Br, Bc), causal, count and ``sm_XY``.  Needs ``NUMBA_ENABLE_CUDASIM=0``.
+    """
+    out = []
+    for dtype in dtypes:
+        dt = np.dtype(dtype)
+        acc = _inputs.acc_dtype(dt)
+        X3, A3, A2 = array_type(dt, 3), array_type(acc, 3), array_type(acc, 2)
+        ACC = acc_nb_type(dt)
+        signatures = {
+            FORWARD_NAMES[0]: (A3, A2, A2, COUNTER_TYPE),
+            FORWARD_NAMES[1]: (X3, X3, X3, A3, A2, A2, X3, A2, ACC, COUNTER_TYPE),
+            BACKWARD_NAMES[0]: (A3, COUNTER_TYPE),
+            BACKWARD_NAMES[1]: (X3, X3, X3, X3, A2, X3, A3, X3, X3, X3, ACC, COUNTER_TYPE),
+        }
+        for d in ds:
+            for pass_, factory, names in (
+                ("forward", _forward_kernels, FORWARD_NAMES),
+                ("backward", _backward_kernels, BACKWARD_NAMES),
+            ):
+                Br, Bc = default_block(d, dt, pass_)
+                for count in (False, True):
+                    for causal in (False, True):
+                        kernels = factory(d, Br, Bc, dt, causal, count)
+                        for name, kernel in zip(names, kernels):
+                            if name.startswith("init") and causal:
+                                continue  # the init kernels do not depend on causal
+                            tags = " causal" * (name == names[1] and causal) + " count" * count
+                            for cc in ccs:
+                                label = f"flash1 {pass_} {name} d={d} {dt} Br={Br} Bc={Bc}{tags} sm_{cc[0]}{cc[1]}"
+                                out.append((label, compile_ptx(kernel.py_func, signatures[name], cc)))
+    return out

@@ -1,0 +1,681 @@
+"""flash2: the FlashAttention-2 loop order (Dao 2023), forward and backward.
+
+What it does.  Forward: one thread block per query block Q_i (Br rows) and
+(batch, head), grid (Tr, B*H).  The block loads Q_i into shared memory once and
+walks over the key/value blocks K_j, V_j (Bc rows each, in shared memory, our
+SRAM).  For each it computes S_ij = scale Q_i K_j^T, updates the online-softmax
+statistics m_i, l_i and rescales the accumulator O_i when the row maximum moves,
+then adds P~_ij V_j.  m_i, l_i and O_i never leave the chip (registers, in the
+accumulation dtype); normalisation is delayed: O_i / l_i and L_i = m_i + log(l_i)
+are written once, at the end.
+
+Backward, in three kernels and without atomics on floats:
+
+1. ``D = rowsum(dO * O)``, one warp-sized group of threads per row.
+2. ``dK, dV``: grid (Tc, B*H); a block owns K_j, V_j and keeps dK_j, dV_j in
+   registers while it walks over the query blocks i, recomputing
+   P_ij = exp(S_ij - L_i), dV_j += P_ij^T dO_i, dP_ij = dO_i V_j^T,
+   dS_ij = P_ij * (dP_ij - D_i), dK_j += scale dS_ij^T Q_i.
+3. ``dQ``: grid (Tr, B*H); a block owns Q_i, dO_i, L_i, D_i and keeps dQ_i in
+   registers while it walks over the key blocks j, recomputing S, P, dP, dS and
+   dQ_i += scale dS_ij K_j.
+
+Each output element is written once, by one thread, after a sum taken in a fixed
+order, so repeated calls give bitwise identical results.  FlashAttention-2 itself
+instead adds each block's dQ_i contribution to HBM with float atomics from
+kernel 2: that saves kernel 3 (recomputing S, P, dP and dS a second time, about
+a third of the backward's FLOPs, and reading K, V Tr more times), but the order
+in which blocks' atomics land varies between runs, so dQ is not reproducible,
+and dQ must live in a float32 buffer read and written Tc times.
+
+What changed since ``flash1``.  The loops are swapped: the outer loop is over
+query blocks and runs in parallel, one thread block each (flash1 runs one block
+per (batch, head), which leaves most SMs idle), and O_i, l_i, m_i stay on chip
+instead of being read and written in HBM on every K/V step.  Forward HBM traffic
+becomes Theta(N d + N^2 d / Br) (see :mod:`flash_numba.iomodel.flash2`).  Causal
+attention visits only the K/V blocks that are not wholly masked for the query
+block (about half of them) and masks inside the diagonal blocks.  A query row
+with no visible key (causal with Nq > Nk) gives O = 0 and L = -inf.
+
+Threads.  128 threads per block as an 8 x 16 grid, t = 16 ty + tx; every thread
+owns a register tile of every (rows x columns) tile the block computes::
+
+        S_ij (Br x Bc), here Br = 16, Bc = 32         O_i (Br x d), here d = 16
+                  c = 0 1 2 .. 15 16 17 .. 31                 x = 0 1 .. 15
+        r =  0      (0,0)(0,1)..   (0,0)(0,1)..        r =  0    (0,0)(0,1)..
+        r =  1      (1,0)(1,1)..   (1,0)(1,1)..        r =  1    (1,0)(1,1)..
+          ..                                              ..
+        r =  8      (0,0)(0,1)..   (0,0)(0,1)..        r =  8    (0,0)(0,1)..
+          ..
+
+Thread (ty, tx) holds rows r = ty, ty + 8, ... and columns c = tx, tx + 16, ...
+(shown as (ty, tx) in each entry it holds).  The 16 threads of one row are half
+a warp, so a row's max and sum take four ``shfl_xor`` steps and no shared memory.
+Per step of a product a thread loads RA + CB values from shared memory and does
+RA * CB multiply-adds; threads whose row or column runs past the tile compute on
+a repeat of the tile's last row or column and never store it.  Tiles are loaded
+cooperatively: thread t copies elements t, t + 128, ... of the (contiguous) tile,
+so a warp reads 32 consecutive elements of HBM.  Shared tiles that the 16 threads
+of a row read down a column have an odd row stride (d | 1), so they hit 16
+different banks.  Tiles are held in the accumulation dtype (float32, float64 for
+float64 storage).
+
+Block sizes: any (Br, Bc) works; :func:`block_limits` bounds them so that a
+thread's accumulators fit in registers.
+
+Counters (``count_hbm=True``).  Bytes the kernels' code reads from and writes to
+global arrays, per launch: "flash2 forward"; "D = rowsum(dO*O)", "dK, dV" and
+"dQ" for the backward.  :mod:`flash_numba.iomodel.flash2` predicts the same
+numbers in closed form.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, types
+
+from .. import _inputs, blocks
+from ..compile_check import compile_ptx
+from ..device import STATIC_SHARED_LIMIT, jit
+from ._common import COUNTER_TYPE, acc_nb_type, array_type
+
+USES_BLOCKS = True
+
+TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
+NT = TY * TX  # 128 threads per block
+
+#: Accumulators (one register tile) per thread that block_limits allows.
+MAX_TILE = 32
+
+FORWARD_NAME = "flash2 forward"
+BACKWARD_NAMES = ("D = rowsum(dO*O)", "dK, dV", "dQ")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int:
+    """Static shared memory the kernels of ``pass_`` declare (backward: the larger kernel)."""
+    a = _inputs.acc_dtype(dtype).itemsize
+    odd = d | 1
+    if pass_ == "forward":
+        # Q_i (Br, d); K_j (Bc, d|1); V_j (Bc, d); P~_ij (Br, Bc)
+        return a * (Br * d + Bc * odd + Bc * d + Br * Bc)
+    if pass_ == "backward":
+        # dK, dV: K_j, V_j (Bc, d); Q_i, dO_i (Br, d|1); P_ij^T, dS_ij^T (Bc, Br); L_i, D_i (Br)
+        dkdv = 2 * Bc * d + 2 * Br * odd + 2 * Bc * Br + 2 * Br
+        # dQ: Q_i, dO_i (Br, d); K_j, V_j (Bc, d|1); dS_ij (Br, Bc); L_i, D_i (Br)
+        dq = 2 * Br * d + 2 * Bc * odd + Br * Bc + 2 * Br
+        return a * max(dkdv, dq)
+    raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
+
+
+def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
+    """``(max_Br, max_Bc)``: a thread's accumulator tiles stay at or below :data:`MAX_TILE` values.
+
+    Forward: O_i takes ceil(Br/8) x ceil(d/16) and S_ij ceil(Br/8) x ceil(Bc/16)
+    registers per thread.  Backward: dK_j and dV_j take ceil(Bc/8) x ceil(d/16)
+    each, dQ_i ceil(Br/8) x ceil(d/16), and S^T, dP^T ceil(Bc/8) x ceil(Br/16).
+    """
+    if pass_ not in ("forward", "backward"):
+        raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
+    rows = TY * (MAX_TILE // _cdiv(d, TX))  # rows of a (rows x d) accumulator within MAX_TILE
+    if pass_ == "forward":
+        return min(rows, 64), 256
+    return min(rows, 64), min(rows, 128)
+
+
+def default_block(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
+    """The paper's ``(Br, Bc)`` shrunk to fit 48 KB, independent of the device present."""
+    max_Br, max_Bc = block_limits(d, dtype, pass_)
+    return blocks.choose(
+        d,
+        dtype,
+        lambda Br, Bc, d_, dt: shared_bytes(Br, Bc, d_, dt, pass_),
+        max_Br=max_Br,
+        max_Bc=max_Bc,
+        budget=STATIC_SHARED_LIMIT,
+    )
+
+
+@jit(device=True)
+def _load_rows(tile, src, bh, row0, n_rows, width, t):
+    """Copy rows row0, row0 + 1, ... of ``src[bh]`` (``width`` columns) into a shared tile.
+
+    Thread t copies elements t, t + NT, ... of the tile, so consecutive threads
+    read consecutive addresses.  Rows at or past ``n_rows`` (the sequence's end)
+    are zero-filled.  Returns the number of elements this thread read.
+    """
+    n = 0
+    for e in range(t, tile.shape[0] * width, NT):
+        r = e // width
+        x = e - r * width
+        if row0 + r < n_rows:
+            tile[r, x] = src[bh, row0 + r, x]
+            n += 1
+        else:
+            tile[r, x] = 0
+    return n
+
+
+@jit(device=True)
+def _load_vector(tile, src, bh, row0, n_rows, t):
+    """Copy ``src[bh, row0 : row0 + len(tile)]`` into a shared vector (zeros past ``n_rows``)."""
+    n = 0
+    for r in range(t, tile.shape[0], NT):
+        if row0 + r < n_rows:
+            tile[r] = src[bh, row0 + r]
+            n += 1
+        else:
+            tile[r] = 0
+    return n
+
+
+def _constants(dtype):
+    """(ACC numba type, its NumPy type, storage item size, accumulation item size)."""
+    acc = _inputs.acc_dtype(dtype)
+    return acc_nb_type(dtype), acc.type, np.dtype(dtype).itemsize, acc.itemsize
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_kernel(d, Br, Bc, dtype, causal, count):
+    """The forward kernel for head dim d, blocks (Br, Bc), storage ``dtype``."""
+    ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
+    NEG_INF, ZERO, ONE = acc(-math.inf), acc(0), acc(1)
+    RA, CB, XB = _cdiv(Br, TY), _cdiv(Bc, TX), _cdiv(d, TX)  # rows, S columns, O columns per thread
+    KS = d | 1  # odd row stride of K_j: the 16 threads of a row read 16 banks
+    Q_TILE, K_TILE, V_TILE, P_TILE, PART = (Br, d), (Bc, KS), (Bc, d), (Br, Bc), (Br, TX)
+    S_REGS, O_REGS = (RA, CB), (RA, XB)
+    CAUSAL, COUNT = causal, count
+
+    @jit
+    def flash2_forward(q, k, v, o, lse, counter, Nq, Nk, scale):
+        t = cuda.threadIdx.x
+        ty, tx = t // TX, t % TX
+        bh = cuda.blockIdx.y
+        i0 = cuda.blockIdx.x * Br  # first query row of Q_i
+        off = Nk - Nq  # causal: key c is visible to query r iff c <= r + off
+        nr = 0
+        nw = 0
+
+        Q_i = cuda.shared.array(Q_TILE, ACC)
+        K_j = cuda.shared.array(K_TILE, ACC)
+        V_j = cuda.shared.array(V_TILE, ACC)
+        P_ij = cuda.shared.array(P_TILE, ACC)
+        part = cuda.shared.array(PART, ACC)  # per-row partial maxima (sums at the end), one per thread
+        S = cuda.local.array(S_REGS, ACC)  # this thread's entries of S_ij, then P~_ij
+        O = cuda.local.array(O_REGS, ACC)  # this thread's entries of O_i (not yet divided by l_i)
+        m = cuda.local.array(RA, ACC)  # m_i for this thread's rows
+        l = cuda.local.array(RA, ACC)  # l_i for this thread's rows
+        k_col = cuda.local.array(CB, ACC)
+        v_row = cuda.local.array(XB, ACC)
+
+        # Load Q_i once.  O_i = 0, l_i = 0, m_i = -inf.
+        n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
+        if COUNT:
+            nr += n * IN_BYTES
+        for a in range(RA):
+            m[a] = NEG_INF
+            l[a] = ZERO
+            for xb in range(XB):
+                O[a, xb] = ZERO
+
+        # K/V blocks to visit: all Tc, or (causal) those up to the last key the block's last row sees.
+        n_kv = (Nk + Bc - 1) // Bc
+        if CAUSAL:
+            last_key = min(i0 + Br, Nq) - 1 + off
+            n_kv = min(n_kv, last_key // Bc + 1) if last_key >= 0 else 0
+
+        for j in range(n_kv):
+            j0 = j * Bc
+            cuda.syncthreads()  # the previous step has finished reading K_j, V_j, P_ij
+            n = _load_rows(K_j, k, bh, j0, Nk, d, t)
+            n += _load_rows(V_j, v, bh, j0, Nk, d, t)
+            if COUNT:
+                nr += n * IN_BYTES
+            cuda.syncthreads()
+
+            # S_ij = Q_i K_j^T, this thread's RA x CB entries (the scale comes with the mask)
+            for a in range(RA):
+                for b in range(CB):
+                    S[a, b] = ZERO
+            for x in range(d):
+                for b in range(CB):
+                    k_col[b] = K_j[min(tx + TX * b, Bc - 1), x]
+                for a in range(RA):
+                    q_ax = Q_i[min(ty + TY * a, Br - 1), x]
+                    for b in range(CB):
+                        S[a, b] += q_ax * k_col[b]
+
+            for a in range(RA):
+                r = ty + TY * a
+                # S_ij = scale * Q_i K_j^T; -inf where the key is masked or past the tile
+                m_part = NEG_INF
+                for b in range(CB):
+                    c = tx + TX * b
+                    if c < Bc and j0 + c < Nk and (not CAUSAL or j0 + c <= i0 + r + off):
+                        S[a, b] *= scale
+                        m_part = max(m_part, S[a, b])
+                    else:
+                        S[a, b] = NEG_INF
+                if r < Br:
+                    part[r, tx] = m_part
+            cuda.syncthreads()
+
+            for a in range(RA):
+                r = min(ty + TY * a, Br - 1)
+                # m_new = max(m_i, rowmax(S_ij)), rowmax from the row's TX partial maxima
+                m_new = m[a]
+                for u in range(TX):
+                    m_new = max(m_new, part[r, u])
+                # a row that has seen no visible key yet keeps m = -inf: subtract 0 instead (no NaN)
+                m_ref = m_new if m_new != NEG_INF else ZERO
+                # P~_ij = exp(S_ij - m_new); the rescale factor exp(m_i - m_new) for l_i and O_i
+                alpha = math.exp(m[a] - m_ref)
+                l_ij = ZERO
+                for b in range(CB):
+                    p = math.exp(S[a, b] - m_ref)
+                    l_ij += p
+                    c = tx + TX * b
+                    if ty + TY * a < Br and c < Bc:
+                        P_ij[r, c] = p
+                # l_i = exp(m_i - m_new) l_i + rowsum(P~_ij), as a partial sum over this thread's
+                # columns: every partial is rescaled by the same factor, so they are added up once, at the end
+                l[a] = alpha * l[a] + l_ij
+                m[a] = m_new
+                for xb in range(XB):
+                    O[a, xb] *= alpha
+            cuda.syncthreads()
+
+            # O_i += P~_ij V_j
+            for c in range(Bc):
+                for xb in range(XB):
+                    v_row[xb] = V_j[c, min(tx + TX * xb, d - 1)]
+                for a in range(RA):
+                    p = P_ij[min(ty + TY * a, Br - 1), c]
+                    for xb in range(XB):
+                        O[a, xb] += p * v_row[xb]
+
+        # Write O_i / l_i and L_i = m_i + log(l_i) once.  A row with no visible key: O = 0, L = -inf.
+        for a in range(RA):  # (the last reads of the partial maxima came before the last barrier)
+            r = ty + TY * a
+            if r < Br:
+                part[r, tx] = l[a]
+        cuda.syncthreads()
+        for a in range(RA):
+            r = ty + TY * a
+            if r < Br and i0 + r < Nq:
+                l_i = ZERO
+                for u in range(TX):
+                    l_i += part[r, u]
+                inv_l = ZERO if m[a] == NEG_INF else ONE / l_i
+                for xb in range(XB):
+                    x = tx + TX * xb
+                    if x < d:
+                        o[bh, i0 + r, x] = O[a, xb] * inv_l
+                        if COUNT:
+                            nw += IN_BYTES
+                if tx == 0:
+                    lse[bh, i0 + r] = NEG_INF if m[a] == NEG_INF else m[a] + math.log(l_i)
+                    if COUNT:
+                        nw += L_BYTES
+        if COUNT:
+            cuda.atomic.add(counter, 0, nr)
+            cuda.atomic.add(counter, 1, nw)
+
+    return flash2_forward
+
+
+@functools.lru_cache(maxsize=None)
+def _rowsum_kernel(d, dtype, count):
+    """Kernel 1 of the backward: D = rowsum(dO * O), TY rows per block, TX threads per row."""
+    ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
+    ZERO = acc(0)
+    PART = (TY, TX)
+    COUNT = count
+
+    @jit
+    def flash2_rowsum(o, do, D, counter, Nq):
+        t = cuda.threadIdx.x
+        ty, tx = t // TX, t % TX
+        bh = cuda.blockIdx.y
+        r = cuda.blockIdx.x * TY + ty
+        nr = 0
+        nw = 0
+        part = cuda.shared.array(PART, ACC)  # per-row partial sums, one per thread
+        D_part = ZERO
+        if r < Nq:
+            for x in range(tx, d, TX):
+                D_part += ACC(do[bh, r, x]) * ACC(o[bh, r, x])
+                if COUNT:
+                    nr += 2 * IN_BYTES
+        part[ty, tx] = D_part
+        cuda.syncthreads()
+        if r < Nq and tx == 0:
+            D_r = ZERO
+            for u in range(TX):
+                D_r += part[ty, u]
+            D[bh, r] = D_r
+            if COUNT:
+                nw += L_BYTES
+        if COUNT:
+            cuda.atomic.add(counter, 0, nr)
+            cuda.atomic.add(counter, 1, nw)
+
+    return flash2_rowsum
+
+
+@functools.lru_cache(maxsize=None)
+def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
+    """Kernel 2 of the backward: dK_j, dV_j for one key block per thread block."""
+    ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
+    ZERO = acc(0)
+    # Here the thread grid runs over key rows c (ty) and query rows r (tx) of S_ij^T.
+    CA, RB, XB = _cdiv(Bc, TY), _cdiv(Br, TX), _cdiv(d, TX)
+    QS = d | 1  # odd row stride of Q_i, dO_i: read down a column by the 16 threads of a row
+    KV_TILE, Q_TILE, T_TILE = (Bc, d), (Br, QS), (Bc, Br)
+    ST_REGS, KV_REGS = (CA, RB), (CA, XB)
+    CAUSAL, COUNT = causal, count
+
+    @jit
+    def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, scale):
+        t = cuda.threadIdx.x
+        ty, tx = t // TX, t % TX
+        bh = cuda.blockIdx.y
+        j0 = cuda.blockIdx.x * Bc  # first key row of K_j
+        off = Nk - Nq
+        nr = 0
+        nw = 0
+
+        K_j = cuda.shared.array(KV_TILE, ACC)
+        V_j = cuda.shared.array(KV_TILE, ACC)
+        Q_i = cuda.shared.array(Q_TILE, ACC)
+        dO_i = cuda.shared.array(Q_TILE, ACC)
+        PT = cuda.shared.array(T_TILE, ACC)  # P_ij^T
+        dST = cuda.shared.array(T_TILE, ACC)  # dS_ij^T
+        L_i = cuda.shared.array(Br, ACC)
+        D_i = cuda.shared.array(Br, ACC)
+        S = cuda.local.array(ST_REGS, ACC)  # this thread's entries of S_ij^T, then P_ij^T
+        dP = cuda.local.array(ST_REGS, ACC)  # ... of dP_ij^T
+        dK = cuda.local.array(KV_REGS, ACC)  # ... of dK_j (without the factor scale)
+        dV = cuda.local.array(KV_REGS, ACC)  # ... of dV_j
+        q_col = cuda.local.array(RB, ACC)
+        do_col = cuda.local.array(RB, ACC)
+        q_row = cuda.local.array(XB, ACC)
+        do_row = cuda.local.array(XB, ACC)
+
+        n = _load_rows(K_j, k, bh, j0, Nk, d, t)
+        n += _load_rows(V_j, v, bh, j0, Nk, d, t)
+        if COUNT:
+            nr += n * IN_BYTES
+        for a in range(CA):
+            for xb in range(XB):
+                dK[a, xb] = ZERO
+                dV[a, xb] = ZERO
+
+        # Query blocks to visit: all Tr, or (causal) those from the one holding the first query row that sees key j0.
+        Tr = (Nq + Br - 1) // Br
+        i_first = 0
+        if CAUSAL:
+            first_query = j0 - off
+            i_first = Tr if first_query >= Nq else max(first_query, 0) // Br
+
+        for i in range(i_first, Tr):
+            i0 = i * Br
+            cuda.syncthreads()  # the previous step has finished reading Q_i, dO_i, P^T, dS^T
+            n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
+            n += _load_rows(dO_i, do, bh, i0, Nq, d, t)
+            n_vec = _load_vector(L_i, lse, bh, i0, Nq, t)
+            n_vec += _load_vector(D_i, D, bh, i0, Nq, t)
+            if COUNT:
+                nr += n * IN_BYTES + n_vec * L_BYTES
+            cuda.syncthreads()
+
+            # S_ij^T = K_j Q_i^T and dP_ij^T = V_j dO_i^T, this thread's CA x RB entries
+            for a in range(CA):
+                for b in range(RB):
+                    S[a, b] = ZERO
+                    dP[a, b] = ZERO
+            for x in range(d):
+                for b in range(RB):
+                    r = min(tx + TX * b, Br - 1)
+                    q_col[b] = Q_i[r, x]
+                    do_col[b] = dO_i[r, x]
+                for a in range(CA):
+                    c = min(ty + TY * a, Bc - 1)
+                    k_cx = K_j[c, x]
+                    v_cx = V_j[c, x]
+                    for b in range(RB):
+                        S[a, b] += k_cx * q_col[b]
+                        dP[a, b] += v_cx * do_col[b]
+
+            # P_ij = exp(scale S_ij - L_i) (0 where masked), dS_ij = P_ij * (dP_ij - D_i)
+            for a in range(CA):
+                c = ty + TY * a
+                for b in range(RB):
+                    r = tx + TX * b
+                    if c < Bc and r < Br:
+                        p = ZERO
+                        ds = ZERO
+                        if i0 + r < Nq and j0 + c < Nk and (not CAUSAL or j0 + c <= i0 + r + off):
+                            p = math.exp(scale * S[a, b] - L_i[r])
+                            ds = p * (dP[a, b] - D_i[r])
+                        PT[c, r] = p
+                        dST[c, r] = ds
+            cuda.syncthreads()
+
+            # dV_j += P_ij^T dO_i;  dK_j += dS_ij^T Q_i
+            for r in range(Br):
+                for xb in range(XB):
+                    x = min(tx + TX * xb, d - 1)
+                    do_row[xb] = dO_i[r, x]
+                    q_row[xb] = Q_i[r, x]
+                for a in range(CA):
+                    c = min(ty + TY * a, Bc - 1)
+                    p = PT[c, r]
+                    ds = dST[c, r]
+                    for xb in range(XB):
+                        dV[a, xb] += p * do_row[xb]
+                        dK[a, xb] += ds * q_row[xb]
+
+        # Write dK_j = scale * sum_i dS_ij^T Q_i and dV_j once.
+        for a in range(CA):
+            c = ty + TY * a
+            if c < Bc and j0 + c < Nk:
+                for xb in range(XB):
+                    x = tx + TX * xb
+                    if x < d:
+                        dk[bh, j0 + c, x] = scale * dK[a, xb]
+                        dv[bh, j0 + c, x] = dV[a, xb]
+                        if COUNT:
+                            nw += 2 * IN_BYTES
+        if COUNT:
+            cuda.atomic.add(counter, 0, nr)
+            cuda.atomic.add(counter, 1, nw)
+
+    return flash2_dkdv
+
+
+@functools.lru_cache(maxsize=None)
+def _dq_kernel(d, Br, Bc, dtype, causal, count):
+    """Kernel 3 of the backward: dQ_i for one query block per thread block."""
+    ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
+    ZERO = acc(0)
+    RA, CB, XB = _cdiv(Br, TY), _cdiv(Bc, TX), _cdiv(d, TX)
+    KS = d | 1  # odd row stride of K_j, V_j: read down a column by the 16 threads of a row
+    Q_TILE, KV_TILE, S_TILE = (Br, d), (Bc, KS), (Br, Bc)
+    S_REGS, Q_REGS = (RA, CB), (RA, XB)
+    CAUSAL, COUNT = causal, count
+
+    @jit
+    def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, scale):
+        t = cuda.threadIdx.x
+        ty, tx = t // TX, t % TX
+        bh = cuda.blockIdx.y
+        i0 = cuda.blockIdx.x * Br
+        off = Nk - Nq
+        nr = 0
+        nw = 0
+
+        Q_i = cuda.shared.array(Q_TILE, ACC)
+        dO_i = cuda.shared.array(Q_TILE, ACC)
+        K_j = cuda.shared.array(KV_TILE, ACC)
+        V_j = cuda.shared.array(KV_TILE, ACC)
+        dS_ij = cuda.shared.array(S_TILE, ACC)
+        L_i = cuda.shared.array(Br, ACC)
+        D_i = cuda.shared.array(Br, ACC)
+        S = cuda.local.array(S_REGS, ACC)  # this thread's entries of S_ij
+        dP = cuda.local.array(S_REGS, ACC)  # ... of dP_ij
+        dQ = cuda.local.array(Q_REGS, ACC)  # ... of dQ_i (without the factor scale)
+        k_col = cuda.local.array(CB, ACC)
+        v_col = cuda.local.array(CB, ACC)
+        k_row = cuda.local.array(XB, ACC)
+
+        n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
+        n += _load_rows(dO_i, do, bh, i0, Nq, d, t)
+        n_vec = _load_vector(L_i, lse, bh, i0, Nq, t)
+        n_vec += _load_vector(D_i, D, bh, i0, Nq, t)
+        if COUNT:
+            nr += n * IN_BYTES + n_vec * L_BYTES
+        for a in range(RA):
+            for xb in range(XB):
+                dQ[a, xb] = ZERO
+
+        n_kv = (Nk + Bc - 1) // Bc
+        if CAUSAL:
+            last_key = min(i0 + Br, Nq) - 1 + off
+            n_kv = min(n_kv, last_key // Bc + 1) if last_key >= 0 else 0
+
+        for j in range(n_kv):
+            j0 = j * Bc
+            cuda.syncthreads()  # the previous step has finished reading K_j, dS_ij
+            n = _load_rows(K_j, k, bh, j0, Nk, d, t)
+            n += _load_rows(V_j, v, bh, j0, Nk, d, t)
+            if COUNT:
+                nr += n * IN_BYTES
+            cuda.syncthreads()
+
+            # S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, this thread's RA x CB entries
+            for a in range(RA):
+                for b in range(CB):
+                    S[a, b] = ZERO
+                    dP[a, b] = ZERO
+            for x in range(d):
+                for b in range(CB):
+                    c = min(tx + TX * b, Bc - 1)
+                    k_col[b] = K_j[c, x]
+                    v_col[b] = V_j[c, x]
+                for a in range(RA):
+                    r = min(ty + TY * a, Br - 1)
+                    q_rx = Q_i[r, x]
+                    do_rx = dO_i[r, x]
+                    for b in range(CB):
+                        S[a, b] += q_rx * k_col[b]
+                        dP[a, b] += do_rx * v_col[b]
+
+            # P_ij = exp(scale S_ij - L_i) (0 where masked), dS_ij = P_ij * (dP_ij - D_i)
+            for a in range(RA):
+                r = ty + TY * a
+                for b in range(CB):
+                    c = tx + TX * b
+                    if r < Br and c < Bc:
+                        ds = ZERO
+                        if i0 + r < Nq and j0 + c < Nk and (not CAUSAL or j0 + c <= i0 + r + off):
+                            p = math.exp(scale * S[a, b] - L_i[r])
+                            ds = p * (dP[a, b] - D_i[r])
+                        dS_ij[r, c] = ds
+            cuda.syncthreads()
+
+            # dQ_i += dS_ij K_j
+            for c in range(Bc):
+                for xb in range(XB):
+                    k_row[xb] = K_j[c, min(tx + TX * xb, d - 1)]
+                for a in range(RA):
+                    ds = dS_ij[min(ty + TY * a, Br - 1), c]
+                    for xb in range(XB):
+                        dQ[a, xb] += ds * k_row[xb]
+
+        # Write dQ_i = scale * sum_j dS_ij K_j once.
+        for a in range(RA):
+            r = ty + TY * a
+            if r < Br and i0 + r < Nq:
+                for xb in range(XB):
+                    x = tx + TX * xb
+                    if x < d:
+                        dq[bh, i0 + r, x] = scale * dQ[a, xb]
+                        if COUNT:
+                            nw += IN_BYTES
+        if COUNT:
+            cuda.atomic.add(counter, 0, nr)
+            cuda.atomic.add(counter, 1, nw)
+
+    return flash2_dq
+
+
+def forward(prob, ops, block, counters):
+    """O and L = m + log(l): one launch, grid (Tr, B*H)."""
+    Br, Bc = block
+    kernel = _forward_kernel(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
+    o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
+    lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
+    q, k, v = (ops[name].dev for name in ("q", "k", "v"))
+    grid = (_cdiv(prob.Nq, Br), prob.BH)
+    kernel[grid, NT](q, k, v, o, lse, counters.array(FORWARD_NAME), prob.Nq, prob.Nk, prob.acc.type(prob.scale))
+    return o, lse
+
+
+def backward(prob, ops, block, counters):
+    """dQ, dK, dV: D = rowsum(dO * O), then dK, dV (grid (Tc, B*H)), then dQ (grid (Tr, B*H))."""
+    Br, Bc = block
+    BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
+    count = counters.enabled
+    q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
+    scale = acc.type(prob.scale)
+    D = _inputs.empty((BH, Nq), acc)
+    dq = _inputs.empty((BH, Nq, d), dt)
+    dk = _inputs.empty((BH, Nk, d), dt)
+    dv = _inputs.empty((BH, Nk, d), dt)
+    rowsum = _rowsum_kernel(d, dt, count)
+    rowsum[(_cdiv(Nq, TY), BH), NT](o, do, D, counters.array(BACKWARD_NAMES[0]), Nq)
+    dkdv = _dkdv_kernel(d, Br, Bc, dt, prob.causal, count)
+    dkdv[(_cdiv(Nk, Bc), BH), NT](q, k, v, do, lse, D, dk, dv, counters.array(BACKWARD_NAMES[1]), Nq, Nk, scale)
+    dq_kernel = _dq_kernel(d, Br, Bc, dt, prob.causal, count)
+    dq_kernel[(_cdiv(Nq, Br), BH), NT](q, k, v, do, lse, D, dq, counters.array(BACKWARD_NAMES[2]), Nq, Nk, scale)
+    return dq, dk, dv
+
+
+def compile_all(ccs, dtypes, ds):
+    """PTX of every specialisation: default blocks for each d, causal or not, counting or not.
+
+    Returns ``[(label, ptx)]``; the label names the kernel, d, dtype, (Br, Bc),
+    causal, count and ``sm_XY``.  Needs ``NUMBA_ENABLE_CUDASIM=0``.
+    """
+    out = []
+    I64 = types.int64
+    for dtype in dtypes:
+        dt = np.dtype(dtype)
+        X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
+        fwd_sig = (X3, X3, X3, X3, A2, COUNTER_TYPE, I64, I64, ACC)
+        rowsum_sig = (X3, X3, A2, COUNTER_TYPE, I64)
+        dkdv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, ACC)
+        dq_sig = (X3, X3, X3, X3, A2, A2, X3, COUNTER_TYPE, I64, I64, ACC)
+        for d in ds:
+            fwd, bwd = default_block(d, dt, "forward"), default_block(d, dt, "backward")
+            for count in (False, True):
+                specs = [(f"{BACKWARD_NAMES[0]} d={d}", _rowsum_kernel(d, dt, count), rowsum_sig)]
+                for causal in (False, True):
+                    tag = f"Br={{}} Bc={{}}{' causal' * causal}"
+                    specs += [
+                        (f"{FORWARD_NAME} d={d} {tag.format(*fwd)}", _forward_kernel(d, *fwd, dt, causal, count), fwd_sig),
+                        (f"{BACKWARD_NAMES[1]} d={d} {tag.format(*bwd)}", _dkdv_kernel(d, *bwd, dt, causal, count), dkdv_sig),
+                        (f"{BACKWARD_NAMES[2]} d={d} {tag.format(*bwd)}", _dq_kernel(d, *bwd, dt, causal, count), dq_sig),
+                    ]
+                for name, kernel, sig in specs:
+                    for cc in ccs:
+                        label = f"flash2 {name} {dt}{' count' * count} sm_{cc[0]}{cc[1]}"
+                        out.append((label, compile_ptx(kernel.py_func, sig, cc)))
+    return out

@@ -1,0 +1,286 @@
+"""NumPy float64 reference for attention: the ground truth every kernel is tested against.
+
+What each function is for:
+
+* :func:`attention_forward`, :func:`attention_backward`: plain attention,
+  ``O = softmax(scale * Q K^T) V`` and its gradients, on whole matrices.  These
+  are the answers.
+* :func:`flash_forward_tiled`, :func:`flash_backward_tiled`: the same results
+  computed block by block, following the paper's loops with its names, so that
+  a kernel can be read side by side with them.  The forward is Algorithm 1 of
+  FlashAttention (Dao et al. 2022): K/V blocks outer, Q blocks inner, O, l, m
+  read and written "in HBM" at every step.  The backward is Algorithm 2 of
+  FlashAttention-2 (Dao 2023), which recomputes ``P_ij = exp(S_ij - L_i)`` from
+  the single saved statistic ``L = m + log(l)`` (FlashAttention's own backward,
+  its Algorithm 4, does the same from m and l).  Comments give the line numbers
+  of those two algorithms.
+* :func:`online_softmax_stats`: the running max and sum of Algorithm 1,
+  lines 10-11, on one row, for the online-softmax lesson and its tests.
+* :func:`plain_attention`: attention computed entirely in a low precision
+  (float16 by default, no upcast).  Its error against float64 is the baseline
+  of Dao-AILab's test rule: a float16 kernel may be off by at most a few times
+  this much.
+* :func:`causal_mask`: the mask all of the above (and the kernels) use.
+
+Shapes: ``q`` is ``(..., Nq, d)`` and ``k``, ``v`` are ``(..., Nk, d)`` with
+leading dims ``()``, ``(H,)`` or ``(B, H)``; ``lse`` is ``(..., Nq)``.
+``scale=None`` means ``1/sqrt(d)``.
+
+Masking: with ``causal=True`` key ``j`` is visible to query ``i`` iff
+``j <= i + (Nk - Nq)`` (aligned to the bottom-right corner, as in PyTorch and
+FlashAttention >= 2.1).  A masked score is ``-inf``, so its probability is 0.
+
+The ``-inf`` rule: when ``Nq > Nk`` the first ``Nq - Nk`` query rows see no
+key at all.  Such a row gets ``o = 0`` and ``lse = -inf`` (``m = -inf``,
+``l = 0``), and contributes nothing to any gradient; never NaN.  The code
+avoids ``exp(-inf - (-inf))`` by subtracting a max of 0 in place of ``-inf``
+(:func:`_finite`), the same guard the kernels need.
+
+Why float64: every input is converted to float64 first, whatever its dtype,
+and all arithmetic is float64.  Its rounding (about 1e-16) is far below the
+float32 kernels' tolerance (1e-5) and the float16 error, so a test's measured
+error is the kernel's error and not the reference's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "attention_backward",
+    "attention_forward",
+    "causal_mask",
+    "flash_backward_tiled",
+    "flash_forward_tiled",
+    "online_softmax_stats",
+    "plain_attention",
+]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def causal_mask(Nq: int, Nk: int) -> np.ndarray:
+    """Bool ``(Nq, Nk)``: True where key ``j`` is visible to query ``i``, i.e. ``j <= i + (Nk - Nq)``."""
+    i = np.arange(Nq)[:, None]
+    j = np.arange(Nk)[None, :]
+    return j <= i + (Nk - Nq)
+
+
+def _finite(m):
+    """``m`` with ``-inf`` replaced by 0: ``exp(x - _finite(m))`` is then 0, not NaN, on a row whose max is -inf."""
+    return np.where(m == -np.inf, 0.0, m)
+
+
+def _lse(m, l):
+    """``L = m + log(l)``, and ``-inf`` where ``l == 0`` (a row with no visible key)."""
+    return np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+
+
+def _qkv(q, k, v, scale):
+    """Check shapes, convert to float64, resolve the scale; returns ``(q, k, v, scale)``."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    if q.ndim not in (2, 3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"q, k, v: expected (N, d), (H, N, d) or (B, H, N, d), got {q.shape}, {k.shape}, {v.shape}")
+    if k.shape != v.shape or k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape}: need equal leading dims and d, and k, v of one shape")
+    d = q.shape[-1]
+    return q, k, v, (1.0 / math.sqrt(d) if scale is None else float(scale))
+
+
+def _scores(q, k, scale, causal):
+    """``S = scale * Q K^T``, ``(..., Nq, Nk)``, with ``-inf`` on masked entries."""
+    S = scale * (q @ k.swapaxes(-1, -2))  # (..., Nq, Nk)
+    if causal:
+        S = np.where(causal_mask(q.shape[-2], k.shape[-2]), S, -np.inf)
+    return S
+
+
+def _check_block(Br, Bc):
+    for name, B in (("Br", Br), ("Bc", Bc)):
+        if not isinstance(B, (int, np.integer)) or B < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {B!r}")
+
+
+# --------------------------------------------------------------------------- plain attention
+
+
+def attention_forward(q, k, v, *, causal=False, scale=None):
+    """Plain attention ``O = softmax(S) V`` with ``S = scale * Q K^T``.
+
+    q: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``.  Returns float64
+    ``o`` ``(..., Nq, d)`` and ``lse`` ``(..., Nq)`` with ``lse = m + log(l)``,
+    ``m = rowmax(S)``, ``l = rowsum(exp(S - m))``.
+    """
+    q, k, v, scale = _qkv(q, k, v, scale)
+    S = _scores(q, k, scale, causal)  # (..., Nq, Nk)
+    m = S.max(axis=-1)  # (..., Nq)
+    P = np.exp(S - _finite(m)[..., None])  # (..., Nq, Nk), unnormalised
+    l = P.sum(axis=-1)  # (..., Nq)
+    o = (P @ v) / np.where(l > 0, l, 1.0)[..., None]  # (..., Nq, d); 0 on rows with l == 0
+    return o, _lse(m, l)
+
+
+def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
+    """Gradients of plain attention, from the forward's ``o`` and ``lse``.
+
+    q, o, do: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``; lse: ``(..., Nq)``.
+    With ``P = exp(S - L)``, ``D = rowsum(dO * O)`` and ``dS = P * (dP - D)``:
+    ``dV = P^T dO``, ``dP = dO V^T``, ``dQ = scale dS K``, ``dK = scale dS^T Q``.
+    Returns float64 ``dq`` ``(..., Nq, d)``, ``dk``, ``dv`` ``(..., Nk, d)``.
+    """
+    q, k, v, scale = _qkv(q, k, v, scale)
+    o, do, L = (np.asarray(x, dtype=np.float64) for x in (o, do, lse))
+    S = _scores(q, k, scale, causal)  # (..., Nq, Nk)
+    P = np.exp(S - _finite(L)[..., None])  # (..., Nq, Nk); masked entries give 0
+    dv = P.swapaxes(-1, -2) @ do  # (..., Nk, d)
+    dP = do @ v.swapaxes(-1, -2)  # (..., Nq, Nk)
+    D = (do * o).sum(axis=-1)  # (..., Nq)
+    dS = P * (dP - D[..., None])  # (..., Nq, Nk)
+    dq = scale * (dS @ k)  # (..., Nq, d)
+    dk = scale * (dS.swapaxes(-1, -2) @ q)  # (..., Nk, d)
+    return dq, dk, dv
+
+
+def plain_attention(q, k, v, *, causal=False, scale=None, dtype=np.float16):
+    """Attention with every operation done and rounded in ``dtype`` (no upcast).
+
+    q: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``.  Returns ``o`` ``(..., Nq, d)``
+    in ``dtype``.  In float16 its error against :func:`attention_forward` is
+    the baseline of Dao-AILab's rule; in float64 it is the reference itself.
+    """
+    dtype = np.dtype(dtype)
+    q, k, v = (np.asarray(x).astype(dtype) for x in (q, k, v))
+    Nq, d = q.shape[-2:]
+    Nk = k.shape[-2]
+    s = dtype.type(1.0 / math.sqrt(d) if scale is None else scale)
+    S = (q * s) @ k.swapaxes(-1, -2)  # (..., Nq, Nk) in dtype
+    if causal:
+        S = np.where(causal_mask(Nq, Nk), S, dtype.type(-np.inf))
+    m = S.max(axis=-1, keepdims=True)  # (..., Nq, 1)
+    P = np.exp(S - np.where(m == -np.inf, dtype.type(0), m))  # (..., Nq, Nk)
+    l = P.sum(axis=-1, keepdims=True)  # (..., Nq, 1)
+    P = P / np.where(l > 0, l, dtype.type(1))  # softmax; rows with no visible key stay 0
+    return (P @ v).astype(dtype)  # (..., Nq, d)
+
+
+# --------------------------------------------------------------------------- online softmax
+
+
+def online_softmax_stats(x, splits):
+    """Softmax statistics of a 1-D row read block by block, as Algorithm 1 does.
+
+    x: ``(N,)``; splits: the indices where the row is cut into blocks
+    (``np.split`` convention; empty blocks are skipped).  Returns the floats
+    ``(m, l)`` equal to ``max(x)`` and ``sum(exp(x - max(x)))`` (``-inf, 0`` for an all ``-inf`` row).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    m, l = -math.inf, 0.0  # Algorithm 1, line 2: m = -inf, l = 0
+    for x_j in np.split(x, splits):  # line 5: one block of scores S_ij at a time
+        if x_j.size == 0:
+            continue
+        m_t = float(x_j.max())  # line 10: m~ = rowmax(S_ij)
+        l_t = float(np.exp(x_j - _finite(m_t)).sum())  # line 10: l~ = rowsum(exp(S_ij - m~))
+        m_new = max(m, m_t)  # line 11: m_new = max(m, m~)
+        l = math.exp(m - _finite(m_new)) * l + math.exp(m_t - _finite(m_new)) * l_t  # line 11: l_new
+        m = m_new  # line 13: m <- m_new, l <- l_new
+    return float(m), float(l)
+
+
+# --------------------------------------------------------------------------- tiled mirrors
+
+
+def flash_forward_tiled(q, k, v, *, Br, Bc, causal=False, scale=None):
+    """FlashAttention forward, Algorithm 1 (Dao et al. 2022), loop for loop.
+
+    q: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``; ``Br``, ``Bc``: query and key
+    block sizes (need not divide Nq, Nk).  The scale and the causal mask are
+    applied to ``S_ij`` at line 9, as the paper's forward pass with masking
+    (its Algorithm 2) does.
+    Returns ``o`` ``(..., Nq, d)`` and ``lse = m + log(l)`` ``(..., Nq)``,
+    equal to :func:`attention_forward` up to rounding.
+    """
+    _check_block(Br, Bc)
+    q, k, v, scale = _qkv(q, k, v, scale)
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    mask = causal_mask(Nq, Nk)
+    O = np.zeros(q.shape)  # line 2: O = 0, (..., Nq, d)
+    l = np.zeros(q.shape[:-1])  # line 2: l = 0, (..., Nq)
+    m = np.full(q.shape[:-1], -np.inf)  # line 2: m = -inf, (..., Nq)
+    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)  # line 3: Tr = ceil(Nq / Br), Tc = ceil(Nk / Bc); last blocks may be short
+    for j in range(Tc):  # line 5
+        c0, c1 = j * Bc, min((j + 1) * Bc, Nk)
+        K_j, V_j = k[..., c0:c1, :], v[..., c0:c1, :]  # line 6: load K_j, V_j, (..., Bc, d)
+        for i in range(Tr):  # line 7
+            r0, r1 = i * Br, min((i + 1) * Br, Nq)
+            if causal and c0 > (r1 - 1) + (Nk - Nq):
+                # Block wholly above the diagonal: its first key is invisible even to its last query,
+                # so every entry is masked and the update would leave O_i, l_i, m_i unchanged.
+                continue
+            Q_i, O_i = q[..., r0:r1, :], O[..., r0:r1, :]  # line 8: load Q_i, O_i, (..., Br, d)
+            l_i, m_i = l[..., r0:r1], m[..., r0:r1]  # line 8: load l_i, m_i, (..., Br)
+            S_ij = scale * (Q_i @ K_j.swapaxes(-1, -2))  # line 9: S_ij = scale * Q_i K_j^T, (..., Br, Bc)
+            if causal:
+                S_ij = np.where(mask[r0:r1, c0:c1], S_ij, -np.inf)  # line 9: masked entries = -inf
+            m_t = S_ij.max(axis=-1)  # line 10: m~_ij = rowmax(S_ij), (..., Br)
+            P_t = np.exp(S_ij - _finite(m_t)[..., None])  # line 10: P~_ij = exp(S_ij - m~_ij), (..., Br, Bc)
+            l_t = P_t.sum(axis=-1)  # line 10: l~_ij = rowsum(P~_ij), (..., Br)
+            m_new = np.maximum(m_i, m_t)  # line 11: m_new = max(m_i, m~_ij)
+            a = np.exp(m_i - _finite(m_new))  # line 11: e^(m_i - m_new), 0 where m_i = -inf
+            b = np.exp(m_t - _finite(m_new))  # line 11: e^(m~_ij - m_new), 0 where m~_ij = -inf
+            l_new = a * l_i + b * l_t  # line 11: l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+            l_div = np.where(l_new > 0, l_new, 1.0)  # l_new = 0 only while the row has seen no key: O_i stays 0
+            # line 12: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)
+            O[..., r0:r1, :] = ((l_i * a)[..., None] * O_i + b[..., None] * (P_t @ V_j)) / l_div[..., None]
+            l[..., r0:r1] = l_new  # line 13: l_i <- l_new
+            m[..., r0:r1] = m_new  # line 13: m_i <- m_new
+    return O, _lse(m, l)  # line 16: return O (and L = m + log(l), FlashAttention-2's saved statistic)
+
+
+def flash_backward_tiled(q, k, v, o, lse, do, *, Br, Bc, causal=False, scale=None):
+    """FlashAttention backward, Algorithm 2 of FlashAttention-2 (Dao 2023), loop for loop.
+
+    q, o, do: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``; lse: ``(..., Nq)``
+    (``L`` from the forward).  ``P_ij = exp(S_ij - L_i)`` is recomputed from
+    Q, K and L; dQ lives "in HBM" and is accumulated across the outer loop,
+    dK_j and dV_j "on chip" within it.  The scale and mask enter at line 10,
+    the scale again at lines 15-16 (the chain rule through ``S = scale Q K^T``).
+    Returns ``dq`` ``(..., Nq, d)``, ``dk``, ``dv`` ``(..., Nk, d)``, equal to
+    :func:`attention_backward` up to rounding.
+    """
+    _check_block(Br, Bc)
+    q, k, v, scale = _qkv(q, k, v, scale)
+    o, do, L = (np.asarray(x, dtype=np.float64) for x in (o, do, lse))
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    mask = causal_mask(Nq, Nk)
+    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)  # line 1: Tr = ceil(Nq / Br), Tc = ceil(Nk / Bc)
+    dQ = np.zeros(q.shape)  # line 3: dQ = 0 in HBM, (..., Nq, d)
+    dK = np.zeros(k.shape)  # line 3: dK, dV in HBM, (..., Nk, d)
+    dV = np.zeros(v.shape)
+    D = (do * o).sum(axis=-1)  # line 4: D = rowsum(dO * O), (..., Nq)
+    for j in range(Tc):  # line 5
+        c0, c1 = j * Bc, min((j + 1) * Bc, Nk)
+        K_j, V_j = k[..., c0:c1, :], v[..., c0:c1, :]  # line 6: load K_j, V_j, (..., Bc, d)
+        dK_j = np.zeros(K_j.shape)  # line 7: dK_j = 0 on chip, (..., Bc, d)
+        dV_j = np.zeros(V_j.shape)  # line 7: dV_j = 0 on chip
+        for i in range(Tr):  # line 8
+            r0, r1 = i * Br, min((i + 1) * Br, Nq)
+            if causal and c0 > (r1 - 1) + (Nk - Nq):
+                # Block wholly above the diagonal: every P_ij entry is 0, so it adds nothing to dQ, dK, dV.
+                continue
+            Q_i, dO_i = q[..., r0:r1, :], do[..., r0:r1, :]  # line 9: load Q_i, dO_i (O_i only via D_i), (..., Br, d)
+            L_i, D_i = L[..., r0:r1], D[..., r0:r1]  # line 9: load L_i, D_i, (..., Br)
+            S_ij = scale * (Q_i @ K_j.swapaxes(-1, -2))  # line 10: S_ij = scale * Q_i K_j^T, (..., Br, Bc)
+            if causal:
+                S_ij = np.where(mask[r0:r1, c0:c1], S_ij, -np.inf)  # line 10: masked entries = -inf
+            P_ij = np.exp(S_ij - _finite(L_i)[..., None])  # line 11: P_ij = exp(S_ij - L_i); 0 where masked
+            dV_j += P_ij.swapaxes(-1, -2) @ dO_i  # line 12: dV_j += P_ij^T dO_i, (..., Bc, d)
+            dP_ij = dO_i @ V_j.swapaxes(-1, -2)  # line 13: dP_ij = dO_i V_j^T, (..., Br, Bc)
+            dS_ij = P_ij * (dP_ij - D_i[..., None])  # line 14: dS_ij = P_ij * (dP_ij - D_i)
+            dQ[..., r0:r1, :] += scale * (dS_ij @ K_j)  # line 15: dQ_i <- dQ_i + scale dS_ij K_j, written to HBM
+            dK_j += scale * (dS_ij.swapaxes(-1, -2) @ Q_i)  # line 16: dK_j += scale dS_ij^T Q_i, (..., Bc, d)
+        dK[..., c0:c1, :] = dK_j  # line 18: write dK_j, dV_j to HBM
+        dV[..., c0:c1, :] = dV_j
+    return dQ, dK, dV  # line 20

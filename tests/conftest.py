@@ -1,0 +1,45 @@
+"""Shared test set-up.
+
+* Without a GPU the kernels run in Numba's CUDA simulator: importing
+  flash_numba first turns it on when no NVIDIA driver is found (it must be set
+  before numba is imported).  Sizes in simulator tests stay tiny.
+* Tests marked ``gpu`` run real sizes and only where a GPU is present.
+* Every test runs with poisoned outputs: output buffers start as NaN, so an
+  element a kernel forgets to write fails the comparison.
+"""
+
+import numpy as np
+import pytest
+
+import flash_numba  # noqa: F401  (chooses GPU or simulator before numba is imported)
+from flash_numba import _inputs
+from flash_numba.device import SIMULATOR
+
+ON_GPU = not SIMULATOR
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (real sizes)")
+    config.addinivalue_line("markers", "compile: compiles kernels to PTX/SASS for cc 7.5 and 9.0 (no GPU needed)")
+    config.addinivalue_line("markers", "slow: long-running under the simulator")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (running in the simulator)")
+    for item in items:
+        if "gpu" in item.keywords and not ON_GPU:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setattr(_inputs, "POISON_OUTPUTS", True)
+    yield
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh generator per test, seeded from the test's name so a failure reproduces."""
+    import zlib
+
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
