@@ -148,7 +148,9 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
     arrays = {}
     for name, x in list(named.items()) + list((extra or {}).items()):
         arrays[name] = _as_array(x, name)
-    q, k, v = (arrays[n][0] for n in ("q", "k", "v"))
+    # Plain tuples: the simulator's device arrays refuse negative indices into .shape.
+    shapes = {n: tuple(int(s) for s in arr.shape) for n, (arr, _) in arrays.items()}
+    qs, ks, vs = shapes["q"], shapes["k"], shapes["v"]
     places = {n: on for n, (_, on) in arrays.items()}
     if len(set(places.values())) > 1:
         host = [n for n, on in places.items() if not on]
@@ -159,23 +161,23 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
         )
     on_device = places["q"]
 
-    if q.ndim not in (2, 3, 4):
-        raise ValueError(f"q: expected shape (N, d), (H, N, d) or (B, H, N, d), got {tuple(q.shape)}")
-    for name, x in (("k", k), ("v", v)):
-        if x.ndim != q.ndim:
-            raise ValueError(f"{name}: has {x.ndim} dimensions but q has {q.ndim} ({tuple(x.shape)} vs {tuple(q.shape)})")
-    lead = tuple(q.shape[:-2])
-    for name, x in (("k", k), ("v", v)):
-        if tuple(x.shape[:-2]) != lead:
-            raise ValueError(f"{name}: leading (batch, head) dims {tuple(x.shape[:-2])} differ from q's {lead}")
-    Nq, d = int(q.shape[-2]), int(q.shape[-1])
-    Nk = int(k.shape[-2])
-    if k.shape[-1] != d:
-        raise ValueError(f"k: head dim {k.shape[-1]} differs from q's {d}")
-    if v.shape[-1] != d:
-        raise ValueError(f"v: head dim {v.shape[-1]} differs from q's {d} (flash_numba needs equal head dims)")
-    if v.shape[-2] != Nk:
-        raise ValueError(f"v: sequence length {v.shape[-2]} differs from k's {Nk}")
+    if len(qs) not in (2, 3, 4):
+        raise ValueError(f"q: expected shape (N, d), (H, N, d) or (B, H, N, d), got {qs}")
+    for name, xs in (("k", ks), ("v", vs)):
+        if len(xs) != len(qs):
+            raise ValueError(f"{name}: has {len(xs)} dimensions but q has {len(qs)} ({xs} vs {qs})")
+    lead = qs[:-2]
+    for name, xs in (("k", ks), ("v", vs)):
+        if xs[:-2] != lead:
+            raise ValueError(f"{name}: leading (batch, head) dims {xs[:-2]} differ from q's {lead}")
+    Nq, d = qs[-2:]
+    Nk = ks[-2]
+    if ks[-1] != d:
+        raise ValueError(f"k: head dim {ks[-1]} differs from q's {d}")
+    if vs[-1] != d:
+        raise ValueError(f"v: head dim {vs[-1]} differs from q's {d} (flash_numba needs equal head dims)")
+    if vs[-2] != Nk:
+        raise ValueError(f"v: sequence length {vs[-2]} differs from k's {Nk}")
     if d < 1 or d > MAX_HEAD_DIM:
         raise ValueError(f"q: head dim d = {d} is not supported; use 1 <= d <= {MAX_HEAD_DIM}")
     if Nq == 0:
@@ -183,8 +185,8 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
     if Nk == 0:
         raise ValueError("k: empty sequence (Nk = 0); need at least one key")
     if any(int(s) == 0 for s in lead):
-        raise ValueError(f"q: a batch or head dim is zero {tuple(q.shape)}")
-    dtype = _check_dtype(q, "q")
+        raise ValueError(f"q: a batch or head dim is zero {qs}")
+    dtype = _check_dtype(arrays["q"][0], "q")
     for name in arrays:
         if name == "lse":
             continue
@@ -192,13 +194,13 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
         if dt != dtype:
             raise TypeError(f"{name}: dtype {dt} differs from q's {dtype}; give all arrays one dtype")
     for name in ("o", "do"):
-        if name in arrays and tuple(arrays[name][0].shape) != tuple(q.shape):
-            raise ValueError(f"{name}: shape {tuple(arrays[name][0].shape)} differs from q's {tuple(q.shape)}")
+        if name in shapes and shapes[name] != qs:
+            raise ValueError(f"{name}: shape {shapes[name]} differs from q's {qs}")
     if "lse" in arrays:
         lse = arrays["lse"][0]
         want = lead + (Nq,)
-        if tuple(lse.shape) != want:
-            raise ValueError(f"lse: expected shape {want} (q's leading dims and Nq), got {tuple(lse.shape)}")
+        if shapes["lse"] != want:
+            raise ValueError(f"lse: expected shape {want} (q's leading dims and Nq), got {shapes['lse']}")
         if np.dtype(lse.dtype) != acc_dtype(dtype):
             raise TypeError(f"lse: expected dtype {acc_dtype(dtype)} for {dtype} inputs, got {np.dtype(lse.dtype)}")
 
@@ -225,7 +227,7 @@ def finish(prob: Problem, dev, shape_tail):
 #: Tests set this (or FLASH_NUMBA_POISON=1 in the environment) so that every
 #: output buffer starts filled with NaN: an element a kernel forgets to write
 #: then fails the comparison instead of passing by luck on zeros.
-import os as _os
+import os as _os  # noqa: E402  (kept beside the flag it reads)
 
 POISON_OUTPUTS = _os.environ.get("FLASH_NUMBA_POISON", "") == "1"
 

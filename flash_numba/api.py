@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import _inputs, blocks, kernels
 from .hbm import Counters, HBMCount
 
@@ -40,6 +42,8 @@ def _block(mod, prob, block, pass_):
     def fp(Br, Bc, d, dtype):
         return mod.shared_bytes(Br, Bc, d, dtype, pass_)
 
+    if block is None and hasattr(mod, "choose_block"):  # kernels with their own tile rule
+        return mod.choose_block(prob.d, prob.dtype, blocks.shared_budget(), pass_)
     if block is None:
         return blocks.choose(prob.d, prob.dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
     return blocks.validate(block, prob.d, prob.dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
@@ -47,8 +51,6 @@ def _block(mod, prob, block, pass_):
 
 def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"):
     """The ``(Br, Bc)`` a call would use (``None`` for the standard kernels)."""
-    import numpy as np
-
     mod = kernels.get(kernel)
     if not getattr(mod, "USES_BLOCKS", True):
         return None
@@ -56,14 +58,15 @@ def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"
     return _block(mod, prob, block, pass_)
 
 
-def _check_count(count_hbm):
-    if not isinstance(count_hbm, bool):
+def _check_count(count_hbm) -> bool:
+    if not isinstance(count_hbm, (bool, np.bool_)):
         raise TypeError(f"count_hbm: expected True or False, got {count_hbm!r}")
+    return bool(count_hbm)
 
 
 def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
     mod = kernels.get(kernel)
-    _check_count(count_hbm)
+    count_hbm = _check_count(count_hbm)
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
     uses_blocks = getattr(mod, "USES_BLOCKS", True)
     if not uses_blocks and block is not None:
@@ -82,7 +85,7 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
 
 def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm) -> BackwardResult:
     mod = kernels.get(kernel)
-    _check_count(count_hbm)
+    count_hbm = _check_count(count_hbm)
     prob, ops = _inputs.prepare(
         {"q": q, "k": k, "v": v}, causal=causal, scale=scale, extra={"o": o, "lse": lse, "do": do}
     )

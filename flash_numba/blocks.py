@@ -60,7 +60,9 @@ def choose(d: int, dtype, shared_bytes, *, max_Br: int, max_Bc: int, budget: int
     return Br, Bc
 
 
-def validate(block, d: int, dtype, shared_bytes, *, max_Br: int, max_Bc: int, budget: int | None = None) -> tuple[int, int]:
+def validate(
+    block, d: int, dtype, shared_bytes, *, max_Br: int, max_Bc: int, budget: int | None = None
+) -> tuple[int, int]:
     """Check an explicit ``block=(Br, Bc)`` against the kernel's and the device's limits."""
     budget = shared_budget() if budget is None else budget
     try:

@@ -24,7 +24,6 @@ import argparse
 import csv
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,7 +121,8 @@ def parse_ptxas(text: str) -> PtxasReport:
 
 
 def have_ptxas() -> bool:
-    return find_ptxas() is not None or shutil.which("ptxas") is not None
+    """Whether :func:`ptxas_report` can run (a ptxas on PATH is not used: it may be too old)."""
+    return find_ptxas() is not None
 
 
 @dataclass
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerows(r.csv_fields() for r in rows)
     too_big = [r for r in rows if r.shared_bytes > STATIC_SHARED_LIMIT]
     failures += [f"{r.label} (cc {r.cc[0]}.{r.cc[1]}): {r.shared_bytes} bytes of static shared memory" for r in too_big]
-    assembler = "ptxas " + find_ptxas() if find_ptxas() else "no ptxas found: shared bytes read from the PTX"
+    assembler = f"ptxas {find_ptxas()}" if have_ptxas() else "no ptxas found: shared bytes read from the PTX"
     print(f"{len(rows)} kernel specialisations compiled ({assembler})")
     for line in failures:
         print(f"FAILED {line}")

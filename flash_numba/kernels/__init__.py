@@ -25,7 +25,7 @@ Every module offers the same functions, which :mod:`flash_numba.api` calls::
 
 import importlib
 
-NAMES = ("standard", "flash1", "flash2")
+NAMES = ("standard", "flash1", "flash2", "flash2_fast")
 
 
 def get(name: str):

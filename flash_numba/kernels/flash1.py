@@ -62,8 +62,8 @@ from ._common import COUNTER_TYPE, acc_nb_type, array_type
 
 USES_BLOCKS = True
 
-#: Threads per block, max(Br, Bc), stay at or below 256: then a block launches
-#: whatever the register count (65536 registers per SM / 256 threads = 256 each).
+#: A block runs max(Br, Bc) threads, at most 256: then it launches whatever the
+#: kernel's register count (256 threads x at most 255 registers fit an SM's 64K).
 MAX_THREADS = 256
 
 FORWARD_NAMES = ("init O, l, m", "Algorithm 1")
@@ -87,7 +87,7 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
     return MAX_THREADS, MAX_THREADS
 
 
-def default_block(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
+def _default_block(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
     """The paper's ``(Br, Bc)`` shrunk to fit 48 KB, independent of the device present."""
     max_Br, max_Bc = block_limits(d, dtype, pass_)
     return blocks.choose(
@@ -453,14 +453,14 @@ def compile_all(ccs, dtypes, ds):
                 ("forward", _forward_kernels, FORWARD_NAMES),
                 ("backward", _backward_kernels, BACKWARD_NAMES),
             ):
-                Br, Bc = default_block(d, dt, pass_)
+                Br, Bc = _default_block(d, dt, pass_)
                 for count in (False, True):
                     for causal in (False, True):
                         kernels = factory(d, Br, Bc, dt, causal, count)
                         for name, kernel in zip(names, kernels):
                             if name.startswith("init") and causal:
                                 continue  # the init kernels do not depend on causal
-                            tags = " causal" * (name == names[1] and causal) + " count" * count
+                            tags = " causal" * causal + " count" * count
                             for cc in ccs:
                                 label = f"flash1 {pass_} {name} d={d} {dt} Br={Br} Bc={Bc}{tags} sm_{cc[0]}{cc[1]}"
                                 out.append((label, compile_ptx(kernel.py_func, signatures[name], cc)))

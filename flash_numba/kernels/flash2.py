@@ -103,8 +103,8 @@ def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int
     a = _inputs.acc_dtype(dtype).itemsize
     odd = d | 1
     if pass_ == "forward":
-        # Q_i (Br, d); K_j (Bc, d|1); V_j (Bc, d); P~_ij (Br, Bc)
-        return a * (Br * d + Bc * odd + Bc * d + Br * Bc)
+        # Q_i (Br, d); K_j (Bc, d|1); V_j (Bc, d); P~_ij (Br, Bc); row partials (Br, 16)
+        return a * (Br * d + Bc * odd + Bc * d + Br * Bc + Br * TX)
     if pass_ == "backward":
         # dK, dV: K_j, V_j (Bc, d); Q_i, dO_i (Br, d|1); P_ij^T, dS_ij^T (Bc, Br); L_i, D_i (Br)
         dkdv = 2 * Bc * d + 2 * Br * odd + 2 * Bc * Br + 2 * Br
@@ -291,8 +291,8 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                     O[a, xb] *= alpha
             cuda.syncthreads()
 
-            # O_i += P~_ij V_j
-            for c in range(Bc):
+            # O_i += P~_ij V_j (over the keys that exist: the last block may be partial)
+            for c in range(min(Bc, Nk - j0)):
                 for xb in range(XB):
                     v_row[xb] = V_j[c, min(tx + TX * xb, d - 1)]
                 for a in range(RA):
@@ -468,8 +468,8 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
                         dST[c, r] = ds
             cuda.syncthreads()
 
-            # dV_j += P_ij^T dO_i;  dK_j += dS_ij^T Q_i
-            for r in range(Br):
+            # dV_j += P_ij^T dO_i;  dK_j += dS_ij^T Q_i (over the query rows that exist)
+            for r in range(min(Br, Nq - i0)):
                 for xb in range(XB):
                     x = min(tx + TX * xb, d - 1)
                     do_row[xb] = dO_i[r, x]
@@ -590,8 +590,8 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
                         dS_ij[r, c] = ds
             cuda.syncthreads()
 
-            # dQ_i += dS_ij K_j
-            for c in range(Bc):
+            # dQ_i += dS_ij K_j (over the keys that exist)
+            for c in range(min(Bc, Nk - j0)):
                 for xb in range(XB):
                     k_row[xb] = K_j[c, min(tx + TX * xb, d - 1)]
                 for a in range(RA):

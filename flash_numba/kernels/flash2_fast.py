@@ -1,18 +1,49 @@
-"""Prototype: register-tiled FlashAttention-2 forward (performance work, issue 4).
+"""flash2_fast: the flash2 forward, register-tiled for speed (performance work, issue 4).
 
-Thread block: 128 threads as an 8 x 16 grid (ty, tx).  The block owns Br = 8*TM
-query rows and walks over K/V blocks of Bc = 16*TN keys.
+What it does.  The same algorithm as :mod:`flash2` (FlashAttention-2 loop order:
+a thread block owns Br query rows, walks over the K/V blocks, keeps O_i, m_i, l_i
+on chip and writes O and L once), arranged so that the CUDA cores spend their
+time on multiply-adds:
 
-    S tile (Br x Bc)                      O tile (Br x DP)
-    thread (ty, tx) owns rows             thread (ty, tx) owns rows
-    ty*TM .. ty*TM+TM-1 and               ty*TM .. +TM-1 and columns
-    columns tx*TN .. tx*TN+TN-1           tx*TD .. tx*TD+TD-1   (DP = 16*TD >= d)
+* **Micro-tiles.**  128 threads as an 8 x 16 grid (ty, tx).  Thread (ty, tx)
+  owns TM consecutive query rows ``ty*TM ..`` and, of S_ij, TN consecutive keys
+  ``tx*TN ..``; of O_i, TD consecutive columns ``tx*TD ..`` (DP = 16*TD >= d)::
 
-Shared memory holds Q_i transposed (QT[k, r]), K_j transposed (KT[k, c]), V_j
-(Vs[c, x]) and P transposed (PT[c, r]), so each operand a thread needs for one
-step of a product is contiguous: one 16-byte load feeds four FMAs.  Indices are
-unsigned so that Numba's negative-index wraparound folds away and LLVM can merge
-four 4-byte loads into one ``ld.shared.v4.f32``; the arrays are 16-byte aligned.
+        S_ij  (Br = 8 TM  x  Bc = 16 TN)        O_i  (Br  x  DP = 16 TD)
+        +---------+---------+-- ...             +------+------+-- ...
+        | (0, 0)  | (0, 1)  |                   |(0,0) |(0,1) |
+        | TM x TN | TM x TN |                   |TMxTD |TMxTD |
+        +---------+---------+                   +------+------+
+        | (1, 0)  | ...                         | (1,0)| ...
+
+* **Transposed tiles, vector loads.**  Shared memory holds Q_i^T, K_j^T, V_j and
+  P_ij^T, so at each step of a product the TM (or TN, TD) values a thread needs
+  are adjacent: one 16-byte ``LDS.128`` feeds four FMAs.  That needs 16-byte
+  aligned arrays (``alignment=16``) and *unsigned* indices: with a signed index
+  Numba must handle Python's negative indices, and the four loads stay apart.
+* **Loops the compiler unrolls.**  The inner products run as ``while`` loops over
+  uint32 offsets that advance one tile row per step; NVVM unrolls them and every
+  load has a constant offset.  A Python ``range`` loop kept a 64-bit counter and
+  a multiply per address: half the instructions were overhead (SASS counted).
+* **Typed constants.**  ``-inf``, 0 and 1 are float32 constants.  A Python float
+  (``-math.inf``) silently turned the softmax into float64 arithmetic: 288 DFMA
+  instructions in the float32 kernel's SASS before the fix.
+* **exp2.**  log2(e) is folded into the scale, so each probability is one
+  ``ex2.approx`` (``fastmath`` without the no-inf/no-NaN flags, so the -inf
+  tests of masked rows stay).
+* **Row reductions in registers.**  The 16 threads of a row are half a warp: the
+  row max takes four ``shfl_xor``; the row sum l_i stays per-thread (rescaled
+  with the max) and is reduced once at the end.
+
+Measured on an NVIDIA H200 (fp32, B*H = 32, N = 4096, d = 64, forward,
+2026-11-30): see ``benchmarks/results/``.  The steps, each checked on the GPU:
+flash2-style 8x2 micro-tile with scalar loads and Python-float -inf 9.9 ms
+(13.9 TFLOP/s); typed constants + unrolled while loops 6.4 ms (21.4 TFLOP/s).
+
+Backward: the flash2 backward (:mod:`flash2`) for now.
+
+Counters.  The instrumented forward counts, per thread, every element it loads
+from q, k, v and stores to o and lse (one name: "flash2_fast forward").
 """
 
 from __future__ import annotations
@@ -21,28 +52,75 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda, types, uint32
 
+from .. import _inputs, blocks
+from ..compile_check import compile_ptx
 from ..device import SIMULATOR
-from ._common import acc_nb_type, nb_type
+from . import flash2 as _flash2
+from ._common import COUNTER_TYPE, acc_nb_type, array_type
 
 TY, TX = 8, 16
 NT = TY * TX
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 FULL_MASK = 0xFFFFFFFF
+# fast math without 'ninf'/'nnan': the kernels compare against -inf on purpose
+FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}
+FORWARD_NAME = "flash2_fast forward"
+BACKWARD_NAMES = _flash2.BACKWARD_NAMES
+USES_BLOCKS = True
+
+# (TM, TN) micro-tile shapes in order of preference (fastest first on the H200
+# at d = 64, fp32: 8x2 21.4, 8x1 19.3, 4x2 16.5, 4x3 15.8 TFLOP/s).
+_PREFERENCE = ((8, 2), (8, 1), (4, 2), (4, 1), (2, 1), (1, 1))
 
 
-def geometry(d: int, TM: int, TN: int, dtype):
-    """Block sizes and shared-memory strides for a tile configuration."""
-    acc_item = 8 if np.dtype(dtype) == np.float64 else 4
-    vec = 16 // acc_item
+def geometry(d: int, TM: int, TN: int, dtype) -> dict:
+    """Block sizes, shared-memory row strides and bytes for a (TM, TN) micro-tile."""
+    acc_item = _inputs.acc_dtype(dtype).itemsize
+    vec = 16 // acc_item  # pad rows by one 16-byte vector
     TD = -(-d // TX)
     DP = TD * TX
     Br, Bc = TY * TM, TX * TN
     QS, KS, PS = Br + vec, Bc + vec, Br + vec
     smem = acc_item * (DP * QS + DP * KS + Bc * DP + Bc * PS)
     return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, QS=QS, KS=KS, PS=PS, smem=smem)
+
+
+def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int:
+    """Static shared memory of the forward kernel; the backward is flash2's."""
+    if pass_ == "backward":
+        return _flash2.shared_bytes(Br, Bc, d, dtype, pass_)
+    if pass_ != "forward":
+        raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
+    if Br % TY or Bc % TX:
+        return 1 << 40  # not a micro-tile shape: never fits (validate() names the limit)
+    return geometry(d, Br // TY, Bc // TX, dtype)["smem"]
+
+
+def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
+    if pass_ == "backward":
+        return _flash2.block_limits(d, dtype, pass_)
+    return TY * 8, TX * 4
+
+
+def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[int, int]:
+    """The fastest measured micro-tile whose tiles fit ``budget`` bytes of shared memory.
+
+    Unlike flash1 and flash2 (the paper's rule Bc = ceil(M/4d), Br = min(Bc, d)),
+    this kernel's blocks are set by its register micro-tiles: the paper's rule
+    ignores registers, and here registers, not shared memory, bound the tile.
+    """
+    if pass_ == "backward":
+        max_Br, max_Bc = block_limits(d, dtype, pass_)
+        return blocks.choose(
+            d, dtype, lambda Br, Bc, d_, dt: shared_bytes(Br, Bc, d_, dt, pass_), max_Br=max_Br, max_Bc=max_Bc, budget=budget
+        )
+    for TM, TN in _PREFERENCE:
+        if geometry(d, TM, TN, dtype)["smem"] <= budget:
+            return TY * TM, TX * TN
+    raise ValueError(f"no micro-tile fits d = {d} ({np.dtype(dtype)}) in {budget} bytes of shared memory")
 
 
 @lru_cache(maxsize=None)
@@ -221,11 +299,44 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             cuda.atomic.add(counter, 0, nr)
             cuda.atomic.add(counter, 1, nw)
 
-    return cuda.jit(fastmath=True)(kernel), g
+    kernel._fastmath = FASTMATH  # read by compile_check.compile_ptx
+    return cuda.jit(fastmath=FASTMATH)(kernel), g
 
 
-def launch(q, k, v, o, lse, Nq, Nk, scale, causal, TM, TN, counter, dtype_name):
-    BH, _, d = q.shape
-    kern, g = forward_kernel(d, TM, TN, dtype_name, causal, counter is not None and counter.size == 2 and False)
-    Tr = -(-Nq // g["Br"])
-    kern[(Tr, BH), NT](q, k, v, o, lse, Nq, Nk, scale * LOG2E, counter)
+
+
+def forward(prob, ops, block, counters):
+    """O and L: one launch, grid (Tr, B*H), 128 threads."""
+    Br, Bc = block
+    kernel, g = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled)
+    o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
+    lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
+    q, k, v = (ops[name].dev for name in ("q", "k", "v"))
+    grid = (-(-prob.Nq // Br), prob.BH)
+    kernel[grid, NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME))
+    return o, lse
+
+
+def backward(prob, ops, block, counters):
+    """The flash2 backward (deterministic, three kernels)."""
+    return _flash2.backward(prob, ops, block, counters)
+
+
+def compile_all(ccs, dtypes, ds):
+    """PTX of every forward specialisation (chosen blocks, causal or not, count or not); backward: flash2's."""
+    out = []
+    I64 = types.int64
+    for dtype in dtypes:
+        dt = np.dtype(dtype)
+        X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
+        sig = (X3, X3, X3, X3, A2, I64, I64, ACC, COUNTER_TYPE)
+        for d in ds:
+            Br, Bc = choose_block(d, dt, 48 * 1024)
+            for count in (False, True):
+                for causal in (False, True):
+                    kernel, _ = forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count)
+                    for cc in ccs:
+                        label = (f"{FORWARD_NAME} d={d} Br={Br} Bc={Bc}{' causal' * causal} {dt}"
+                                 f"{' count' * count} sm_{cc[0]}{cc[1]}")
+                        out.append((label, compile_ptx(kernel.py_func, sig, cc)))
+    return out
