@@ -73,7 +73,8 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
         raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
     blk = _block(mod, prob, block, "forward") if uses_blocks else None
     counters = Counters(count_hbm)
-    o, lse = mod.forward(prob, ops, blk, counters)
+    with _inputs.allocate_like(prob):
+        o, lse = mod.forward(prob, ops, blk, counters)
     return ForwardResult(
         _inputs.finish(prob, o, (prob.Nq, prob.d)),
         _inputs.finish(prob, lse, (prob.Nq,)),
@@ -94,7 +95,8 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm) -> B
         raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
     blk = _block(mod, prob, block, "backward") if uses_blocks else None
     counters = Counters(count_hbm)
-    dq, dk, dv = mod.backward(prob, ops, blk, counters)
+    with _inputs.allocate_like(prob):
+        dq, dk, dv = mod.backward(prob, ops, blk, counters)
     return BackwardResult(
         _inputs.finish(prob, dq, (prob.Nq, prob.d)),
         _inputs.finish(prob, dk, (prob.Nk, prob.d)),

@@ -84,6 +84,25 @@ class HBMCount:
         )
 
 
+_DUMMY = {}
+
+
+def _dummy_counter():
+    """One shared int64[2] per CUDA context for the plain kernels (which never touch it)."""
+    from numba import cuda
+
+    key = id(cuda.current_context()) if not _simulator() else 0
+    if key not in _DUMMY:
+        _DUMMY[key] = cuda.to_device(np.zeros(2, dtype=np.int64))
+    return _DUMMY[key]
+
+
+def _simulator() -> bool:
+    from .device import SIMULATOR
+
+    return SIMULATOR
+
+
 class Counters:
     """Device-side counters for one API call: one ``int64[2]`` array per kernel.
 
@@ -97,7 +116,7 @@ class Counters:
         self.enabled = enabled
         self._cuda = cuda
         self._arrays: dict[str, object] = {}
-        self._dummy = None if enabled else cuda.to_device(np.zeros(2, dtype=np.int64))
+        self._dummy = None if enabled else _dummy_counter()
 
     def array(self, name: str):
         """The device array a kernel named ``name`` adds its bytes to."""

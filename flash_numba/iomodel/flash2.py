@@ -1,28 +1,32 @@
 """HBM bytes of the flash2 kernels, in closed form.
 
-Forward (one launch, "flash2 forward").  Each query block Q_i is read once and
-O_i, L_i are written once; K and V are read once per query block that needs
-them.  Without masking that is
+Forward (one launch, "flash2 forward").  Q is read once, K and V once per query
+block (Tr times), O and L are written once.  Per (batch, head), with item size
+s of q, k, v, o and a of L, and no mask:
 
     reads  = Nq d s + Tr * 2 Nk d s,    Tr = ceil(Nq / Br)
     writes = Nq d s + Nq a
 
-per (batch, head), for item size s of q, k, v, o and a of L.  For N = Nq = Nk
-this is Theta(N d + N^2 d / Br).  flash1 (Algorithm 1 as written) moves
-Theta(N^2 d^2 / M) bytes for M elements of SRAM, because it also reads and
-writes O, l and m once per K/V block; with the paper's Br = Theta(M / d) the two
-bounds have the same order, and flash2's constant is smaller: K and V are read
-Tr times, but O is never re-read.
+which is Theta(N d + N^2 d / Br) for N = Nq = Nk.  flash1 (the paper's
+Algorithm 1) reads Q_i and reads and writes O_i, l_i, m_i once per pair of
+blocks: Theta(N^2 d / Bc), which the paper's Theorem 2 writes Theta(N^2 d^2 / M)
+with Bc = Theta(M / d) for M elements of SRAM.  The two orders agree when Br
+is Theta(M / d) too; per pair of blocks flash2 then moves two tiles (K_j, V_j)
+against flash1's three (Q_i, and O_i read and written) plus l_i and m_i, and it
+writes nothing but the final O and L.  The paper's rule caps Br at d (Br = min(Bc, d)),
+which makes the N^2 d / Br term Theta(N^2) for flash2: a larger query block
+cuts its K/V traffic, a knob that later tuning can turn.
 
 Backward (three launches).  "D = rowsum(dO*O)" reads dO and O once and writes
 D.  "dK, dV" reads K_j, V_j once per key block and Q_i, dO_i, L_i, D_i once per
-(key block, query block) pair it visits, and writes dK, dV once.  "dQ" reads
+(query block, key block) pair it visits, and writes dK, dV once.  "dQ" reads
 Q_i, dO_i, L_i, D_i once per query block and K_j, V_j once per pair, and writes
 dQ once.
 
 Causal attention visits only the pairs (i, j) whose key block holds a key that
-some row of the query block sees (key c visible to query r iff
-c <= r + Nk - Nq): the sums below run over exactly those pairs.
+some row of the query block sees (key c is visible to query r iff
+c <= r + Nk - Nq); the sums below run over exactly those pairs, about half of
+them for Nq = Nk.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def kv_rows_read(Nq: int, Nk: int, causal: bool, block) -> list[int]:
 
 
 def forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:
+    """"flash2 forward": Q once, K and V once per visible pair of blocks, O and L once."""
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     kv = sum(kv_rows_read(Nq, Nk, causal, block))
     reads = Nq * d * s + 2 * kv * d * s
@@ -63,11 +68,12 @@ def forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:
 
 
 def backward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:
+    """The three backward kernels: "D = rowsum(dO*O)", "dK, dV" and "dQ"."""
     Br, Bc = block
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     row_q = 2 * d * s + 2 * a  # one row of Q, dO, L and D
-    # Visible pairs: query block i and the key rows it reads; the same pairs seen from
-    # the key blocks give the query rows that kernel "dK, dV" reads.
+    # "dK, dV" visits the same pairs as "dQ", seen from the key side: query block i is
+    # paired with the ceil(kv_rows[i] / Bc) key blocks it sees, each reading its rows once.
     kv_rows = kv_rows_read(Nq, Nk, causal, block)
     q_rows = 0
     for i, kv in enumerate(kv_rows):

@@ -1,67 +1,74 @@
 """flash2: the FlashAttention-2 loop order (Dao 2023), forward and backward.
 
-What it does.  Forward: one thread block per query block Q_i (Br rows) and
-(batch, head), grid (Tr, B*H).  The block loads Q_i into shared memory once and
-walks over the key/value blocks K_j, V_j (Bc rows each, in shared memory, our
-SRAM).  For each it computes S_ij = scale Q_i K_j^T, updates the online-softmax
-statistics m_i, l_i and rescales the accumulator O_i when the row maximum moves,
-then adds P~_ij V_j.  m_i, l_i and O_i never leave the chip (registers, in the
-accumulation dtype); normalisation is delayed: O_i / l_i and L_i = m_i + log(l_i)
-are written once, at the end.
+What it does.  Forward (FA2's Algorithm 1): one thread block per query block
+Q_i (Br rows) and (batch, head), grid (Tr, B*H).  The block loads Q_i into
+shared memory once and walks over the key/value blocks K_j, V_j (Bc rows each,
+in shared memory, our SRAM): S_ij = scale Q_i K_j^T, the online-softmax update
+of m_i and l_i, the rescale of the accumulator O_i when the row maximum moves,
+and O_i += P~_ij V_j.  m_i, l_i and O_i stay on chip (registers, accumulation
+dtype) and normalisation is delayed: O_i / l_i and L_i = m_i + log(l_i) are
+written once, at the end.
 
-Backward, in three kernels and without atomics on floats:
+Backward (FA2's Algorithm 2, split in three kernels, no atomics on floats):
 
-1. ``D = rowsum(dO * O)``, one warp-sized group of threads per row.
-2. ``dK, dV``: grid (Tc, B*H); a block owns K_j, V_j and keeps dK_j, dV_j in
-   registers while it walks over the query blocks i, recomputing
-   P_ij = exp(S_ij - L_i), dV_j += P_ij^T dO_i, dP_ij = dO_i V_j^T,
+1. "D = rowsum(dO*O)": 8 rows per block, 16 threads per row.
+2. "dK, dV": grid (Tc, B*H).  A block owns K_j, V_j, keeps dK_j, dV_j in
+   registers and walks over the query blocks i that see its keys, recomputing
+   S_ij, P_ij = exp(S_ij - L_i), dV_j += P_ij^T dO_i, dP_ij = dO_i V_j^T,
    dS_ij = P_ij * (dP_ij - D_i), dK_j += scale dS_ij^T Q_i.
-3. ``dQ``: grid (Tr, B*H); a block owns Q_i, dO_i, L_i, D_i and keeps dQ_i in
-   registers while it walks over the key blocks j, recomputing S, P, dP, dS and
-   dQ_i += scale dS_ij K_j.
+3. "dQ": grid (Tr, B*H).  A block owns Q_i, dO_i, L_i, D_i, keeps dQ_i in
+   registers and walks over the visible key blocks j, recomputing S, P, dP, dS
+   and dQ_i += scale dS_ij K_j.
 
-Each output element is written once, by one thread, after a sum taken in a fixed
-order, so repeated calls give bitwise identical results.  FlashAttention-2 itself
-instead adds each block's dQ_i contribution to HBM with float atomics from
-kernel 2: that saves kernel 3 (recomputing S, P, dP and dS a second time, about
-a third of the backward's FLOPs, and reading K, V Tr more times), but the order
-in which blocks' atomics land varies between runs, so dQ is not reproducible,
-and dQ must live in a float32 buffer read and written Tc times.
+Why it is deterministic: every output element is written once, by one thread,
+from a sum taken in a fixed order, so repeated calls give bitwise identical
+results.  FlashAttention-2 instead adds each pair's dS_ij K_j into dQ_i with
+float atomics from kernel 2.  That saves kernel 3: recomputing S_ij and dP_ij
+(two of the backward's seven block matrix products, about 30% of its FLOPs)
+and reading K and V once more per query block.  It costs a float32 dQ buffer in
+HBM that each dQ_i is added to Tc times (atomic read-modify-writes, contended
+when key blocks finish together), and the order of those additions changes from
+run to run, so dQ changes in its last bits.
 
-What changed since ``flash1``.  The loops are swapped: the outer loop is over
-query blocks and runs in parallel, one thread block each (flash1 runs one block
-per (batch, head), which leaves most SMs idle), and O_i, l_i, m_i stay on chip
-instead of being read and written in HBM on every K/V step.  Forward HBM traffic
-becomes Theta(N d + N^2 d / Br) (see :mod:`flash_numba.iomodel.flash2`).  Causal
-attention visits only the K/V blocks that are not wholly masked for the query
-block (about half of them) and masks inside the diagonal blocks.  A query row
-with no visible key (causal with Nq > Nk) gives O = 0 and L = -inf.
+What changed since ``flash1``.  The loops are swapped: the outer loop runs over
+query blocks, in parallel, one thread block each (flash1 runs one block per
+(batch, head) and leaves most SMs idle), and O_i, l_i, m_i stay on chip
+instead of being read and written in HBM at every K/V step.  Forward HBM
+traffic becomes Theta(N d + N^2 d / Br) (see :mod:`flash_numba.iomodel.flash2`).
+Causal attention visits only the K/V blocks that are not wholly masked for the
+query block (about half of them; the rest are never loaded) and masks inside
+the blocks that cross the diagonal.  A query row with no visible key (causal
+with Nq > Nk) gives O = 0 and L = -inf.
 
-Threads.  128 threads per block as an 8 x 16 grid, t = 16 ty + tx; every thread
-owns a register tile of every (rows x columns) tile the block computes::
+Threads.  128 threads per block, an 8 x 16 grid: thread t is (ty, tx) =
+(t // 16, t % 16).  Every (rows x columns) tile a block computes is dealt out
+the same way; for S_ij with Br = 16, Bc = 32, entry (r, c) belongs to thread
+(r % 8, c % 16)::
 
-        S_ij (Br x Bc), here Br = 16, Bc = 32         O_i (Br x d), here d = 16
-                  c = 0 1 2 .. 15 16 17 .. 31                 x = 0 1 .. 15
-        r =  0      (0,0)(0,1)..   (0,0)(0,1)..        r =  0    (0,0)(0,1)..
-        r =  1      (1,0)(1,1)..   (1,0)(1,1)..        r =  1    (1,0)(1,1)..
-          ..                                              ..
-        r =  8      (0,0)(0,1)..   (0,0)(0,1)..        r =  8    (0,0)(0,1)..
-          ..
+                c:   0      1    ...   15      16     17    ...   31
+        r =  0     (0,0)  (0,1)  ...  (0,15)  (0,0)  (0,1)  ...  (0,15)
+        r =  1     (1,0)  (1,1)  ...  (1,15)  (1,0)  (1,1)  ...  (1,15)
+         ...
+        r =  7     (7,0)  (7,1)  ...  (7,15)  (7,0)  (7,1)  ...  (7,15)
+        r =  8     (0,0)  (0,1)  ...  (0,15)  (0,0)  (0,1)  ...  (0,15)
+         ...
+        r = 15     (7,0)  (7,1)  ...  (7,15)  (7,0)  (7,1)  ...  (7,15)
 
-Thread (ty, tx) holds rows r = ty, ty + 8, ... and columns c = tx, tx + 16, ...
-(shown as (ty, tx) in each entry it holds).  The 16 threads of one row are half
-a warp, so a row's max and sum take four ``shfl_xor`` steps and no shared memory.
-Per step of a product a thread loads RA + CB values from shared memory and does
-RA * CB multiply-adds; threads whose row or column runs past the tile compute on
-a repeat of the tile's last row or column and never store it.  Tiles are loaded
-cooperatively: thread t copies elements t, t + 128, ... of the (contiguous) tile,
-so a warp reads 32 consecutive elements of HBM.  Shared tiles that the 16 threads
-of a row read down a column have an odd row stride (d | 1), so they hit 16
-different banks.  Tiles are held in the accumulation dtype (float32, float64 for
-float64 storage).
-
-Block sizes: any (Br, Bc) works; :func:`block_limits` bounds them so that a
-thread's accumulators fit in registers.
+so thread (ty, tx) holds a register tile of RA x CB = 2 x 2 entries, rows
+{ty, ty + 8}, columns {tx, tx + 16}; the accumulator O_i (Br x d) is dealt out
+with columns x = tx, tx + 16, ...  In each step of a product a thread loads
+RA + CB values from shared memory and does RA * CB multiply-adds.  A thread
+whose rows or columns run past the tile works on a repeat of the tile's last
+row or column and never stores the result, so any (Br, Bc) works.  The 16
+threads of a row (half a warp) find the row's max and sum through shared
+memory: each writes its partial, and after a barrier each reads the row's 16
+partials.  (Warp shuffles would need no barrier, but Numba's simulator emulates
+each shuffle with two block-wide barriers, which would make learners' runs on a
+laptop several times slower.)  Tiles are loaded cooperatively: thread t copies
+elements t, t + 128, ... of the tile, which is contiguous in HBM, so a warp
+reads 32 consecutive elements.  Shared tiles that the 16 threads of a row read
+down a column get an odd row stride (d | 1), so they hit 16 different banks.
+Tiles are held in the accumulation dtype (float32, float64 for float64 storage).
 
 Counters (``count_hbm=True``).  Bytes the kernels' code reads from and writes to
 global arrays, per launch: "flash2 forward"; "D = rowsum(dO*O)", "dK, dV" and
@@ -87,7 +94,7 @@ USES_BLOCKS = True
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
 NT = TY * TX  # 128 threads per block
 
-#: Accumulators (one register tile) per thread that block_limits allows.
+#: Values per thread in an accumulator tile of width d (O_i, dQ_i, dK_j, dV_j) that block_limits allows.
 MAX_TILE = 32
 
 FORWARD_NAME = "flash2 forward"
@@ -115,11 +122,14 @@ def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int
 
 
 def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
-    """``(max_Br, max_Bc)``: a thread's accumulator tiles stay at or below :data:`MAX_TILE` values.
+    """``(max_Br, max_Bc)``, so that a thread's register tiles stay small.
 
-    Forward: O_i takes ceil(Br/8) x ceil(d/16) and S_ij ceil(Br/8) x ceil(Bc/16)
-    registers per thread.  Backward: dK_j and dV_j take ceil(Bc/8) x ceil(d/16)
-    each, dQ_i ceil(Br/8) x ceil(d/16), and S^T, dP^T ceil(Bc/8) x ceil(Br/16).
+    A thread holds ceil(rows / 8) x ceil(d / 16) values of each (rows x d)
+    accumulator (O_i or dQ_i: rows = Br; dK_j and dV_j: rows = Bc), at most
+    :data:`MAX_TILE`, and ceil(Br / 8) x ceil(Bc / 16) values of S_ij (its
+    transpose in the dK, dV kernel), with Br <= 64 and Bc <= 256 (backward: 128).
+    Any block within the limits is correct; the default blocks compile without
+    spills (see :func:`compile_all`).
     """
     if pass_ not in ("forward", "backward"):
         raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
@@ -175,6 +185,23 @@ def _load_vector(tile, src, bh, row0, n_rows, t):
     return n
 
 
+@jit(device=True)
+def _visible_kv_blocks(i0, Br, Bc, Nq, Nk, causal):
+    """How many K/V blocks the query block starting at row i0 visits (blocks 0, 1, ...).
+
+    All Tc of them, or with ``causal`` those up to the block of the last key that
+    the block's last row sees (key c is visible to query r iff c <= r + Nk - Nq);
+    0 when no row of the block sees any key.
+    """
+    Tc = (Nk + Bc - 1) // Bc
+    if not causal:
+        return Tc
+    last_key = min(i0 + Br, Nq) - 1 + (Nk - Nq)
+    if last_key < 0:
+        return 0
+    return min(Tc, last_key // Bc + 1)
+
+
 def _constants(dtype):
     """(ACC numba type, its NumPy type, storage item size, accumulation item size)."""
     acc = _inputs.acc_dtype(dtype)
@@ -207,14 +234,14 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
         V_j = cuda.shared.array(V_TILE, ACC)
         P_ij = cuda.shared.array(P_TILE, ACC)
         part = cuda.shared.array(PART, ACC)  # per-row partial maxima (sums at the end), one per thread
-        S = cuda.local.array(S_REGS, ACC)  # this thread's entries of S_ij, then P~_ij
+        S = cuda.local.array(S_REGS, ACC)  # this thread's entries of S_ij
         O = cuda.local.array(O_REGS, ACC)  # this thread's entries of O_i (not yet divided by l_i)
         m = cuda.local.array(RA, ACC)  # m_i for this thread's rows
         l = cuda.local.array(RA, ACC)  # l_i for this thread's rows
         k_col = cuda.local.array(CB, ACC)
         v_row = cuda.local.array(XB, ACC)
 
-        # Load Q_i once.  O_i = 0, l_i = 0, m_i = -inf.
+        # FA2 Algorithm 1, line 4: load Q_i.  Line 5: O_i = 0, l_i = 0, m_i = -inf.
         n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
         if COUNT:
             nr += n * IN_BYTES
@@ -224,22 +251,18 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
             for xb in range(XB):
                 O[a, xb] = ZERO
 
-        # K/V blocks to visit: all Tc, or (causal) those up to the last key the block's last row sees.
-        n_kv = (Nk + Bc - 1) // Bc
-        if CAUSAL:
-            last_key = min(i0 + Br, Nq) - 1 + off
-            n_kv = min(n_kv, last_key // Bc + 1) if last_key >= 0 else 0
-
-        for j in range(n_kv):
+        # Line 6: for each K/V block j that the block's rows see
+        for j in range(_visible_kv_blocks(i0, Br, Bc, Nq, Nk, CAUSAL)):
             j0 = j * Bc
             cuda.syncthreads()  # the previous step has finished reading K_j, V_j, P_ij
+            # Line 7: load K_j, V_j
             n = _load_rows(K_j, k, bh, j0, Nk, d, t)
             n += _load_rows(V_j, v, bh, j0, Nk, d, t)
             if COUNT:
                 nr += n * IN_BYTES
             cuda.syncthreads()
 
-            # S_ij = Q_i K_j^T, this thread's RA x CB entries (the scale comes with the mask)
+            # Line 8: S_ij = Q_i K_j^T, this thread's RA x CB entries (scaled below)
             for a in range(RA):
                 for b in range(CB):
                     S[a, b] = ZERO
@@ -251,9 +274,9 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                     for b in range(CB):
                         S[a, b] += q_ax * k_col[b]
 
+            # S_ij *= scale, -inf where the key is masked or past the tile; partial row maxima
             for a in range(RA):
                 r = ty + TY * a
-                # S_ij = scale * Q_i K_j^T; -inf where the key is masked or past the tile
                 m_part = NEG_INF
                 for b in range(CB):
                     c = tx + TX * b
@@ -266,32 +289,33 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                     part[r, tx] = m_part
             cuda.syncthreads()
 
+            # Line 9: m_new = max(m_i, rowmax(S_ij)), P~_ij = exp(S_ij - m_new),
+            #         l_i = exp(m_i - m_new) l_i + rowsum(P~_ij)
             for a in range(RA):
-                r = min(ty + TY * a, Br - 1)
-                # m_new = max(m_i, rowmax(S_ij)), rowmax from the row's TX partial maxima
+                r = ty + TY * a
                 m_new = m[a]
                 for u in range(TX):
-                    m_new = max(m_new, part[r, u])
+                    m_new = max(m_new, part[min(r, Br - 1), u])
                 # a row that has seen no visible key yet keeps m = -inf: subtract 0 instead (no NaN)
                 m_ref = m_new if m_new != NEG_INF else ZERO
-                # P~_ij = exp(S_ij - m_new); the rescale factor exp(m_i - m_new) for l_i and O_i
                 alpha = math.exp(m[a] - m_ref)
                 l_ij = ZERO
                 for b in range(CB):
                     p = math.exp(S[a, b] - m_ref)
                     l_ij += p
                     c = tx + TX * b
-                    if ty + TY * a < Br and c < Bc:
+                    if r < Br and c < Bc:
                         P_ij[r, c] = p
-                # l_i = exp(m_i - m_new) l_i + rowsum(P~_ij), as a partial sum over this thread's
-                # columns: every partial is rescaled by the same factor, so they are added up once, at the end
+                # l[a] is this thread's share of l_i (its columns): all shares are rescaled
+                # by the same alpha, so they are added up once, at the end
                 l[a] = alpha * l[a] + l_ij
                 m[a] = m_new
+                # Line 10, first half: O_i = diag(exp(m_i - m_new)) O_i
                 for xb in range(XB):
                     O[a, xb] *= alpha
             cuda.syncthreads()
 
-            # O_i += P~_ij V_j (over the keys that exist: the last block may be partial)
+            # Line 10: O_i += P~_ij V_j (over the keys that exist: the last block may be partial)
             for c in range(min(Bc, Nk - j0)):
                 for xb in range(XB):
                     v_row[xb] = V_j[c, min(tx + TX * xb, d - 1)]
@@ -300,12 +324,14 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                     for xb in range(XB):
                         O[a, xb] += p * v_row[xb]
 
-        # Write O_i / l_i and L_i = m_i + log(l_i) once.  A row with no visible key: O = 0, L = -inf.
-        for a in range(RA):  # (the last reads of the partial maxima came before the last barrier)
+        # l_i: add up the row's 16 shares (the last reads of the maxima came before the last barrier)
+        for a in range(RA):
             r = ty + TY * a
             if r < Br:
                 part[r, tx] = l[a]
         cuda.syncthreads()
+        # Lines 12-15: O_i = diag(l_i)^-1 O_i, L_i = m_i + log(l_i), written once.
+        # A row with no visible key: O = 0, L = -inf.
         for a in range(RA):
             r = ty + TY * a
             if r < Br and i0 + r < Nq:
@@ -374,7 +400,8 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
     """Kernel 2 of the backward: dK_j, dV_j for one key block per thread block."""
     ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
     ZERO = acc(0)
-    # Here the thread grid runs over key rows c (ty) and query rows r (tx) of S_ij^T.
+    # The block owns key rows, so the thread grid deals out key rows c over ty and query rows r
+    # over tx: S_ij is computed transposed, and the thread that holds S_ij^T[c, :] holds dK_j[c, :].
     CA, RB, XB = _cdiv(Bc, TY), _cdiv(Br, TX), _cdiv(d, TX)
     QS = d | 1  # odd row stride of Q_i, dO_i: read down a column by the 16 threads of a row
     KV_TILE, Q_TILE, T_TILE = (Bc, d), (Br, QS), (Bc, Br)
@@ -399,7 +426,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
         dST = cuda.shared.array(T_TILE, ACC)  # dS_ij^T
         L_i = cuda.shared.array(Br, ACC)
         D_i = cuda.shared.array(Br, ACC)
-        S = cuda.local.array(ST_REGS, ACC)  # this thread's entries of S_ij^T, then P_ij^T
+        S = cuda.local.array(ST_REGS, ACC)  # this thread's entries of S_ij^T
         dP = cuda.local.array(ST_REGS, ACC)  # ... of dP_ij^T
         dK = cuda.local.array(KV_REGS, ACC)  # ... of dK_j (without the factor scale)
         dV = cuda.local.array(KV_REGS, ACC)  # ... of dV_j
@@ -408,6 +435,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
         q_row = cuda.local.array(XB, ACC)
         do_row = cuda.local.array(XB, ACC)
 
+        # Load K_j, V_j; dK_j = 0, dV_j = 0 on chip.
         n = _load_rows(K_j, k, bh, j0, Nk, d, t)
         n += _load_rows(V_j, v, bh, j0, Nk, d, t)
         if COUNT:
@@ -417,7 +445,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
                 dK[a, xb] = ZERO
                 dV[a, xb] = ZERO
 
-        # Query blocks to visit: all Tr, or (causal) those from the one holding the first query row that sees key j0.
+        # The query blocks i: all, or (causal) from the one holding the first query that sees key j0.
         Tr = (Nq + Br - 1) // Br
         i_first = 0
         if CAUSAL:
@@ -427,6 +455,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
         for i in range(i_first, Tr):
             i0 = i * Br
             cuda.syncthreads()  # the previous step has finished reading Q_i, dO_i, P^T, dS^T
+            # Load Q_i, dO_i, L_i, D_i.
             n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
             n += _load_rows(dO_i, do, bh, i0, Nq, d, t)
             n_vec = _load_vector(L_i, lse, bh, i0, Nq, t)
@@ -535,6 +564,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
         v_col = cuda.local.array(CB, ACC)
         k_row = cuda.local.array(XB, ACC)
 
+        # Load Q_i, dO_i, L_i, D_i once; dQ_i = 0 on chip.
         n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
         n += _load_rows(dO_i, do, bh, i0, Nq, d, t)
         n_vec = _load_vector(L_i, lse, bh, i0, Nq, t)
@@ -545,12 +575,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
             for xb in range(XB):
                 dQ[a, xb] = ZERO
 
-        n_kv = (Nk + Bc - 1) // Bc
-        if CAUSAL:
-            last_key = min(i0 + Br, Nq) - 1 + off
-            n_kv = min(n_kv, last_key // Bc + 1) if last_key >= 0 else 0
-
-        for j in range(n_kv):
+        for j in range(_visible_kv_blocks(i0, Br, Bc, Nq, Nk, CAUSAL)):
             j0 = j * Bc
             cuda.syncthreads()  # the previous step has finished reading K_j, dS_ij
             n = _load_rows(K_j, k, bh, j0, Nk, d, t)
@@ -666,16 +691,16 @@ def compile_all(ccs, dtypes, ds):
         for d in ds:
             fwd, bwd = default_block(d, dt, "forward"), default_block(d, dt, "backward")
             for count in (False, True):
-                specs = [(f"{BACKWARD_NAMES[0]} d={d}", _rowsum_kernel(d, dt, count), rowsum_sig)]
+                tail = f"d={d} {dt}{' count' * count}"
+                specs = [(f"{BACKWARD_NAMES[0]} {tail}", _rowsum_kernel(d, dt, count), rowsum_sig)]
                 for causal in (False, True):
-                    tag = f"Br={{}} Bc={{}}{' causal' * causal}"
+                    tag = f"{tail}{' causal' * causal}"
                     specs += [
-                        (f"{FORWARD_NAME} d={d} {tag.format(*fwd)}", _forward_kernel(d, *fwd, dt, causal, count), fwd_sig),
-                        (f"{BACKWARD_NAMES[1]} d={d} {tag.format(*bwd)}", _dkdv_kernel(d, *bwd, dt, causal, count), dkdv_sig),
-                        (f"{BACKWARD_NAMES[2]} d={d} {tag.format(*bwd)}", _dq_kernel(d, *bwd, dt, causal, count), dq_sig),
+                        (f"forward {tag} Br={fwd[0]} Bc={fwd[1]}", _forward_kernel(d, *fwd, dt, causal, count), fwd_sig),
+                        (f"{BACKWARD_NAMES[1]} {tag} Br={bwd[0]} Bc={bwd[1]}", _dkdv_kernel(d, *bwd, dt, causal, count), dkdv_sig),
+                        (f"{BACKWARD_NAMES[2]} {tag} Br={bwd[0]} Bc={bwd[1]}", _dq_kernel(d, *bwd, dt, causal, count), dq_sig),
                     ]
                 for name, kernel, sig in specs:
                     for cc in ccs:
-                        label = f"flash2 {name} {dt}{' count' * count} sm_{cc[0]}{cc[1]}"
-                        out.append((label, compile_ptx(kernel.py_func, sig, cc)))
+                        out.append((f"flash2 {name} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
     return out

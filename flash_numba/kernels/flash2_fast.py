@@ -40,7 +40,8 @@ Measured on an NVIDIA H200 (fp32, B*H = 32, N = 4096, d = 64, forward,
 flash2-style 8x2 micro-tile with scalar loads and Python-float -inf 9.9 ms
 (13.9 TFLOP/s); typed constants + unrolled while loops 6.4 ms (21.4 TFLOP/s).
 
-Backward: the flash2 backward (:mod:`flash2`) for now.
+Backward: D = rowsum(dO * O), then dK/dV per key block and dQ per query block, in the
+same style (see the comment above :func:`dkdv_kernel`).
 
 Counters.  The instrumented forward counts, per thread, every element it loads
 from q, k, v and stores to o and lse (one name: "flash2_fast forward").
@@ -56,7 +57,7 @@ from numba import cuda, types, uint32
 
 from .. import _inputs, blocks
 from ..compile_check import compile_ptx
-from ..device import SIMULATOR
+from ..device import SIMULATOR, STATIC_SHARED_LIMIT, jit
 from . import flash2 as _flash2
 from ._common import COUNTER_TYPE, acc_nb_type, array_type
 
@@ -91,7 +92,10 @@ def geometry(d: int, TM: int, TN: int, dtype) -> dict:
 def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int:
     """Static shared memory of the forward kernel; the backward is flash2's."""
     if pass_ == "backward":
-        return _flash2.shared_bytes(Br, Bc, d, dtype, pass_)
+        fast = backward_smem(Br, Bc, d, dtype)
+        if fast is not None and fast <= STATIC_SHARED_LIMIT:
+            return fast
+        return _flash2.shared_bytes(Br, Bc, d, dtype, pass_)  # falls back to flash2's backward
     if pass_ != "forward":
         raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
     if Br % TY or Bc % TX:
@@ -105,6 +109,12 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
     return TY * 8, TX * 4
 
 
+def uses_fast_backward(Br: int, Bc: int, d: int, dtype) -> bool:
+    """True when block (Br, Bc) runs this module's backward kernels (else flash2's)."""
+    fast = backward_smem(Br, Bc, d, dtype)
+    return fast is not None and fast <= STATIC_SHARED_LIMIT
+
+
 def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[int, int]:
     """The fastest measured micro-tile whose tiles fit ``budget`` bytes of shared memory.
 
@@ -113,7 +123,10 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
     ignores registers, and here registers, not shared memory, bound the tile.
     """
     if pass_ == "backward":
-        max_Br, max_Bc = block_limits(d, dtype, pass_)
+        for Br, Bc in _BACKWARD_BLOCKS:
+            if backward_smem(Br, Bc, d, dtype) <= budget:
+                return Br, Bc
+        max_Br, max_Bc = block_limits(d, dtype, pass_)  # nothing fits: flash2's backward and block rule
         return blocks.choose(
             d, dtype, lambda Br, Bc, d_, dt: shared_bytes(Br, Bc, d_, dt, pass_), max_Br=max_Br, max_Bc=max_Bc, budget=budget
         )
@@ -233,15 +246,23 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
 
             # online softmax in base 2 (log2(e) folded into the scale)
             for a in range(TM):
-                row = row0 + ty * TM + a
+                for b in range(TN):
+                    s[a, b] *= scale_log2
+            # only the last block (past Nk) and, when causal, blocks that cross the
+            # diagonal need a mask; the test is uniform over the block
+            if col0 + Bc > Nk or (CAUSAL and col0 + Bc - 1 > row0 + off):
+                cb = col0 + tx * TN  # this thread's first key
+                for a in range(TM):
+                    lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
+                    if CAUSAL:
+                        lim = min(lim, row0 + ty * TM + a + off - cb)
+                    for b in range(TN):
+                        if b > lim:
+                            s[a, b] = NEG_INF
+            for a in range(TM):
                 mx = NEG_INF
                 for b in range(TN):
-                    col = col0 + tx * TN + b
-                    x = s[a, b] * scale_log2
-                    if col >= Nk or (CAUSAL and col > row + off):
-                        x = NEG_INF
-                    s[a, b] = x
-                    mx = max(mx, x)
+                    mx = max(mx, s[a, b])
                 mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 8))
                 mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 4))
                 mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
@@ -305,6 +326,413 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
 
 
 
+# --------------------------------------------------------------------------------------
+# Backward.  Three launches, deterministic (each output element is summed by one thread
+# in a fixed order): D = rowsum(dO * O) (flash2's kernel), then dK/dV per key block,
+# then dQ per query block.  Same micro-tile tricks as the forward; the second operand of
+# the dV/dK and dQ products is read down a column of a transposed tile, so those tiles
+# have an odd row stride (conflict-free scalar loads) and those thread columns are
+# strided (x = tx + 16 u).
+# --------------------------------------------------------------------------------------
+
+BACKWARD_KV_NAME = "flash2_fast dK, dV"
+BACKWARD_Q_NAME = "flash2_fast dQ"
+# (TM, TN) preferences for the two backward kernels, fastest first
+_BACKWARD_BLOCKS = ((32, 32), (32, 16), (16, 32), (16, 16))
+
+
+def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
+    """dK/dV kernel: Bc = 8 TM keys per block (thread rows), Br = 16 TN queries per step."""
+    a = _inputs.acc_dtype(dtype).itemsize
+    vec = 16 // a
+    TD = -(-d // TX)
+    DP = TD * TX
+    Bc, Br = TY * TM, TX * TN
+    KS, QS, PS = Bc + vec, Br + 1, Bc + vec
+    smem = a * (2 * DP * KS + 2 * DP * QS + 2 * Br * PS + 2 * Br)
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, smem=smem)
+
+
+def geometry_q(d: int, TM: int, TN: int, dtype) -> dict:
+    """dQ kernel: Br = 8 TM queries per block (thread rows), Bc = 16 TN keys per step."""
+    a = _inputs.acc_dtype(dtype).itemsize
+    vec = 16 // a
+    TD = -(-d // TX)
+    DP = TD * TX
+    Br, Bc = TY * TM, TX * TN
+    QS, KS, PS = Br + vec, Bc + 1, Br + vec
+    smem = a * (2 * DP * QS + 2 * DP * KS + Bc * PS)
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, smem=smem)
+
+
+def backward_smem(Br: int, Bc: int, d: int, dtype) -> int | None:
+    """Shared memory of the larger backward kernel for block (Br, Bc), None if not a micro-tile shape.
+
+    The dK/dV kernel runs Bc = 8 TM keys x Br = 16 TN queries, the dQ kernel
+    Br = 8 TM queries x Bc = 16 TN keys: both need Br and Bc multiples of 16.
+    """
+    if Br % TX or Bc % TX:
+        return None
+    kv = geometry_kv(d, Bc // TY, Br // TX, dtype)["smem"]
+    q = geometry_q(d, Br // TY, Bc // TX, dtype)["smem"]
+    return max(kv, q)
+
+
+def _typed(dtype):
+    f = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return f(-np.inf), f(np.inf), f(0), f(LOG2E)
+
+
+#: Register cap of the dK/dV kernel.  Uncapped, ptxas takes 159-168 registers at
+#: d = 64 (2 blocks per SM); capped at 128 it spills 44 bytes but fits 3 blocks:
+#: 12.6 ms instead of 13.3 ms at N = 4096 non-causal on the H200 (same causal).
+DKDV_MAX_REGISTERS = 128
+
+
+@lru_cache(maxsize=None)
+def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1):
+    """dK_j, dV_j for one key block of Bc = 8 TM rows; walks over the query blocks i."""
+    dtype = np.dtype(dtype_name)
+    g = geometry_kv(d, TM, TN, dtype)
+    Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
+    ACC = acc_nb_type(dtype)
+    SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
+    ALIGN = None if SIMULATOR else 16
+    CAUSAL, COUNT = causal, count
+    NEG_INF, POS_INF, ZERO, LOG2E_ACC = _typed(dtype)
+    KT_SIZE, QT_SIZE, P_SIZE = DP * KS, DP * QS, Br * PS
+    DP_U, BR_U, KS_U, QS_U, PS_U, ONE_U = (np.uint32(x) for x in (DP, Br, KS, QS, PS, 1))
+
+    def kernel(q, k, v, do, lse, D, dk, dv, Nq, Nk, scale, scale_log2, counter):
+        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
+        VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS), QS odd
+        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
+        Ps = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # P_ij    (Br, PS)
+        dSs = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # dS_ij  (Br, PS)
+        Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf: row sees nothing)
+        Ds = cuda.shared.array(Br, ACC)  # D_i
+        sT = cuda.local.array((TM, TN), ACC)  # S^T micro-tile, then P^T
+        dpT = cuda.local.array((TM, TN), ACC)  # dP^T micro-tile, then dS^T
+        dk_acc = cuda.local.array((TM, TD), ACC)
+        dv_acc = cuda.local.array((TM, TD), ACC)
+        av = cuda.local.array(TM, ACC)
+        bv = cuda.local.array(TM, ACC)
+        xv = cuda.local.array(TN, ACC)
+        yv = cuda.local.array(TN, ACC)
+        uv = cuda.local.array(TD, ACC)
+        wv = cuda.local.array(TD, ACC)
+
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        bh = cuda.blockIdx.y
+        c0 = cuda.blockIdx.x * Bc
+        off = Nk - Nq
+        nr = 0
+        nw = 0
+
+        # K_j, V_j -> KT, VT once (zero beyond Nk and beyond d)
+        for e in range(tid, Bc * DP, NT):
+            c = e // DP
+            x = e % DP
+            kval = ZERO
+            vval = ZERO
+            if x < d and c0 + c < Nk:
+                kval = ACC(k[bh, c0 + c, x])
+                vval = ACC(v[bh, c0 + c, x])
+                if COUNT:
+                    nr += 2 * SB
+            KT[x * KS + c] = kval
+            VT[x * KS + c] = vval
+        for e in range(tid, (DP - d) * QS, NT):  # padding rows of Q^T, dO^T stay zero
+            QT[d * QS + e] = ZERO
+            dOT[d * QS + e] = ZERO
+        for a in range(TM):
+            for u in range(TD):
+                dk_acc[a, u] = ZERO
+                dv_acc[a, u] = ZERO
+
+        Tr = (Nq + Br - 1) // Br
+        i0 = 0
+        if CAUSAL:  # first query row that sees key c0 is c0 - off
+            first = c0 - off
+            i0 = 0 if first <= 0 else min(first // Br, Tr)
+        for i in range(i0, Tr):
+            r0 = i * Br
+            cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
+            for e in range(tid, Br * d, NT):
+                r = e // d
+                x = e % d
+                qval = ZERO
+                doval = ZERO
+                if r0 + r < Nq:
+                    qval = ACC(q[bh, r0 + r, x])
+                    doval = ACC(do[bh, r0 + r, x])
+                    if COUNT:
+                        nr += 2 * SB
+                QT[x * QS + r] = qval
+                dOT[x * QS + r] = doval
+            for r in range(tid, Br, NT):
+                Lr = POS_INF
+                Dr = ZERO
+                if r0 + r < Nq:
+                    Lv = lse[bh, r0 + r]
+                    Dr = D[bh, r0 + r]
+                    if COUNT:
+                        nr += 2 * AB
+                    if Lv != NEG_INF:
+                        Lr = Lv * LOG2E_ACC
+                Ls[r] = Lr
+                Ds[r] = Dr
+            cuda.syncthreads()
+
+            # S^T = K_j Q_i^T and dP^T = V_j dO_i^T, one TM x TN micro-tile each
+            for a in range(TM):
+                for b in range(TN):
+                    sT[a, b] = ZERO
+                    dpT[a, b] = ZERO
+            ki = uint32(ty * TM)
+            qi = uint32(tx * TN)
+            kk = uint32(0)
+            while kk < DP_U:
+                for a in range(TM):
+                    av[a] = KT[ki + uint32(a)]
+                    bv[a] = VT[ki + uint32(a)]
+                for b in range(TN):
+                    xv[b] = QT[qi + uint32(b)]
+                    yv[b] = dOT[qi + uint32(b)]
+                for a in range(TM):
+                    for b in range(TN):
+                        sT[a, b] += av[a] * xv[b]
+                        dpT[a, b] += bv[a] * yv[b]
+                ki += KS_U
+                qi += QS_U
+                kk += ONE_U
+
+            # P = exp(S - L) (recomputed, masked), dS = P * (dP - D); stored row-major
+            edge = CAUSAL and c0 + Bc - 1 > r0 + off  # uniform: does the block cross the diagonal?
+            for b in range(TN):
+                rl = tx * TN + b
+                L2 = Ls[rl]
+                Dv = Ds[rl]
+                lim = r0 + rl + off - (c0 + ty * TM)  # keys c0 + ty*TM + a with a <= lim are visible
+                for a in range(TM):
+                    p = math.exp2(sT[a, b] * scale_log2 - L2)
+                    if edge and a > lim:
+                        p = ZERO
+                    Ps[rl * PS + ty * TM + a] = p
+                    dSs[rl * PS + ty * TM + a] = p * (dpT[a, b] - Dv)
+            cuda.syncthreads()
+
+            # dV_j += P^T dO_i, dK_j += dS^T Q_i (the scale is applied once, at the end)
+            pi = uint32(ty * TM)
+            xi = uint32(tx * QS)
+            r = uint32(0)
+            while r < BR_U:
+                for a in range(TM):
+                    av[a] = Ps[pi + uint32(a)]
+                    bv[a] = dSs[pi + uint32(a)]
+                for u in range(TD):
+                    uv[u] = dOT[xi + uint32(u * TX * QS)]
+                    wv[u] = QT[xi + uint32(u * TX * QS)]
+                for a in range(TM):
+                    for u in range(TD):
+                        dv_acc[a, u] += av[a] * uv[u]
+                        dk_acc[a, u] += bv[a] * wv[u]
+                pi += PS_U
+                xi += ONE_U
+                r += ONE_U
+
+        for a in range(TM):
+            c = c0 + ty * TM + a
+            if c < Nk:
+                for u in range(TD):
+                    x = tx + u * TX
+                    if x < d:
+                        dk[bh, c, x] = dk_acc[a, u] * scale
+                        dv[bh, c, x] = dv_acc[a, u]
+                        if COUNT:
+                            nw += 2 * SB
+        if COUNT:
+            cuda.atomic.add(counter, 0, nr)
+            cuda.atomic.add(counter, 1, nw)
+
+    kernel._fastmath = FASTMATH
+    maxreg = DKDV_MAX_REGISTERS if maxreg == -1 else maxreg
+    opts = {} if maxreg is None else {"max_registers": maxreg}
+    return jit(fastmath=FASTMATH, **opts)(kernel), g
+
+
+@lru_cache(maxsize=None)
+def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool):
+    """dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j."""
+    dtype = np.dtype(dtype_name)
+    g = geometry_q(d, TM, TN, dtype)
+    Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
+    ACC = acc_nb_type(dtype)
+    SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
+    ALIGN = None if SIMULATOR else 16
+    CAUSAL, COUNT = causal, count
+    NEG_INF, POS_INF, ZERO, LOG2E_ACC = _typed(dtype)
+    QT_SIZE, KT_SIZE, P_SIZE = DP * QS, DP * KS, Bc * PS
+    DP_U, BC_U, KS_U, QS_U, PS_U, ONE_U = (np.uint32(x) for x in (DP, Bc, KS, QS, PS, 1))
+
+    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter):
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
+        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
+        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS), KS odd
+        VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
+        dST = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # dS_ij^T (Bc, PS)
+        Ls = cuda.shared.array(Br, ACC)
+        Ds = cuda.shared.array(Br, ACC)
+        s = cuda.local.array((TM, TN), ACC)
+        dp = cuda.local.array((TM, TN), ACC)
+        dq_acc = cuda.local.array((TM, TD), ACC)
+        L2 = cuda.local.array(TM, ACC)
+        Dr = cuda.local.array(TM, ACC)
+        av = cuda.local.array(TM, ACC)
+        bv = cuda.local.array(TM, ACC)
+        xv = cuda.local.array(TN, ACC)
+        yv = cuda.local.array(TN, ACC)
+        uv = cuda.local.array(TD, ACC)
+
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        bh = cuda.blockIdx.y
+        i_blk = cuda.gridDim.x - 1 - cuda.blockIdx.x  # longest (causal) rows first
+        r0 = i_blk * Br
+        off = Nk - Nq
+        nr = 0
+        nw = 0
+
+        for e in range(tid, Br * DP, NT):  # Q_i, dO_i -> QT, dOT once
+            r = e // DP
+            x = e % DP
+            qval = ZERO
+            doval = ZERO
+            if x < d and r0 + r < Nq:
+                qval = ACC(q[bh, r0 + r, x])
+                doval = ACC(do[bh, r0 + r, x])
+                if COUNT:
+                    nr += 2 * SB
+            QT[x * QS + r] = qval
+            dOT[x * QS + r] = doval
+        for e in range(tid, (DP - d) * KS, NT):  # padding rows of K^T, V^T stay zero
+            KT[d * KS + e] = ZERO
+            VT[d * KS + e] = ZERO
+        for r in range(tid, Br, NT):  # L_i (log2 units, +inf: row sees nothing) and D_i
+            Lr = POS_INF
+            Dv = ZERO
+            if r0 + r < Nq:
+                Lv = lse[bh, r0 + r]
+                Dv = D[bh, r0 + r]
+                if COUNT:
+                    nr += 2 * AB
+                if Lv != NEG_INF:
+                    Lr = Lv * LOG2E_ACC
+            Ls[r] = Lr
+            Ds[r] = Dv
+        cuda.syncthreads()
+        for a in range(TM):
+            L2[a] = Ls[ty * TM + a]
+            Dr[a] = Ds[ty * TM + a]
+            for u in range(TD):
+                dq_acc[a, u] = ZERO
+
+        Tc = (Nk + Bc - 1) // Bc
+        n_j = Tc
+        if CAUSAL:
+            last = r0 + Br - 1 + off
+            n_j = 0 if last < 0 else min(Tc, last // Bc + 1)
+        for j in range(n_j):
+            c0 = j * Bc
+            cuda.syncthreads()  # previous step is done with KT, VT, dST
+            for e in range(tid, Bc * d, NT):
+                c = e // d
+                x = e % d
+                kval = ZERO
+                vval = ZERO
+                if c0 + c < Nk:
+                    kval = ACC(k[bh, c0 + c, x])
+                    vval = ACC(v[bh, c0 + c, x])
+                    if COUNT:
+                        nr += 2 * SB
+                KT[x * KS + c] = kval
+                VT[x * KS + c] = vval
+            cuda.syncthreads()
+
+            # S = Q_i K_j^T and dP = dO_i V_j^T
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+                    dp[a, b] = ZERO
+            qi = uint32(ty * TM)
+            ki = uint32(tx * TN)
+            kk = uint32(0)
+            while kk < DP_U:
+                for a in range(TM):
+                    av[a] = QT[qi + uint32(a)]
+                    bv[a] = dOT[qi + uint32(a)]
+                for b in range(TN):
+                    xv[b] = KT[ki + uint32(b)]
+                    yv[b] = VT[ki + uint32(b)]
+                for a in range(TM):
+                    for b in range(TN):
+                        s[a, b] += av[a] * xv[b]
+                        dp[a, b] += bv[a] * yv[b]
+                qi += QS_U
+                ki += KS_U
+                kk += ONE_U
+
+            # dS = P * (dP - D) with P = exp(S - L) recomputed; stored transposed
+            edge = c0 + Bc > Nk or (CAUSAL and c0 + Bc - 1 > r0 + off)  # uniform over the block
+            cb = c0 + tx * TN  # this thread's first key
+            for a in range(TM):
+                lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
+                if CAUSAL:
+                    lim = min(lim, r0 + ty * TM + a + off - cb)
+                for b in range(TN):
+                    p = math.exp2(s[a, b] * scale_log2 - L2[a])
+                    if edge and b > lim:
+                        p = ZERO
+                    dST[(tx * TN + b) * PS + ty * TM + a] = p * (dp[a, b] - Dr[a])
+            cuda.syncthreads()
+
+            # dQ_i += dS K_j (scale applied at the end)
+            si = uint32(ty * TM)
+            xi = uint32(tx * KS)
+            c = uint32(0)
+            while c < BC_U:
+                for a in range(TM):
+                    av[a] = dST[si + uint32(a)]
+                for u in range(TD):
+                    uv[u] = KT[xi + uint32(u * TX * KS)]
+                for a in range(TM):
+                    for u in range(TD):
+                        dq_acc[a, u] += av[a] * uv[u]
+                si += PS_U
+                xi += ONE_U
+                c += ONE_U
+
+        for a in range(TM):
+            row = r0 + ty * TM + a
+            if row < Nq:
+                for u in range(TD):
+                    x = tx + u * TX
+                    if x < d:
+                        dq[bh, row, x] = dq_acc[a, u] * scale
+                        if COUNT:
+                            nw += SB
+        if COUNT:
+            cuda.atomic.add(counter, 0, nr)
+            cuda.atomic.add(counter, 1, nw)
+
+    kernel._fastmath = FASTMATH
+    return cuda.jit(fastmath=FASTMATH)(kernel), g
+
+
 def forward(prob, ops, block, counters):
     """O and L: one launch, grid (Tr, B*H), 128 threads."""
     Br, Bc = block
@@ -318,8 +746,30 @@ def forward(prob, ops, block, counters):
 
 
 def backward(prob, ops, block, counters):
-    """The flash2 backward (deterministic, three kernels)."""
-    return _flash2.backward(prob, ops, block, counters)
+    """dQ, dK, dV: D = rowsum(dO*O) (flash2's kernel), dK/dV per key block, dQ per query block.
+
+    Blocks that are not micro-tile shapes (or too large for the fast kernels, e.g.
+    float64 with d = 128) run flash2's backward.
+    """
+    Br, Bc = block
+    BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
+    if not uses_fast_backward(Br, Bc, d, dt):
+        return _flash2.backward(prob, ops, block, counters)
+    count = counters.enabled
+    q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
+    D = _inputs.empty((BH, Nq), acc)
+    dq = _inputs.empty((BH, Nq, d), dt)
+    dk = _inputs.empty((BH, Nk, d), dt)
+    dv = _inputs.empty((BH, Nk, d), dt)
+    rowsum = _flash2._rowsum_kernel(d, dt, count)
+    rowsum[(-(-Nq // _flash2.TY), BH), _flash2.NT](o, do, D, counters.array(BACKWARD_NAMES[0]), Nq)
+    scale, scale_log2 = acc.type(prob.scale), acc.type(prob.scale * LOG2E)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count)
+    kv[(-(-Nk // Bc), BH), NT](q, k, v, do, lse, D, dk, dv, Nq, Nk, scale, scale_log2,
+                              counters.array(BACKWARD_KV_NAME))
+    qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count)
+    qk[(-(-Nq // Br), BH), NT](q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counters.array(BACKWARD_Q_NAME))
+    return dq, dk, dv
 
 
 def compile_all(ccs, dtypes, ds):

@@ -46,14 +46,15 @@ USES_BLOCKS = False
 
 #: Side of the square shared-memory tiles of the matrix product (16 x 16 threads per block).
 TILE = 16
-#: Threads per block of the row kernels (softmax, dS): one warp per row, as PyTorch's
-#: softmax does for rows up to 1024 long.
+#: Threads per block of the row kernels (softmax, dS): one warp per row (PyTorch's
+#: softmax also gives each short row one warp).
 ROW_THREADS = 32
 
 NEG_INF = -math.inf
 
 
 def _lse_dtype(dtype) -> np.dtype:
+    """The dtype of L: float32, float64 for float64 storage."""
     return _inputs.acc_dtype(dtype)
 
 
@@ -182,7 +183,8 @@ def matmul(a, b, *, trans_a=False, trans_b=False, alpha=1.0, count_hbm=False):
     """
     if not isinstance(count_hbm, bool):
         raise TypeError(f"count_hbm: expected True or False, got {count_hbm!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) or not math.isfinite(alpha):
+    real = isinstance(alpha, (int, float, np.integer, np.floating)) and not isinstance(alpha, bool)
+    if not (real and math.isfinite(alpha)):
         raise TypeError(f"alpha: expected a finite real number, got {alpha!r}")
     (a, a_dev), (b, b_dev) = _inputs._as_array(a, "a"), _inputs._as_array(b, "b")
     if a_dev != b_dev:
@@ -206,10 +208,8 @@ def matmul(a, b, *, trans_a=False, trans_b=False, alpha=1.0, count_hbm=False):
     b_d = _inputs._to_device(b, b_dev, b3, "b")
     c = _inputs.empty((a3[0], M, N), dtype)
     counters = Counters(count_hbm)
-    _launch_matmul(
-        a_d, b_d, c, alpha, counters.array("C = alpha*op(A)@op(B)"),
-        trans_a=bool(trans_a), trans_b=bool(trans_b), count=count_hbm,
-    )
+    counter = counters.array("C = alpha*op(A)@op(B)")
+    _launch_matmul(a_d, b_d, c, alpha, counter, trans_a=bool(trans_a), trans_b=bool(trans_b), count=count_hbm)
     shape = (a3[0], M, N) if a.ndim == 3 else (M, N)
     c = c.reshape(shape) if a_dev else c.copy_to_host().reshape(shape)
     return (c, counters.result()) if count_hbm else c
@@ -403,13 +403,17 @@ def forward(prob, ops, block, counters):
     q, k, v = ops["q"].dev, ops["k"].dev, ops["v"].dev
     count = counters.enabled
 
+    # Algorithm 0, line 1: S = scale * Q K^T, written to HBM
     S = _inputs.empty((BH, Nq, Nk), dtype)
-    _launch_matmul(q, k, S, prob.scale, counters.array("S = scale*Q@K^T"), trans_b=True, causal=prob.causal, count=count)
+    name = "S = scale*Q@K^T"
+    _launch_matmul(q, k, S, prob.scale, counters.array(name), trans_b=True, causal=prob.causal, count=count)
 
+    # line 2: read S, P = softmax(S) (and L = m + log(l) for the backward), written to HBM
     P = _inputs.empty((BH, Nq, Nk), dtype)
     L = _inputs.empty((BH, Nq), prob.acc)
     softmax_kernel(dtype, count)[(Nq, BH), ROW_THREADS](S, P, L, counters.array("P = softmax(S)"))
 
+    # line 3: read P and V, O = P V
     O = _inputs.empty((BH, Nq, d), dtype)
     _launch_matmul(P, v, O, 1.0, counters.array("O = P@V"), count=count)
     return O, L
@@ -473,32 +477,39 @@ def block_limits(d, dtype, pass_):
     return TILE, TILE
 
 
+#: (trans_a, trans_b, causal) of the matrix products: the four transpose patterns
+#: (the public :func:`matmul` takes any) and the causal ``Q K^T`` of S.
+_MATMUL_VARIANTS = [(ta, tb, False) for ta in (False, True) for tb in (False, True)] + [(False, True, True)]
+
+
 def compile_all(ccs, dtypes, ds):
     """PTX of every kernel specialisation, as ``[(label, ptx)]``, for the compile tier.
 
-    Per dtype and counting flag: the matrix product with each transpose combination
-    (and the causal ``A @ B^T`` of S), the softmax, exp and dS kernels.  ``ds`` is
-    unused: no kernel here is specialised on the head dim.
+    Per cc, dtype and counting flag: the matrix product in each of
+    ``_MATMUL_VARIANTS``, and the softmax, exp and dS kernels.  ``ds`` is unused:
+    no kernel here is specialised on the head dim.
     """
-    from numba import types
-
     from ..compile_check import compile_ptx
 
     out = []
     for cc in ccs:
-        for dt in dtypes:
-            dt = np.dtype(dt)
-            arr2, arr3 = array_type(_lse_dtype(dt), 2), array_type(dt, 3)
-            acc = types.float64 if dt == np.float64 else types.float32
-            name = f"{dt.name} cc{cc[0]}.{cc[1]}"
+        for dt in map(np.dtype, dtypes):
+            s3, lse2, acc = array_type(dt, 3), array_type(_lse_dtype(dt), 2), acc_nb_type(dt)
             for count in (False, True):
-                tag = f"{name}{' count' if count else ''}"
-                variants = [(ta, tb, False) for ta in (False, True) for tb in (False, True)] + [(False, True, True)]
-                for ta, tb, causal in variants:
-                    kern = matmul_kernel(dt, ta, tb, causal, count)
-                    label = f"standard matmul A{'^T' if ta else ''}@B{'^T' if tb else ''}{' causal' if causal else ''} {tag}"
-                    out.append((label, compile_ptx(kern.py_func, (arr3, arr3, arr3, acc, COUNTER_TYPE), cc)))
-                out.append((f"standard softmax {tag}", compile_ptx(softmax_kernel(dt, count).py_func, (arr3, arr3, arr2, COUNTER_TYPE), cc)))
-                out.append((f"standard exp {tag}", compile_ptx(exp_kernel(dt, count).py_func, (arr3, arr2, arr3, COUNTER_TYPE), cc)))
-                out.append((f"standard dS {tag}", compile_ptx(ds_kernel(dt, count).py_func, (arr3, arr3, arr3, COUNTER_TYPE), cc)))
+                tag = f"{dt.name}{' count' if count else ''} cc{cc[0]}.{cc[1]}"
+                todo = [
+                    (
+                        f"matmul A{'^T' if ta else ''}@B{'^T' if tb else ''}{' causal' if causal else ''}",
+                        matmul_kernel(dt, ta, tb, causal, count),
+                        (s3, s3, s3, acc, COUNTER_TYPE),
+                    )
+                    for ta, tb, causal in _MATMUL_VARIANTS
+                ]
+                todo += [
+                    ("softmax", softmax_kernel(dt, count), (s3, s3, lse2, COUNTER_TYPE)),
+                    ("exp", exp_kernel(dt, count), (s3, lse2, s3, COUNTER_TYPE)),
+                    ("dS", ds_kernel(dt, count), (s3, s3, s3, COUNTER_TYPE)),
+                ]
+                for name, kernel, argtypes in todo:
+                    out.append((f"standard {name} {tag}", compile_ptx(kernel.py_func, argtypes, cc)))
     return out

@@ -1,0 +1,13 @@
+"""Benchmark every attention implementation: validate, time, report.
+
+    python benchmarks/bench.py [options]      # the same as: flash-numba bench [options]
+
+Options and output are those of :mod:`flash_numba.bench` (``--help`` lists them).
+"""
+
+import sys
+
+from flash_numba.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Source of lessons/07_backward_recomputation.ipynb (build it with `python lessons/_build.py`)."""
+# ruff: noqa: E402
+
+# %% [markdown]
+# # Lesson 7: The backward pass, with recomputation
+#
+# Training needs the gradients of a loss with respect to $Q$, $K$ and $V$, given the gradient $dO$ of the
+# loss with respect to the output. For one head, with $S = \text{scale} \cdot QK^\top$, $P = \mathrm{softmax}(S)$
+# and $O = PV$, the chain rule gives
+#
+# $$dV = P^\top dO, \qquad dP = dO\, V^\top, \qquad dS_{ij} = P_{ij}\,(dP_{ij} - D_i), \qquad
+#   dQ = \text{scale} \cdot dS\, K, \qquad dK = \text{scale} \cdot dS^\top Q,$$
+#
+# where $D_i = \sum_j P_{ij}\, dP_{ij}$ comes from the softmax's Jacobian. Every one of these uses $P$, an
+# $N \times N$ matrix. Standard attention stores $P$ during the forward pass and reads it back; the
+# FlashAttention forward pass never had $P$ to store. The backward pass *recomputes* it, tile by tile,
+# from $Q$, $K$ and one number per row saved by the forward pass: $L_i = m_i + \log \ell_i$.
+
+# %%
+import sys
+
+if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
+    # !pip install -q "numba-cuda[cu12]==0.30.4"
+    # !pip install -q --no-deps "git+@REPO_URL@"
+    pass  # source-only
+
+# %%
+import math
+
+import numpy as np
+from numba import cuda
+
+import flash_numba as fn
+from flash_numba import device, iomodel, reference
+from flash_numba import exercises as ex
+
+SIM = device.SIMULATOR
+print(device.describe())
+BH, N, d = (1, 32, 16) if SIM else (16, 4096, 64)
+BLOCK = (8, 8) if SIM else None
+print(f"sizes: B*H = {BH}, N = {N}, d = {d}; blocks {BLOCK or 'chosen by the package'}")
+
+
+def median_ms(run):
+    """Median time of run() in milliseconds over CUDA events, or None in the simulator."""
+    times = device.time_ms(run)
+    return None if times is None else float(np.median(times))
+
+
+# %% [markdown]
+# ## The two statistics: L and D
+#
+# **$L_i$ gives back $P$.** The forward pass ends with $m_i = \max_j S_{ij}$ and
+# $\ell_i = \sum_j e^{S_{ij} - m_i}$, so $P_{ij} = e^{S_{ij} - m_i} / \ell_i = e^{S_{ij} - L_i}$. Given a tile
+# $S_{ij}$, recomputed as $\text{scale} \cdot Q_i K_j^\top$, one exponential per entry restores the tile
+# $P_{ij}$: no running maximum, no second pass. (A row that saw no key has $L_i = -\infty$ and $P = 0$:
+# guard $e^{-\infty - (-\infty)}$ once more.)
+#
+# **$D_i$ needs no $P$.** $D_i = \sum_j P_{ij}\, dP_{ij} = \sum_j P_{ij}\, (dO_i \cdot V_j)
+# = dO_i \cdot \sum_j P_{ij} V_j = dO_i \cdot O_i$. So $D = \mathrm{rowsum}(dO \circ O)$, from two
+# $N \times d$ matrices the backward pass has anyway.
+#
+# ## Your turn: D, and P from L
+
+# %%
+def compute_D(o, do):
+    """D_i = rowsum(dO_i * O_i) for o, do of shape (..., N, d); returns (..., N)."""
+    # Your turn
+    raise NotImplementedError("one line")
+
+
+def recompute_P(S, L):
+    """P_ij = exp(S_ij - L_i) for a tile S (Br, Bc) and L (Br,); rows with L_i = -inf give P = 0."""
+    # Your turn
+    raise NotImplementedError("exp(S - L), guarded")
+
+
+# %%
+mine_D = ex.check("compute_D", compute_D)
+mine_P = ex.check("recompute_P", recompute_P)
+assert ex.check_solution("compute_D") and ex.check_solution("recompute_P")
+D_of = compute_D if mine_D else ex.solution_fn("compute_D")
+P_of = recompute_P if mine_P else ex.solution_fn("recompute_P")
+
+# %% [markdown]
+# Both identities on a random head, in float64:
+
+# %%
+rng = np.random.default_rng(7)
+q1, k1, v1, do1 = (rng.standard_normal((12, 8)) for _ in range(4))
+o1, L1 = reference.attention_forward(q1, k1, v1)
+S1 = q1 @ k1.T / math.sqrt(8)
+P1 = np.exp(S1 - S1.max(axis=1, keepdims=True))
+P1 /= P1.sum(axis=1, keepdims=True)  # the softmax, computed directly
+dP1 = do1 @ v1.T
+err_P = np.abs(P_of(S1, L1) - P1).max()
+err_D = np.abs(D_of(o1, do1) - (P1 * dP1).sum(axis=1)).max()
+print(f"max |exp(S - L) - softmax(S)|     = {err_P:.1e}")
+print(f"max |rowsum(dO * O) - rowsum(P * dP)| = {err_D:.1e}")
+
+# %% [markdown]
+# ## flash1's backward
+#
+# The backward pass of flash1 follows the paper's Algorithm 4 with FlashAttention-2's statistic $L$:
+# the outer loop over key blocks $j$ loads $K_j$, $V_j$ and keeps $dK_j$, $dV_j$ in shared memory; the
+# inner loop over query blocks $i$ loads $Q_i$, $O_i$, $dO_i$, $L_i$ and $dQ_i$, recomputes
+# $S_{ij}$ and $P_{ij} = e^{S_{ij} - L_i}$, computes $D_i$, then $dV_j \mathrel{+}= P_{ij}^\top dO_i$,
+# $dP_{ij} = dO_i V_j^\top$, $dS_{ij} = P_{ij} \circ (dP_{ij} - D_i)$,
+# $dK_j \mathrel{+}= \text{scale} \cdot dS_{ij}^\top Q_i$, and adds $\text{scale} \cdot dS_{ij} K_j$ to $dQ_i$
+# in HBM (read, add, write back: once per outer step, as $O$ in the forward pass). After the inner loop
+# it writes $dK_j$, $dV_j$ once.
+
+# %%
+q, k, v, do = (rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(4))
+fwd = fn.flash_attention_forward(q, k, v, kernel="flash1", block=BLOCK)
+bwd = fn.flash_attention_backward(q, k, v, fwd.o, fwd.lse, do, kernel="flash1", block=BLOCK, count_hbm=True)
+o_ref, lse_ref = reference.attention_forward(q, k, v)
+grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do)
+errs = {}
+for name, got, want in zip(("dQ", "dK", "dV"), (bwd.dq, bwd.dk, bwd.dv), grads_ref):
+    errs[name] = np.abs(got - want).max() / np.abs(want).max()
+    print(f"{name}: max relative error {errs[name]:.1e}")
+print(bwd.hbm.table(f"flash1 backward, (Br, Bc) = {bwd.block} (bytes)"))
+print("counted == IO model:", bwd.hbm == iomodel.backward("flash1", BH, N, N, d, np.float32, False, bwd.block))
+
+# %% [markdown]
+# ## A gradient check
+#
+# Agreement with the reference's formulas is one test; agreement with the definition of a derivative is
+# another, independent of any formula. Take the loss $\mathcal{L} = \sum O \circ dO$, whose gradient with
+# respect to $O$ is $dO$, and a random direction $u = (u_Q, u_K, u_V)$. Central differences of the
+# kernel's own forward pass, in float64, must give
+#
+# $$\frac{\mathcal{L}(x + hu) - \mathcal{L}(x - hu)}{2h} \approx
+#   \langle dQ, u_Q\rangle + \langle dK, u_K\rangle + \langle dV, u_V\rangle.$$
+
+# %%
+x64 = [a[:1].astype(np.float64) for a in (q, k, v, do)]  # one head, float64
+u = [rng.standard_normal(a.shape) for a in x64[:3]]
+
+
+def loss(h):
+    qh, kh, vh = (a + h * ua for a, ua in zip(x64[:3], u))
+    return float((fn.flash_attention_forward(qh, kh, vh, kernel="flash1", block=BLOCK).o * x64[3]).sum())
+
+
+h = 1e-5
+numeric = (loss(h) - loss(-h)) / (2 * h)
+f64 = fn.flash_attention_forward(*x64[:3], kernel="flash1", block=BLOCK)
+g64 = fn.flash_attention_backward(*x64[:3], f64.o, f64.lse, x64[3], kernel="flash1", block=BLOCK)
+analytic = sum(float((g * ua).sum()) for g, ua in zip((g64.dq, g64.dk, g64.dv), u))
+grad_check = abs(numeric - analytic) / abs(analytic)
+print(f"finite differences {numeric:.10f}, backward pass {analytic:.10f}: relative difference {grad_check:.1e}")
+
+# %% [markdown]
+# ## What storing P would cost
+#
+# Standard attention's backward reads $P$ (and writes and reads $dP$ and $dS$, all $N \times N$). Our
+# standard backward recomputes $S$ and $P$ too, since the API keeps nothing between calls; PyTorch's
+# autograd would instead keep $P$ from the forward pass: $N^2$ elements per head held in memory from the
+# forward to the backward pass, against $N$ for $L$. The bytes, from the IO models at a real size:
+
+# %%
+Hb, Nb, db = 16, 4096, 64
+P_bytes, L_bytes = Hb * Nb * Nb * 4, Hb * Nb * 4
+print(f"B*H = {Hb}, N = {Nb}, d = {db}, float32: P takes {P_bytes / 2**30:.2f} GB, L takes {L_bytes / 2**20:.2f} MB")
+std_b = iomodel.backward("standard", Hb, Nb, Nb, db, np.float32)
+print(std_b.table("standard backward (bytes)"))
+for name in ("flash1", "flash2"):
+    blk = fn.resolve_block(name, db, np.float32, pass_="backward")
+    mb = iomodel.backward(name, Hb, Nb, Nb, db, np.float32, False, blk).total
+    print(f"{name} backward, blocks {blk}: {mb:,} bytes ({std_b.total / mb:.1f}x fewer than standard)")
+recompute_flops, backward_flops = 2 * Nb * Nb * db, 8 * Nb * Nb * db
+print(f"the price: recomputing S adds {recompute_flops / backward_flops:.0%} to the backward's "
+      f"{backward_flops / 1e9:.1f} GFLOP of products per head")
+
+# %% [markdown]
+# Some more arithmetic for a large cut in bytes and no $N \times N$ memory: on a memory-bound problem
+# that trade wins, and it is why the FlashAttention paper's backward pass beats the standard one although
+# it computes more. On a GPU, time them (flash1 is the slow, readable version; lesson 9's flash2 is the
+# one to compare):
+
+# %%
+t = {}
+if SIM:
+    print(f"not timed: {device.CudaTimer.note}")
+else:
+    dev = [cuda.to_device(a) for a in (q, k, v, do)]
+    f = fn.flash_attention_forward(*dev[:3], kernel="flash2")
+    s = fn.standard_attention_forward(*dev[:3])
+    t["standard"] = median_ms(lambda: fn.standard_attention_backward(*dev[:3], s.o, s.lse, dev[3]))
+    for name in ("flash1", "flash2"):
+        t[name] = median_ms(lambda: fn.flash_attention_backward(*dev[:3], f.o, f.lse, dev[3], kernel=name))
+    print("backward pass: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in t.items()))
+
+# %% [markdown]
+# ## Check
+
+# %%
+assert err_P < 1e-12 and err_D < 1e-12
+assert max(errs.values()) < 1e-4, errs
+assert bwd.hbm == iomodel.backward("flash1", BH, N, N, d, np.float32, False, bwd.block)
+assert grad_check < 1e-6, grad_check
+assert SIM or t["flash2"] > 0
+print("lesson 7: all checks passed")

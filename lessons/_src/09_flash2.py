@@ -1,0 +1,243 @@
+"""Source of lessons/09_flash2.ipynb (build it with `python lessons/_build.py`)."""
+# ruff: noqa: E402
+
+# %% [markdown]
+# # Lesson 9: FlashAttention-2, and a look at FlashAttention-3
+#
+# Algorithm 1 reads and writes $O$, $\ell$ and $m$ in HBM on every outer step, normalises $O_i$ on every
+# step, and, written as one thread block per head (flash1), leaves most of a GPU idle when there are fewer
+# heads than SMs. FlashAttention-2 (Dao 2023) changes the schedule, not the mathematics:
+#
+# 1. **Swap the loops.** The outer loop runs over *query* blocks $Q_i$, the inner over key/value blocks.
+#    $O_i$, $\ell_i$ and $m_i$ then stay on chip (registers) for the whole inner loop and are written to
+#    HBM once, at the end.
+# 2. **Delay the normalisation.** Keep $O_i$ *unnormalised*, $\tilde O_i = \sum_j e^{S_{ij} - m_i} V_j$,
+#    rescaled by $e^{m_{\text{old}} - m_{\text{new}}}$ when the maximum moves; divide by $\ell_i$ once after
+#    the loop. Save only $L_i = m_i + \log \ell_i$ for the backward pass. Fewer non-matrix-multiply
+#    FLOPs, which matter on GPUs whose tensor cores make matrix products far cheaper than anything else.
+# 3. **Parallelise over the sequence.** Each query block is independent, so each gets its own thread
+#    block: a grid of $T_r \times B \cdot H$ blocks instead of $B \cdot H$, enough to fill the GPU even at
+#    batch size 1.
+#
+# The forward pass for one query block (FlashAttention-2's Algorithm 1, in our words):
+#
+# ```
+# load Q_i;  O~_i = 0 (Br x d), l_i = 0, m_i = -inf                  on chip
+# for j = 1 .. Tc:
+#     load K_j, V_j
+#     S_ij = scale * Q_i K_j^T                                        (Br x Bc)
+#     m_new = max(m_i, rowmax(S_ij));  P~_ij = exp(S_ij - m_new)
+#     l_i = e^(m_i - m_new) l_i + rowsum(P~_ij)
+#     O~_i = diag(e^(m_i - m_new)) O~_i + P~_ij V_j                   no division
+#     m_i = m_new
+# O_i = diag(l_i)^-1 O~_i;  L_i = m_i + log(l_i);  write O_i, L_i     once
+# ```
+
+# %%
+import sys
+
+if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
+    # !pip install -q "numba-cuda[cu12]==0.30.4"
+    # !pip install -q --no-deps "git+@REPO_URL@"
+    pass  # source-only
+
+# %%
+import math
+
+import numpy as np
+from numba import cuda
+
+import flash_numba as fn
+from flash_numba import device, iomodel, kernels, reference
+from flash_numba import exercises as ex
+
+SIM = device.SIMULATOR
+print(device.describe())
+BH, N, d = (1, 32, 16) if SIM else (16, 4096, 64)
+BLOCK = (8, 8) if SIM else None
+print(f"sizes: B*H = {BH}, N = {N}, d = {d}, float32; blocks {BLOCK or 'chosen by the package'}")
+
+
+def median_ms(run):
+    """Median time of run() in milliseconds over CUDA events, or None in the simulator."""
+    times = device.time_ms(run)
+    return None if times is None else float(np.median(times))
+
+
+# %% [markdown]
+# ## Your turn: the inner step, normalisation delayed
+#
+# Given the running $(\tilde O_i, \ell_i, m_i)$ of a query block and the next tile $S_{ij}$ (scaled,
+# $-\infty$ where masked) with $V_j$, return the new $(\tilde O_i, \ell_i, m_i)$ as in the listing above.
+# No division. Rows that have seen only $-\infty$ so far keep $\tilde O_i = 0$, $\ell_i = 0$, $m_i = -\infty$,
+# without NaN. The last line of the listing is given: `ex.flash2_finish(O_acc, l, m)` returns $(O, L)$.
+
+# %%
+def flash2_update(O_acc, l, m, S_ij, V_j):
+    """One inner step of FlashAttention-2: O_acc (Br, d) unnormalised, l and m (Br,), S_ij (Br, Bc), V_j (Bc, d)."""
+    # Your turn
+    raise NotImplementedError("rescale by exp(m - m_new), add P~ V_j; no division")
+
+
+# %%
+mine = ex.check("flash2_update", flash2_update)
+assert ex.check_solution("flash2_update")
+update = flash2_update if mine else ex.solution_fn("flash2_update")
+print("the cells below use", "your update" if mine else "the packaged solution (yours is not done yet)")
+
+# %% [markdown]
+# The whole forward pass for one head, in NumPy, with the loops in FlashAttention-2's order:
+
+# %%
+def flash2_forward_numpy(q, k, v, Br, Bc):
+    """FlashAttention-2's forward pass for one head: q (Nq, d), k and v (Nk, d) -> O, L."""
+    Nq, dq = q.shape
+    Nk = k.shape[0]
+    O, L = np.zeros((Nq, dq)), np.zeros(Nq)
+    for i in range(math.ceil(Nq / Br)):  # in parallel on a GPU: one thread block per query block
+        r = slice(i * Br, (i + 1) * Br)
+        rows = q[r].shape[0]
+        state = (np.zeros((rows, dq)), np.zeros(rows), np.full(rows, -np.inf))  # on chip
+        for j in range(math.ceil(Nk / Bc)):
+            c = slice(j * Bc, (j + 1) * Bc)
+            S_ij = q[r] @ k[c].T / math.sqrt(dq)
+            state = update(*state, S_ij, v[c])
+        O[r], L[r] = ex.flash2_finish(*state)  # normalise once, write once
+    return O, L
+
+
+rng = np.random.default_rng(9)
+qh, kh, vh = (rng.standard_normal((n_, 16)) for n_ in (33, 27, 27))
+o2, L2 = flash2_forward_numpy(qh, kh, vh, Br=8, Bc=6)
+oh_ref, Lh_ref = reference.attention_forward(qh, kh, vh)
+err_np = max(np.abs(o2 - oh_ref).max(), np.abs(L2 - Lh_ref).max())
+print(f"max difference from the reference (O and L): {err_np:.1e}")
+
+# %% [markdown]
+# ## flash2 in Numba
+#
+# `flash_numba/kernels/flash2.py` launches a grid of $(T_r, B \cdot H)$ thread blocks of 128 threads.
+# Unlike flash1, where one thread owns a whole row, several threads share each row here: every thread
+# holds a small register tile of $S_{ij}$ and of $\tilde O_i$, and the 16 threads of a row combine their
+# row maxima and sums with warp shuffles. The module docstring draws the layout:
+
+# %%
+print(kernels.get("flash2").__doc__.split("Block sizes:")[0])
+
+# %%
+q, k, v = (rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(3))
+o_ref, lse_ref = reference.attention_forward(q, k, v)
+results = {}
+for name in ("flash1", "flash2"):
+    results[name] = fn.flash_attention_forward(q, k, v, kernel=name, block=BLOCK, count_hbm=True)
+    r = results[name]
+    e_o = np.abs(r.o - o_ref).max() / np.abs(o_ref).max()
+    print(f"{name}: blocks {r.block}, relative error of O {e_o:.1e}, HBM {r.hbm.total:,} bytes")
+for name, r in results.items():
+    assert r.hbm == iomodel.forward(name, BH, N, N, d, np.float32, False, r.block)
+print("both counts equal their IO models")
+
+# %% [markdown]
+# flash2 reads $Q$ once and writes $O$ and $L$ once, but reads $K$ and $V$ once per *query* block:
+# $\Theta(Nd + N^2 d / B_r)$ bytes, against flash1's $\Theta(N^2 d^2 / M)$ with its $Q$, $O$, $\ell$, $m$
+# traffic on every outer step. At real sizes (IO models, one head, $d = 64$):
+
+# %%
+for n_ in (1024, 4096, 16384):
+    row = []
+    for name in ("standard", "flash1", "flash2"):
+        blk = fn.resolve_block(name, 64, np.float32)
+        row.append(f"{name} {iomodel.forward(name, 1, n_, n_, 64, np.float32, False, blk).total / 1e6:9.1f} MB")
+    print(f"N = {n_:>5}:  " + "   ".join(row))
+
+# %% [markdown]
+# ## Parallelism
+#
+# How many thread blocks each kernel launches for $N = 4096$, against the number of SMs (each SM runs
+# at least one block at a time; a GPU needs several per SM to hide latency):
+
+# %%
+sms = device.info().sm_count
+n_par = 4096
+blk_f2 = fn.resolve_block("flash2", 64, np.float32)
+print(f"{sms} SMs here{' (simulator stand-in)' if SIM else ''}; flash2 blocks {blk_f2}")
+for heads in (1, 4, 16, 64):
+    print(f"B*H = {heads:>2}: flash1 launches {heads:>4} thread blocks, "
+          f"flash2 {heads * math.ceil(n_par / blk_f2[0]):>6}")
+
+# %% [markdown]
+# On a GPU, time every FlashAttention kernel in the package (`flash2_fast` is flash2 rearranged for
+# speed: larger register tiles, vectorised loads from shared memory; its docstring tells the story) at
+# $B \cdot H = 16$ and at a single head:
+
+# %%
+timings = {}
+if SIM:
+    print(f"not timed: {device.CudaTimer.note}")
+else:
+    for heads in (16, 1):
+        dev = [cuda.to_device(rng.standard_normal((heads, 4096, 64)).astype(np.float32)) for _ in range(3)]
+        for name in kernels.NAMES:
+            if name != "standard":
+                timings[name, heads] = median_ms(lambda: fn.flash_attention_forward(*dev, kernel=name))
+        flops = 4 * heads * 4096 * 4096 * 64
+        print(f"B*H = {heads}, N = 4096, d = 64: " + ", ".join(
+            f"{name} {timings[name, heads]:.2f} ms ({flops / timings[name, heads] / 1e9:.1f} TFLOP/s)"
+            for name in kernels.NAMES if name != "standard"))
+
+# %% [markdown]
+# ## The backward pass, deterministic
+#
+# flash2's backward pass runs three kernels: $D = \mathrm{rowsum}(dO \circ O)$; then one thread block per
+# *key* block, which keeps $dK_j$, $dV_j$ on chip while it walks over the query blocks; then one thread
+# block per *query* block, which keeps $dQ_i$ on chip while it walks over the key blocks. Every output
+# element is summed by one thread in a fixed order, so two runs give bitwise identical gradients.
+# FlashAttention-2 itself saves the third kernel by adding each block's contribution to $dQ$ in HBM with
+# atomic float additions, whose order, and so whose rounding, changes from run to run.
+
+# %%
+do = rng.standard_normal((BH, N, d)).astype(np.float32)
+f2 = results["flash2"]
+g_a = fn.flash_attention_backward(q, k, v, f2.o, f2.lse, do, kernel="flash2", block=BLOCK)
+g_b = fn.flash_attention_backward(q, k, v, f2.o, f2.lse, do, kernel="flash2", block=BLOCK)
+grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do)
+bitwise = all(np.array_equal(x, y) for x, y in zip((g_a.dq, g_a.dk, g_a.dv), (g_b.dq, g_b.dk, g_b.dv)))
+g_err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip((g_a.dq, g_a.dk, g_a.dv), grads_ref))
+print(f"two runs bitwise identical: {bitwise}; max relative error of dQ, dK, dV: {g_err:.1e}")
+
+# %% [markdown]
+# ## Where FlashAttention-3 goes (on paper)
+#
+# FlashAttention-2 reaches 50-73% of the A100's theoretical peak (Dao 2023) but only about 35% of an
+# H100's (Shah et al. 2024). FlashAttention-3 (Shah, Bikshandi, Zhang, Thakkar, Ramani and
+# Dao, 2024) uses three features of Hopper GPUs (sm_90: the H100 and the H200 this course's kernels are
+# also tested on):
+#
+# * **Asynchrony.** The Tensor Memory Accelerator (TMA) copies tiles between HBM and shared memory
+#   without occupying threads, and `wgmma` instructions run matrix products on a whole warpgroup
+#   (4 warps) asynchronously. FlashAttention-3 specialises warps: *producer* warps only issue TMA loads of
+#   $K_j$, $V_j$ into a circular buffer of shared memory, *consumer* warpgroups only compute.
+# * **Overlapping the softmax with the products.** The exponentials run on a unit with far lower
+#   throughput than the tensor cores. Two warpgroups take turns ("ping-pong"), so one computes its softmax
+#   while the other runs its products; within a warpgroup, the softmax of one block overlaps the products
+#   of the next.
+# * **FP8.** Hopper's tensor cores run float8 at twice the float16 rate. To keep the error small,
+#   FlashAttention-3 quantises per block and multiplies $Q$ and $K$ by a random orthogonal matrix first
+#   ("incoherent processing"), which spreads outlier values across a row before they are rounded.
+#
+# The paper reports up to 740 TFLOP/s in float16 (75% of an H100's peak) and close to 1.2 PFLOP/s in
+# FP8, with 2.6 times lower error than a baseline FP8 attention (Shah et al. 2024). None of this is
+# available to the kernels in this course: they run float32 arithmetic on the CUDA cores, with
+# synchronous loads, which is what Numba's CUDA Python gives a readable kernel. The algorithm, the online
+# softmax over tiles kept on chip, is the same.
+#
+# ## Check
+
+# %%
+assert err_np < 1e-12, err_np
+for r in results.values():
+    assert np.abs(r.o - o_ref).max() / np.abs(o_ref).max() < 1e-5
+assert results["flash2"].hbm.total < results["flash1"].hbm.total
+assert bitwise and g_err < 1e-4, (bitwise, g_err)
+assert (not timings) == SIM
+print("lesson 9: all checks passed")
