@@ -11,7 +11,8 @@ Conventions (the same for every public function):
 * Host (NumPy) arrays are copied to the device and results come back as NumPy.
   Device arrays (Numba device arrays, or anything with
   ``__cuda_array_interface__``: PyTorch, CuPy) are used in place, zero-copy, and
-  results stay on the device as Numba device arrays.  Mixing the two is refused.
+  results stay on the device as Numba device arrays.  Mixing the two is refused,
+  and so is a device array on another GPU than the current CUDA device.
 * Non-contiguous host arrays (views, negative strides) are copied to contiguous
   form; non-contiguous device arrays are refused (``.contiguous()`` them).
 * NaN or Inf in the inputs is not searched for (that would cost a pass over the
@@ -71,6 +72,29 @@ def _as_array(x, name: str):
     raise TypeError(
         f"{name}: expected a NumPy array or a CUDA array (Numba, PyTorch, CuPy), got {type(x).__name__}"
     )
+
+
+def _device_ordinal(arr) -> int | None:
+    """The GPU holding a device array's memory; None where the driver cannot say (or in the simulator)."""
+    if SIMULATOR:
+        return None
+    try:
+        from numba.cuda.cudadrv import driver as drv
+
+        ptr = int(arr.device_ctypes_pointer.value or 0)
+        if ptr == 0:
+            return None
+        attr = drv.binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        return int(drv.driver.cuPointerGetAttribute(attr, drv.binding.CUdeviceptr(ptr)))
+    except Exception:  # memory the driver cannot place: leave it to the launch
+        return None
+
+
+def _current_device() -> int:
+    """The ordinal of the GPU the kernels launch on (Numba's current device)."""
+    from numba import cuda
+
+    return cuda.get_current_device().id
 
 
 def _check_dtype(arr, name: str) -> np.dtype:
@@ -163,6 +187,13 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
             "give all arrays as NumPy arrays or all as CUDA arrays"
         )
     on_device = places["q"]
+    for name, (arr, on) in arrays.items():  # device arrays: all on the GPU the kernels launch on
+        gpu = _device_ordinal(arr) if on else None
+        if gpu is not None and gpu != (here := _current_device()):
+            raise ValueError(
+                f"{name}: on GPU {gpu} but flash_numba runs on GPU {here} (Numba's current device); "
+                f"move every array to GPU {here}, or call numba.cuda.select_device({gpu}) first"
+            )
 
     if len(qs) not in (2, 3, 4):
         raise ValueError(f"q: expected shape (N, d), (H, N, d) or (B, H, N, d), got {qs}")
@@ -271,7 +302,7 @@ def _torch_buffer(shape, dtype, value):
     tdt = getattr(torch, np.dtype(dtype).name)
     dev = _TORCH_DEVICE.get()
     t = torch.empty(shape, dtype=tdt, device=dev) if value is None else torch.full(shape, value, dtype=tdt, device=dev)
-    return cuda.as_cuda_array(t)  # keeps t alive as its owner
+    return cuda.as_cuda_array(t, sync=False)  # keeps t alive as its owner; nothing to wait for
 
 
 def empty(shape, dtype):

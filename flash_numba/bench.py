@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import itertools
 import math
 import shlex
 import statistics
@@ -103,7 +104,7 @@ NXN_BUFFERS = {"standard": {"fwd": 2, "fwd+bwd": 6}, "torch-math": {"fwd": 2, "f
 
 @dataclass(frozen=True)
 class Config:
-    """One benchmark configuration: q, k, v of shape (B, H, N, N), dtype, mask and pass."""
+    """One benchmark configuration: q, k, v of shape (B, H, N, d), dtype, mask and pass."""
 
     B: int
     H: int
@@ -637,8 +638,9 @@ def footnotes(repeats: int, peak_line: str) -> list[str]:
         f"% fp32 peak: TFLOP/s over the fp32 peak, {peak_line}.",
         "HBM bytes: bytes the kernels' code reads + writes in global memory, from a count_hbm=True run at this "
         "size (count) or flash_numba.iomodel (model); not counted for PyTorch.",
-        "peak mem: device memory one call allocates beyond its inputs (outputs and workspace): ours from the free "
-        "device memory before and after the call, PyTorch's from torch.cuda.max_memory_allocated.",
+        "peak mem: device memory one call allocates beyond its inputs (outputs and workspace): Numba's allocations "
+        "from the free device memory before and after the call, PyTorch's (its own calls, and ours on torch "
+        "tensors) from torch.cuda.max_memory_allocated.",
     ]
 
 
@@ -684,7 +686,9 @@ def plot(rows: list[Row], path: str, title: str) -> bool:
     if not timed:
         return False
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
 
+    all_N = sorted({r.cfg.N for r in timed})
     panels = list(dict.fromkeys((r.cfg.d, r.cfg.dtype, r.cfg.causal, r.cfg.pass_) for r in timed))
     names = list(dict.fromkeys(r.impl for r in timed))
     fig = Figure(figsize=(4.5 * len(panels), 7.5), layout="constrained")
@@ -708,6 +712,8 @@ def plot(rows: list[Row], path: str, title: str) -> bool:
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            ax.set_xticks(all_N, [str(n) for n in all_N])
+            ax.xaxis.set_minor_locator(NullLocator())
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize="small")
     fig.suptitle(title)
@@ -811,18 +817,19 @@ def run(args: argparse.Namespace, command: str = "flash-numba bench") -> int:
         peak_line = f"{peak:.1f} TFLOP/s measured by flash_numba.microbench.fp32_peak()"
 
     rows, step, total = [], 0, len(cfgs) * len(impls)
-    for shape in dict.fromkeys((c.B, c.H, c.N, c.d, c.dtype) for c in cfgs):
-        sets = input_sets(next(c for c in cfgs if (c.B, c.H, c.N, c.d, c.dtype) == shape), torch)
-        for cfg in (c for c in cfgs if (c.B, c.H, c.N, c.d, c.dtype) == shape):
-            block = []
+    for _, same_shape in itertools.groupby(cfgs, key=lambda c: (c.N, c.d)):  # one set of inputs per shape
+        same_shape = list(same_shape)
+        sets = input_sets(same_shape[0], torch)
+        for cfg in same_shape:
+            table = []
             for impl in impls:
                 step += 1
                 _progress(step, total, f"{impl.name} N={cfg.N} d={cfg.d} causal={cfg.causal} {cfg.pass_}")
-                block.append(measure(impl, sets, cfg, repeats, torch))
+                table.append(measure(impl, sets, cfg, repeats, torch))
             print()
-            print(format_table(block, peak))
-            rows += block
-        del sets
+            print(format_table(table, peak))
+            rows += table
+        del sets  # free this shape's inputs before the next is made
 
     print()
     for note in footnotes(repeats, peak_line):

@@ -84,6 +84,8 @@ FLOPS = {
     "D = rowsum(dO*O)": (0, 0, 2),
     "dK, dV": (8, 5, 0),  # Q K^T, dV, dP, dK
     "dQ": (6, 5, 0),  # Q K^T again, dP again, dQ
+    "flash2_fast dK, dV": (8, 5, 0),  # flash2's backward, register-tiled
+    "flash2_fast dQ": (6, 5, 0),
 }
 
 #: The paper's Figure 2 (left), arXiv v2 (June 2022): A100, float16, dropout, GPT-2 medium.
@@ -93,6 +95,9 @@ PAPER_OTHER = {"standard": (35.3, 35.1), "flash2": (4.4, 11.7)}
 
 #: Datasheet ceilings (HBM GB/s, float32 TFLOP/s, non-tensor) for when nothing is measured.
 DATASHEETS = {"H200": (4800.0, 67.0), "H100": (3350.0, 67.0), "A100": (2039.0, 19.5), "T4": (320.0, 8.1)}
+
+#: Figure 2 sweeps the kernels that take any (Br, Bc): the paper's Algorithm 1 and the FlashAttention-2 order.
+BLOCK_SWEEP = ("flash1", "flash2")
 
 COLORS = {"standard": "C3", "flash1": "C0", "flash2": "C2", "flash2_fast": "C1", "torch SDPA": "0.3"}
 
@@ -106,8 +111,8 @@ class Sizes:
     table_count_BH: int = 16  # fig 1: counted at this B*H and scaled
     block_N: int = 1024  # fig 2
     block_BH: int = 128
-    block_Br: tuple = (8, 16, 32, 64)
-    block_Bc: tuple = (8, 16, 24, 32, 48, 64, 80)  # the pairs that fit 48 KB of shared memory are kept
+    block_Br: tuple = (16, 32, 64)
+    block_Bc: tuple = (16, 32, 48, 64, 80)  # the pairs that fit 48 KB of shared memory are kept
     seq_N: tuple = tuple(2**p for p in range(4, 17))  # fig 3: modelled, B*H = 1
     seq_count_max: int = 4096  # fig 3: counted up to this N
     mem_N: tuple = tuple(2**p for p in range(9, 16))  # fig 4
@@ -126,7 +131,7 @@ def sizes_for(quick: bool, simulator: bool) -> Sizes:
         s = replace(
             s,
             block_Br=(16, 32),
-            block_Bc=(16, 32, 48, 64),
+            block_Bc=(16, 32, 64),
             seq_count_max=1024,
             mem_N=(512, 1024, 2048, 4096),
             time_N=(512, 1024, 2048),
@@ -176,6 +181,17 @@ def model(kernel: str, pass_: str, BH: int, N: int, d: int, dtype=DTYPE, block=N
         block = block_for(kernel, d, pass_)
     fn = iomodel.forward if pass_ == "forward" else iomodel.backward
     return fn(kernel, BH, N, N, d, dtype, False, block)
+
+
+def differences(counted, modelled) -> str:
+    """The launches whose (read, written) bytes differ between two HBMCounts, in words."""
+    def pair(hbm, name):
+        kb = hbm.per_kernel.get(name)
+        return "-" if kb is None else f"{kb.bytes_read:,}/{kb.bytes_written:,}"
+
+    names = dict.fromkeys([*counted.per_kernel, *modelled.per_kernel])
+    return "; ".join(f"{n!r} counted {pair(counted, n)}, model {pair(modelled, n)} (read/written)"
+                     for n in names if pair(counted, n) != pair(modelled, n))
 
 
 def flops(names, BH: int, N: int, d: int) -> dict:
@@ -465,7 +481,7 @@ def figure1(run: Run) -> list:
             for pass_, hbm in (("forward", fwd), ("backward", bwd)):
                 per_pass[pass_]["counted"] = _gb(hbm.total * BH / BHc)
                 if hbm != model(kernel, pass_, BHc, N, d):
-                    print(f"figure 1: MISMATCH {kernel} {pass_}: counted bytes differ from the IO model")
+                    print(f"figure 1: MISMATCH {kernel} {pass_}: " + differences(hbm, model(kernel, pass_, BHc, N, d)))
             (t_fwd, t_bwd), BHt = _time_passes(kernel, BH, N, d)
             per_pass["forward"]["ms"], per_pass["backward"]["ms"] = t_fwd, t_bwd
             if BHt != BH:
@@ -509,8 +525,8 @@ def figure1(run: Run) -> list:
     return [csv_path, _figure1_png(run, rows, title), md_path]
 
 
-def _time_passes(kernel: str, BH: int, N: int, d: int):
-    """((forward ms, backward ms) scaled to B*H, B*H timed): halves B*H while out of memory."""
+def _time_passes(kernel: str, BH: int, N: int, d: int, shrink: bool = True):
+    """((forward ms, backward ms) scaled to B*H, B*H timed); ``shrink``: halve B*H while out of memory."""
     BHt = BH
     while True:
         try:
@@ -520,7 +536,7 @@ def _time_passes(kernel: str, BH: int, N: int, d: int):
             t_bwd = median_ms(lambda: backward(kernel, q, k, v, f.o, f.lse, do))
             return (t_fwd * BH / BHt, t_bwd * BH / BHt), BHt
         except Exception as exc:
-            if not out_of_memory(exc) or BHt == 1:
+            if not (shrink and out_of_memory(exc)) or BHt == 1:
                 raise
             q = k = v = do = f = None
             _flush_frees()
@@ -569,6 +585,7 @@ def _figure1_markdown(run: Run, rows: list, title: str) -> str:
     lines = [f"# {title}", "", f"{run.label}, {run.date}. No mask, no dropout.", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cell(r, key, spec) for key, _, spec in _TABLE_COLUMNS) + " |" for r in rows]
+    lines += [f"\n{r['implementation']}: {r['note']}" for r in rows if r["pass"] == "total" and r["note"]]
     total = {r["implementation"]: r for r in rows if r["pass"] == "total"}
     matmul_gflops = 12 * N * N * d * BH / 1e9  # the 2 forward and 4 backward products, 2 FLOPs per multiply-add
     once_elems = 14 * N * N * BH  # each N x N matrix once per standard kernel that touches it
@@ -621,15 +638,13 @@ def figure2(run: Run) -> list:
     """Block size (Br, Bc) against forward HBM bytes and runtime, N = 1024, d = 64."""
     s = run.sizes
     N, d, BH = s.block_N, s.d, s.block_BH
-    flash = [k for k in run.kernels if getattr(kernels.get(k), "USES_BLOCKS", True)]
+    flash = [k for k in BLOCK_SWEEP if k in run.kernels]
     if not flash:
-        raise Skipped("no FlashAttention kernel with an IO model")
+        raise Skipped(f"none of {', '.join(BLOCK_SWEEP)} has an IO model")
     rows = []
     for kernel in flash:
         if run.gpu:
-            warm_up(kernel, d)
             q, k, v, _ = random_inputs(BH, N, d)
-            q1, k1, v1, _ = random_inputs(1, N, d)
         for Br in s.block_Br:
             for Bc in s.block_Bc:
                 try:
@@ -640,18 +655,13 @@ def figure2(run: Run) -> list:
                 row = {"kernel": kernel, "Br": Br, "Bc": Bc, "N": N, "d": d, "BH": BH}
                 row.update(model_bytes_read=m.bytes_read, model_bytes_written=m.bytes_written)
                 row["model_gb"] = _sig(_gb(m.total))
-                if run.gpu:
-
-                    def call(q=q, k=k, v=v, count=False):
-                        return flash_attention_forward(q, k, v, kernel=kernel, block=block, count_hbm=count)
-
-                    one = call(q1, k1, v1, True).hbm  # B*H = 1, scaled exactly
-                    row["counted_gb"] = _sig(_gb(one.total * BH))
-                    row["ms"] = _sig(median_ms(call))
+                if run.gpu:  # every block size is a new kernel: its first call compiles it (untimed)
+                    row["ms"] = _sig(median_ms(lambda: flash_attention_forward(q, k, v, kernel=kernel, block=block)))
                 rows.append(row)
     csv_path = write_csv(
         run.out / "fig2_block_size.csv",
-        _header(run, f"Figure 2: block size vs forward HBM bytes and runtime (N = {N}, d = {d}, B*H = {BH}, float32)"),
+        _header(run, f"Figure 2: block size vs forward HBM bytes and runtime (N = {N}, d = {d}, B*H = {BH}, float32)",
+                "model_*: IO model (equal to the counters: figure 3 and the tests check it)"),
         rows,
     )
     plt = _plt()
@@ -701,8 +711,8 @@ def figure3(run: Run) -> list:
                     n_counted += 1
                     if hbm != model(kernel, pass_, 1, N, d):
                         n_differ += 1
-                        print(f"figure 3: MISMATCH {kernel} {pass_} N = {N}: counted {hbm.total:,} B, "
-                              f"model {model(kernel, pass_, 1, N, d).total:,} B")
+                        print(f"figure 3: MISMATCH {kernel} {pass_} N = {N}: "
+                              + differences(hbm, model(kernel, pass_, 1, N, d)))
     if n_counted:
         print(f"figure 3: {n_counted} passes counted, {n_counted - n_differ} equal to the IO model")
     csv_path = write_csv(
@@ -830,10 +840,11 @@ def figure5(run: Run) -> list:
     rows = []
     for kernel in run.kernels:
         warm_up(kernel, d)
-        rows += _time_series(kernel, s, lambda N, kernel=kernel: _time_passes(kernel, BH, N, d)[0])
+        rows += _time_series(kernel, s, lambda N, kernel=kernel: _time_passes(kernel, BH, N, d, False)[0])
     torch = _torch()
     if torch is not None:
         rows += _time_series("torch SDPA", s, lambda N: _torch_ms(torch, BH, N, d))
+        torch.cuda.empty_cache()  # hand PyTorch's cached blocks back before Numba allocates again
     else:
         print("figure 5: PyTorch with CUDA not importable; no SDPA series")
     for r in rows:
@@ -1091,7 +1102,7 @@ FIGURES = {1: figure1, 2: figure2, 3: figure3, 4: figure4, 5: figure5, 6: figure
 def device_label(model_only: bool = False) -> str:
     """What the figures name as the device: the GPU's name and sm_XY, or the simulator."""
     if device.SIMULATOR:
-        return "Numba CUDA simulator, no GPU (bytes from the IO model)"
+        return "Numba CUDA simulator (no GPU)"
     d = device.info()
     name = f"{d.name} (sm_{d.compute_capability[0]}{d.compute_capability[1]})"
     return f"{name}, IO model only (nothing run)" if model_only else name

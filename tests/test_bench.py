@@ -134,10 +134,26 @@ def test_the_last_head_is_checked_at_the_benchmark_size(monkeypatch):
         return {"o": o, "lse": lse}, None
 
     monkeypatch.setattr(bench, "SIMULATOR", False)
+    monkeypatch.setattr(bench, "free_pending", lambda: None)  # the simulator has no deallocation queue
     cfg = bench.Config(2, 2, 8, 4, "float32", False, "fwd")
     mismatches, notes = bench.validate([bench.Impl("ref", call)], [cfg])
     assert notes == []
     assert len(mismatches) == 1 and "(B, H, N, d) = (2, 2, 8, 4)" in mismatches[0] and ": o max" in mismatches[0]
+
+
+def test_standard_attention_is_skipped_when_its_n_by_n_buffers_do_not_fit(monkeypatch):
+    from numba import cuda
+
+    gpu = types.SimpleNamespace(get_memory_info=lambda: types.SimpleNamespace(free=10**9, total=2 * 10**9))
+    monkeypatch.setattr(bench, "SIMULATOR", False)
+    monkeypatch.setattr(bench, "free_pending", lambda: None)
+    monkeypatch.setattr(cuda, "current_context", lambda: gpu)
+    cfg = bench.Config(4, 8, 4096, 64, "float32", False, "fwd")  # S and P: 2 x 32 x 4096^2 x 4 bytes
+    assert bench.no_room("standard", cfg) == "its N x N buffers need 4.29 GB, 1 GB free"
+    assert bench.no_room("flash2", cfg) is None
+    row = bench.measure(bench.Impl("standard", lambda *a: pytest.fail("must not run")), [None], cfg, 1)
+    assert (row.ms, row.hbm_bytes, row.status) == (None, None, "skipped: its N x N buffers need 4.29 GB, 1 GB free")
+    assert bench.format_table([row], 50.0).endswith("  skipped: its N x N buffers need 4.29 GB, 1 GB free")
 
 
 def test_a_torch_backend_that_cannot_run_here_is_dropped_with_a_note():

@@ -49,6 +49,10 @@ def run(q, k, v, do, causal, block=None, count_hbm=True):
     return f, b
 
 
+def outputs(f, b):
+    return f.o, f.lse, b.dq, b.dk, b.dv
+
+
 def check_counts(f, b, q, k, causal):
     """Counted bytes equal the IO model, kernel by kernel."""
     BH, Nq, d = q.shape
@@ -140,12 +144,12 @@ def test_float16_within_dao_rule(rng):
     grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do)
     assert f.o.dtype == np.float16 and f.lse.dtype == np.float32
     plain_o = reference.plain_attention(q, k, v, dtype=np.float16)
-    assert rel_err(f.o, o_ref) <= 3 * rel_err(plain_o, o_ref) + 1e-4
+    assert rel_err(f.o, o_ref) <= 3 * rel_err(plain_o, o_ref) + 1e-6
     check_lse(f.lse, lse_ref, 1e-5)
     plain_grads = plain_backward(q, k, v, plain_o, do, False)
     for g, g_plain, g_ref in zip((b.dq, b.dk, b.dv), plain_grads, grads_ref):
         assert g.dtype == np.float16
-        assert rel_err(g, g_ref) <= 3 * rel_err(g_plain, g_ref) + 1e-4
+        assert rel_err(g, g_ref) <= 3 * rel_err(g_plain, g_ref) + 1e-6
     check_counts(f, b, q, k, False)
 
 
@@ -157,7 +161,7 @@ def test_large_logits_stay_finite_and_exact(rng, dtype, tol):
     o_ref, lse_ref = reference.attention_forward(q, k, v, causal=True)
     assert np.max(np.abs(lse_ref)) > 500
     grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do, causal=True)
-    for x in (f.o, f.lse, b.dq, b.dk, b.dv):
+    for x in outputs(f, b):
         assert np.all(np.isfinite(x))
     assert rel_err(f.o, o_ref) < tol
     check_lse(f.lse, lse_ref, tol)
@@ -170,13 +174,12 @@ def test_repeated_calls_are_bitwise_identical(rng):
     q, k, v, do = make(rng, 1, 12, 10, 4, np.float32)
     first = run(q, k, v, do, True, (4, 8), count_hbm=False)
     second = run(q, k, v, do, True, (4, 8), count_hbm=False)
-    for x, y in zip((first[0].o, first[0].lse, first[1].dq, first[1].dk, first[1].dv),
-                    (second[0].o, second[0].lse, second[1].dq, second[1].dk, second[1].dv)):
+    for x, y in zip(outputs(*first), outputs(*second)):
         assert np.array_equal(x, y)
 
 
 # (Nq, Nk, Br, Bc): many block shapes at d = 2, where a call is cheap
-COUNT_SHAPES = [(9, 9, 4, 4), (7, 12, 2, 3), (12, 7, 5, 2), (5, 3, 1, 1), (3, 10, 8, 16)]
+COUNT_SHAPES = [(9, 9, 4, 4), (12, 7, 5, 2), (5, 3, 1, 1), (3, 10, 8, 16)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -304,11 +307,11 @@ def test_gpu_float16_dao_rule(rng, Nq, Nk, d, causal):
     o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal)
     grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do, causal=causal)
     plain_o = reference.plain_attention(q, k, v, causal=causal, dtype=np.float16)
-    assert rel_err(f.o, o_ref) <= 3 * rel_err(plain_o, o_ref) + 1e-4
+    assert rel_err(f.o, o_ref) <= 3 * rel_err(plain_o, o_ref) + 1e-6
     check_lse(f.lse, lse_ref, 1e-5)
     plain_grads = plain_backward(q, k, v, plain_o, do, causal)
     for g, g_plain, g_ref in zip((b.dq, b.dk, b.dv), plain_grads, grads_ref):
-        assert rel_err(g, g_ref) <= 3 * rel_err(g_plain, g_ref) + 1e-4
+        assert rel_err(g, g_ref) <= 3 * rel_err(g_plain, g_ref) + 1e-6
 
 
 @pytest.mark.gpu
@@ -317,8 +320,7 @@ def test_gpu_bitwise_identical_and_float64_exact(rng, dtype):
     q, k, v, do = make(rng, 4, 1025, 1000, 64, dtype)
     first = run(q, k, v, do, True, count_hbm=False)
     second = run(q, k, v, do, True, count_hbm=False)
-    for x, y in zip((first[0].o, first[0].lse, first[1].dq, first[1].dk, first[1].dv),
-                    (second[0].o, second[0].lse, second[1].dq, second[1].dk, second[1].dv)):
+    for x, y in zip(outputs(*first), outputs(*second)):
         assert np.array_equal(x, y)
     if dtype == np.float64:
         o_ref, lse_ref = reference.attention_forward(q, k, v, causal=True)

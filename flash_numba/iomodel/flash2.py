@@ -59,7 +59,7 @@ def kv_rows_read(Nq: int, Nk: int, causal: bool, block) -> list[int]:
 
 
 def forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:
-    """"flash2 forward": Q once, K and V once per visible pair of blocks, O and L once."""
+    """Bytes of "flash2 forward": Q once, K and V once per visible pair of blocks, O and L once."""
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     kv = sum(kv_rows_read(Nq, Nk, causal, block))
     reads = Nq * d * s + 2 * kv * d * s

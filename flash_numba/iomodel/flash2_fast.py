@@ -8,7 +8,13 @@ once.  Per (batch, head), with item sizes s (storage) and a (accumulation)::
     read    = s Nq d + sum_i 2 s d min(n_i Bc, Nk)     n_i = Tc, or causal: ceil((i Br + Br + Nk - Nq) / Bc)
     written = s Nq d + a Nq
 
-so Theta(N d + N^2 d / Br) as for flash2.  The backward is flash2's.
+so Theta(N d + N^2 d / Br) as for flash2.
+
+Backward (when the block is a micro-tile shape; otherwise flash2's backward and
+model): D = rowsum(dO * O) (flash2's kernel); the dK/dV kernel reads K_j, V_j once
+and, for every query block it visits (from the first one that sees key block j),
+Q_i, dO_i, L_i, D_i, then writes dK_j, dV_j; the dQ kernel reads Q_i, dO_i, L_i,
+D_i once and the K, V rows of every key block it visits, then writes dQ_i.
 """
 
 from __future__ import annotations
@@ -44,5 +50,37 @@ def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     return HBMCount({FORWARD_NAME: KernelBytes(read, written)})
 
 
+def visited_queries(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
+    """Sum over key blocks j of the query rows the dK/dV kernel loads."""
+    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
+    if not causal:
+        return Tc * Nq
+    total = 0
+    off = Nk - Nq
+    for j in range(Tc):
+        first = j * Bc - off  # first query row that sees key j * Bc
+        i0 = 0 if first <= 0 else min(first // Br, Tr)
+        total += max(0, Nq - i0 * Br)
+    return total
+
+
 def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
-    return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
+    from ..kernels import flash2_fast as kernel
+
+    Br, Bc = block
+    flash2_model = _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
+    if not kernel.uses_fast_backward(Br, Bc, d, dtype):
+        return flash2_model
+    s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
+    rowsum = flash2_model.per_kernel[kernel.BACKWARD_NAMES[0]]
+    kv_read = BH * (2 * s * d * Nk + (2 * s * d + 2 * a) * visited_queries(Nq, Nk, Br, Bc, causal))
+    kv_written = BH * 2 * s * Nk * d
+    q_read = BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * visited_keys(Nq, Nk, Br, Bc, causal))
+    q_written = BH * s * Nq * d
+    return HBMCount(
+        {
+            kernel.BACKWARD_NAMES[0]: rowsum,
+            kernel.BACKWARD_KV_NAME: KernelBytes(kv_read, kv_written),
+            kernel.BACKWARD_Q_NAME: KernelBytes(q_read, q_written),
+        }
+    )

@@ -193,11 +193,12 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                             s = NEG_INF
                         S_ij[r, c] = s
                         m_ij = max(m_ij, s)
-                    # line 10: P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij); a fully masked row gives 0
+                    # line 10: P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij); a masked score gives 0
+                    # (test the score, not m~_ij: max() skips NaN, and a NaN score must stay NaN)
                     l_ij = ZERO
                     for c in range(cols):
                         p = ZERO
-                        if m_ij != NEG_INF:
+                        if S_ij[r, c] != NEG_INF:
                             p = math.exp(S_ij[r, c] - m_ij)
                         S_ij[r, c] = p
                         l_ij += p

@@ -695,10 +695,11 @@ def compile_all(ccs, dtypes, ds):
                 specs = [(f"{BACKWARD_NAMES[0]} {tail}", _rowsum_kernel(d, dt, count), rowsum_sig)]
                 for causal in (False, True):
                     tag = f"{tail}{' causal' * causal}"
+                    fwd_tag, bwd_tag = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
                     specs += [
-                        (f"forward {tag} Br={fwd[0]} Bc={fwd[1]}", _forward_kernel(d, *fwd, dt, causal, count), fwd_sig),
-                        (f"{BACKWARD_NAMES[1]} {tag} Br={bwd[0]} Bc={bwd[1]}", _dkdv_kernel(d, *bwd, dt, causal, count), dkdv_sig),
-                        (f"{BACKWARD_NAMES[2]} {tag} Br={bwd[0]} Bc={bwd[1]}", _dq_kernel(d, *bwd, dt, causal, count), dq_sig),
+                        (f"forward {fwd_tag}", _forward_kernel(d, *fwd, dt, causal, count), fwd_sig),
+                        (f"{BACKWARD_NAMES[1]} {bwd_tag}", _dkdv_kernel(d, *bwd, dt, causal, count), dkdv_sig),
+                        (f"{BACKWARD_NAMES[2]} {bwd_tag}", _dq_kernel(d, *bwd, dt, causal, count), dq_sig),
                     ]
                 for name, kernel, sig in specs:
                     for cc in ccs:

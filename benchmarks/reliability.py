@@ -1,0 +1,270 @@
+"""Determinism and leak checks on a GPU; results as CSV and markdown.
+
+    python benchmarks/reliability.py determinism OUTDIR [--repeats 20] [--N 1000] [--d 64]
+    python benchmarks/reliability.py leaks OUTDIR [--calls 1000] [--every 100] [--N 256] [--d 64]
+
+``determinism``: every kernel, forward and backward, causal and not (float32),
+called ``--repeats`` times on the same inputs; each result is compared bit for
+bit with the first (``identical`` = every byte equal, ``distinct`` = how many
+different results were seen).  No kernel uses floating-point atomics (the only
+atomics are the int64 HBM counters), so every column should say identical.
+
+``leaks``: ``--calls`` forward + backward calls of the default kernel
+(``flash_attention_forward/backward``); every ``--every`` calls the free device
+memory (``cuda.current_context().get_memory_info()``) is recorded after
+``gc.collect()`` and after Numba's pending deallocations are flushed.  The
+drift is the free memory lost since the first record.  It runs once with NumPy
+inputs and, when torch is importable, once with torch CUDA tensors (zero-copy
+through ``__cuda_array_interface__``).  The verdict is ``flat`` when the final
+drift is smaller than the memory one call allocates: a per-call leak of any
+buffer would have cost at least ``calls`` times that.
+
+Files: ``OUTDIR/determinism.{csv,md}``, ``OUTDIR/leaks.{csv,md}``.  Without a GPU
+the script says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import gc
+import hashlib
+import os
+import sys
+import time
+
+import numpy as np
+
+LEAD = (1, 2)  # (B, H)
+
+
+def _forward(kernel, q, k, v, causal):
+    import flash_numba as fn
+
+    if kernel == "standard":
+        return fn.standard_attention_forward(q, k, v, causal=causal)
+    return fn.flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
+
+
+def _backward(kernel, q, k, v, o, lse, do, causal):
+    import flash_numba as fn
+
+    if kernel == "standard":
+        return fn.standard_attention_backward(q, k, v, o, lse, do, causal=causal)
+    return fn.flash_attention_backward(q, k, v, o, lse, do, causal=causal, kernel=kernel)
+
+
+def _digest(arrays) -> str:
+    """A hash of the exact bytes of some host arrays."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _max_diff(runs) -> float:
+    """Largest |difference| between any run and the first (NaN-aware: NaN == NaN here)."""
+    worst = 0.0
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            a64, b64 = a.astype(np.float64), b.astype(np.float64)
+            same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+            if not same.all():
+                worst = max(worst, float(np.nanmax(np.abs(a64 - b64)[~same])) if (~same).any() else 0.0)
+    return worst
+
+
+def determinism_rows(kernels=None, N=1000, d=64, repeats=20, seed=0) -> list[dict]:
+    """One row per (kernel, pass, causal): are ``repeats`` calls bitwise identical?"""
+    from flash_numba import kernels as registry
+    from flash_numba import reference
+
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (rng.standard_normal(LEAD + (N, d)).astype(np.float32) for _ in range(4))
+    rows = []
+    for kernel in kernels or registry.NAMES:
+        for causal in (False, True):
+            o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal)
+            fwd = [_forward(kernel, q, k, v, causal) for _ in range(repeats)]
+            f_runs = [(r.o, r.lse) for r in fwd]
+            o, lse = fwd[0].o, fwd[0].lse
+            b_runs = [(b.dq, b.dk, b.dv) for b in (_backward(kernel, q, k, v, o, lse, do, causal) for _ in range(repeats))]
+            grads_ref = reference.attention_backward(q, k, v, o, lse, do, causal=causal)
+            for pass_, runs, ref in (("forward", f_runs, (o_ref,)), ("backward", b_runs, grads_ref)):
+                distinct = len({_digest(run) for run in runs})
+                err = max(float(np.abs(got - want).max() / np.abs(want).max()) for got, want in zip(runs[0], ref))
+                rows.append(
+                    {
+                        "kernel": kernel,
+                        "pass": pass_,
+                        "causal": causal,
+                        "N": N,
+                        "d": d,
+                        "repeats": repeats,
+                        "identical": distinct == 1,
+                        "distinct results": distinct,
+                        "max |diff| vs run 1": _max_diff(runs),
+                        "max rel. error vs float64": f"{err:.1e}",
+                    }
+                )
+    return rows
+
+
+def _flush_and_free() -> int | float:
+    """Free device memory after garbage collection and Numba's deferred frees (inf in the simulator)."""
+    from numba import cuda
+
+    cuda.synchronize()
+    gc.collect()
+    ctx = cuda.current_context()
+    pending = getattr(ctx, "deallocations", None)
+    if pending is not None:
+        pending.clear()
+    return ctx.get_memory_info()[0]
+
+
+def leak_rows(inputs="numpy", calls=1000, every=100, N=256, d=64, seed=0) -> tuple[list[dict], dict]:
+    """Free memory every ``every`` calls of forward + backward; returns (rows, summary)."""
+    rng = np.random.default_rng(seed)
+    host = [rng.standard_normal(LEAD + (N, d)).astype(np.float32) for _ in range(4)]
+    if inputs == "torch":
+        import torch
+
+        q, k, v, do = (torch.as_tensor(x, device="cuda") for x in host)
+    else:
+        q, k, v, do = host
+
+    def call():
+        f = _forward("flash2", q, k, v, False)
+        _backward("flash2", q, k, v, f.o, f.lse, do, False)
+
+    for _ in range(3):  # compile and let the allocator settle before the first record
+        call()
+    # bytes one call allocates: q, k, v, do (NumPy: copied to the device), o, lse, dq, dk, dv, D
+    per_call = host[0].nbytes * (9 if inputs == "numpy" else 5) + 2 * host[0].nbytes // d
+    start = _flush_and_free()
+    rows = [{"inputs": inputs, "calls": 0, "free MiB": start / 2**20, "drift bytes": 0}]
+    t = time.perf_counter()
+    for i in range(1, calls + 1):
+        call()
+        if i % every == 0 or i == calls:
+            free = _flush_and_free()
+            rows.append({"inputs": inputs, "calls": i, "free MiB": free / 2**20, "drift bytes": start - free})
+    drifts = [r["drift bytes"] for r in rows]
+    final = drifts[-1]
+    finite = np.isfinite(float(start))
+    summary = {
+        "inputs": inputs,
+        "calls": calls,
+        "N": N,
+        "d": d,
+        "final drift bytes": final if finite else "n/a",
+        "max drift bytes": max(drifts) if finite else "n/a",
+        "bytes per call": per_call,
+        "verdict": ("flat" if abs(final) < per_call else "LEAK?") if finite else "n/a (no memory info)",
+        "seconds": round(time.perf_counter() - t, 1),
+    }
+    return rows, summary
+
+
+# ------------------------------------------------------------------------------------ output
+
+
+def _header() -> str:
+    import flash_numba as fn
+
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{fn.device.describe()}; {date}; `python {' '.join(sys.argv)}`"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no rows)\n"
+    fields = list(rows[0])
+    lines = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
+    lines += ["| " + " | ".join(str(r[f]) for f in fields) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write(outdir: str, name: str, title: str, tables: list[tuple[str, list[dict]]]) -> list[str]:
+    """``OUTDIR/name.md`` (every table) and one CSV per table; returns the paths."""
+    os.makedirs(outdir, exist_ok=True)
+    paths = []
+    md = [f"# {title}\n", _header() + "\n"]
+    for i, (caption, rows) in enumerate(tables):
+        md += [f"## {caption}\n", markdown_table(rows)]
+        path = os.path.join(outdir, f"{name}.csv" if i == 0 else f"{name}_{i}.csv")
+        with open(path, "w", newline="") as f:
+            if rows:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+        paths.append(path)
+    md_path = os.path.join(outdir, f"{name}.md")
+    with open(md_path, "w") as f:
+        f.write("\n".join(md))
+    return [md_path] + paths
+
+
+def _torch_cuda() -> str | None:
+    """None if torch CUDA tensors can be used, else why not."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not importable"
+    return None if torch.cuda.is_available() else "torch has no CUDA"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("determinism", help="bitwise identical results over repeated calls")
+    p.add_argument("outdir")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--N", type=int, default=1000)
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--kernels", nargs="+")
+    p = sub.add_parser("leaks", help="free device memory over many calls")
+    p.add_argument("outdir")
+    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--every", type=int, default=100)
+    p.add_argument("--N", type=int, default=256)
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--no-torch", action="store_true", help="skip the torch-tensor run")
+    args = parser.parse_args(argv)
+
+    import flash_numba as fn
+
+    if fn.device.SIMULATOR:
+        print(f"no CUDA GPU here (flash_numba runs in the simulator): `{args.what}` needs a GPU; nothing run.")
+        return 0
+    print(fn.device.describe(), flush=True)
+    if args.what == "determinism":
+        rows = determinism_rows(args.kernels, args.N, args.d, args.repeats)
+        paths = write(args.outdir, "determinism", "Determinism: repeated calls, bit for bit", [("results", rows)])
+        print(markdown_table(rows))
+        ok = all(r["identical"] for r in rows)
+    else:
+        runs = ["numpy"]
+        why = "--no-torch" if args.no_torch else _torch_cuda()
+        if why is None:
+            runs.append("torch")
+        else:
+            print(f"torch run skipped: {why}")
+        tables, summaries = [], []
+        for inputs in runs:
+            rows, summary = leak_rows(inputs, args.calls, args.every, args.N, args.d)
+            tables.append((f"free device memory, {inputs} inputs", rows))
+            summaries.append(summary)
+            print(markdown_table(rows))
+        tables.insert(0, ("summary", summaries))
+        paths = write(args.outdir, "leaks", "Leaks: device memory over repeated calls", tables)
+        print(markdown_table(summaries))
+        ok = all(s["verdict"] == "flat" for s in summaries)
+    print("written: " + ", ".join(paths))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

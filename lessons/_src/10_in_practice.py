@@ -1,0 +1,247 @@
+"""Source of lessons/10_in_practice.ipynb (build it with `python lessons/_build.py`)."""
+# ruff: noqa: E402
+
+# %% [markdown]
+# # Lesson 10: FlashAttention in practice
+#
+# In a real model you do not call our kernels: you call PyTorch's
+# `torch.nn.functional.scaled_dot_product_attention` (SDPA), which dispatches to one of several
+# implementations ("backends"):
+#
+# | backend | what it is |
+# |---|---|
+# | `FLASH_ATTENTION` | the FlashAttention-2 kernels (half precision only) |
+# | `EFFICIENT_ATTENTION` | the memory-efficient kernels from xFormers: tiled and online-softmax too |
+# | `CUDNN_ATTENTION` | cuDNN's fused attention (recent PyTorch, recent GPUs) |
+# | `MATH` | plain PyTorch operations: $S$ and $P$ materialised, like our `standard` |
+#
+# SDPA picks the first backend whose constraints the call meets (dtype, head dimension, GPU architecture,
+# mask, dropout...). If FlashAttention cannot run, it *silently* falls back to another backend, possibly
+# the slow, $O(N^2)$-memory math path. This lesson compares our kernels with SDPA where PyTorch is
+# installed, shows how to find out which backend actually ran, and ends with the memory problem that
+# FlashAttention does not solve: the KV cache.
+
+# %%
+import sys
+
+if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
+    # !pip install -q "numba-cuda[cu12]==0.30.4"
+    # !pip install -q --no-deps "git+@REPO_URL@"
+    pass  # source-only
+
+# %%
+import warnings
+
+import numpy as np
+
+import flash_numba as fn
+from flash_numba import device, microbench, reference
+from flash_numba import exercises as ex
+
+SIM = device.SIMULATOR
+print(device.describe())
+try:
+    import torch
+    import torch.nn.functional as F
+
+    TORCH = torch.__version__
+    TORCH_GPU = torch.cuda.is_available() and not SIM
+except ImportError:
+    TORCH, TORCH_GPU = None, False
+print(f"PyTorch: {TORCH or 'not installed'}; on a GPU: {TORCH_GPU}")
+
+
+def median_ms(run):
+    """Median time of run() in milliseconds over CUDA events, or None in the simulator."""
+    times = device.time_ms(run)
+    return None if times is None else float(np.median(times))
+
+
+# %% [markdown]
+# ## Our kernels against SDPA
+#
+# Our functions accept PyTorch CUDA tensors directly: they read them through `__cuda_array_interface__`,
+# without a copy, and return Numba device arrays that `torch.as_tensor` wraps back, again without a
+# copy. With PyTorch on a GPU the next cell runs SDPA with each backend forced in turn
+# (`torch.nn.attention.sdpa_kernel`) in float32 and float16, records which ones refuse and why, and
+# times them next to our flash2 (float32) against the float64 reference. With PyTorch on the CPU only,
+# it compares SDPA's result with ours from the simulator; without PyTorch it says so.
+
+# %%
+B, H, N, d = (1, 1, 32, 16) if SIM else (4, 8, 4096, 64)
+rng = np.random.default_rng(10)
+q, k, v = (rng.standard_normal((B, H, N, d)).astype(np.float32) for _ in range(3))
+sdpa_rows = []
+if TORCH and not TORCH_GPU:
+    ours = fn.flash_attention_forward(q, k, v, kernel="flash2")
+    o_torch = F.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (q, k, v))).numpy()
+    cpu_diff = np.abs(o_torch - ours.o).max()
+    print(f"SDPA on the CPU against our flash2 (simulator): max |difference| = {cpu_diff:.1e}")
+elif TORCH_GPU:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    o_ref = reference.attention_forward(q[:1, :1], k[:1, :1], v[:1, :1])[0]  # one head is enough to check
+    tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
+    res = fn.flash_attention_forward(tq, tk, tv, kernel="flash2")  # zero-copy in and out
+    o_ours = torch.as_tensor(res.o, device="cuda")
+    err = np.abs(o_ours[0, 0].double().cpu().numpy() - o_ref[0, 0]).max()
+    t = median_ms(lambda: fn.flash_attention_forward(tq, tk, tv, kernel="flash2"))
+    sdpa_rows.append(("flash_numba flash2", "float32", f"{t:.2f} ms", f"{err:.1e}"))
+    names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+    backends = [b for b in names if hasattr(SDPBackend, b)]  # CUDNN_ATTENTION: PyTorch 2.5 and later
+    for dt in (torch.float32, torch.float16):
+        xq, xk, xv = (x.to(dt) for x in (tq, tk, tv))
+        for name in backends:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    with sdpa_kernel(getattr(SDPBackend, name)):
+                        o = F.scaled_dot_product_attention(xq, xk, xv)
+                        t = median_ms(lambda: F.scaled_dot_product_attention(xq, xk, xv))
+                    err = np.abs(o[0, 0].double().cpu().numpy() - o_ref[0, 0]).max()
+                    sdpa_rows.append((name, str(dt)[6:], f"{t:.2f} ms", f"{err:.1e}"))
+                except RuntimeError as exc:
+                    reasons = [str(w.message) for w in caught] or [str(exc)]
+                    why = "; ".join(r.splitlines()[0][:90] for r in reasons)
+                    sdpa_rows.append((name, str(dt)[6:], "refused", why))
+    print(f"B = {B}, H = {H}, N = {N}, d = {d}; error: max |O - O_ref| on one head (float64 reference)")
+    for row in sdpa_rows:
+        print(f"  {row[0]:<20} {row[1]:<8} {row[2]:>9}   {row[3]}")
+else:
+    print("skipped: PyTorch is not installed (pip install torch to run this part)")
+
+# %% [markdown]
+# Read the refusals: each forced backend that cannot run says why (for example FlashAttention's kernels
+# take only float16 and bfloat16, and need a recent enough GPU architecture). Those reasons are exactly
+# the cases in which the *default* call quietly uses something else.
+#
+# ## Is FlashAttention actually being used?
+#
+# Three ways to find out, from the most to the least direct:
+#
+# 1. **Force it.** Run the call inside `with sdpa_kernel(SDPBackend.FLASH_ATTENTION):`. If FlashAttention
+#    cannot run, SDPA raises instead of falling back, with warnings that name the reason. Useful in a
+#    test: it turns a silent slowdown into an error.
+# 2. **Profile it.** PyTorch's profiler records which operator ran:
+#    `aten::_scaled_dot_product_flash_attention`, `..._efficient_attention`, `..._cudnn_attention`, or the
+#    math path's `aten::_scaled_dot_product_attention_math`, and the GPU kernels under it.
+# 3. **Measure it.** Peak memory (`torch.cuda.max_memory_allocated`) grows like $N^2$ on the math path
+#    and like $N$ on the others; a sequence length that runs out of memory is the loudest symptom.
+#
+# Common reasons for a fallback: float32 inputs; an explicit `attn_mask` tensor where `is_causal=True`
+# would do; a head dimension the kernels were not built for; dropout or a GPU architecture the backend
+# does not support. The next cell profiles the default call in float32 and float16, causal through
+# `is_causal=True` and through an explicit boolean mask (on the CPU when PyTorch has no GPU here: the
+# CPU has its own backends, but the method is the same):
+
+# %%
+def backend_of(run):
+    """The SDPA operators that run() executed, from the PyTorch profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    return sorted({e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")})
+
+
+profiled = {}
+if TORCH:
+    where = "cuda" if TORCH_GPU else "cpu"
+    causal_mask = torch.ones(N, N, dtype=torch.bool, device=where).tril()
+    for dt in (torch.float32, torch.float16):
+        xq, xk, xv = (torch.as_tensor(x, device=where).to(dt) for x in (q, k, v))
+        cases = {
+            "is_causal=True": lambda: F.scaled_dot_product_attention(xq, xk, xv, is_causal=True),
+            "attn_mask=<bool tensor>": lambda: F.scaled_dot_product_attention(xq, xk, xv, attn_mask=causal_mask),
+        }
+        for label, run in cases.items():
+            try:
+                profiled[str(dt)[6:], label] = backend_of(run)
+            except Exception as exc:  # some machines do not let the profiler run
+                profiled[str(dt)[6:], label] = [f"profiler failed: {type(exc).__name__}: {exc}"]
+    for (dt, label), ops in profiled.items():
+        print(f"{where} {dt:<8} {label:<24} -> {', '.join(ops) or '(no SDPA operator recorded)'}")
+else:
+    print("skipped: PyTorch is not installed")
+
+# %% [markdown]
+# ## The KV cache: a different memory problem
+#
+# FlashAttention removes the $N \times N$ intermediate matrices. It does not remove the inputs. When a
+# model *generates* text, each new token's query attends to the keys and values of every earlier token,
+# of every layer; recomputing them at every step would cost a full forward pass over the prefix, so they
+# are kept: the *KV cache*. Its size is linear in the context length, but with every layer and head
+# counted it is large, and it grows with the batch.
+#
+# ## Your turn: the size of a KV cache
+#
+# Write the bytes of a KV cache for a model with `layers` layers of `heads` attention heads of dimension
+# `d`, holding `context` tokens for each of `batch` sequences, `itemsize` bytes per number.
+
+# %%
+def kv_cache_bytes(layers, heads, d, context, batch, itemsize):
+    """Bytes of the keys and values a decoder keeps for `batch` sequences of `context` tokens."""
+    # Your turn
+    raise NotImplementedError("keys and values, for every layer, head, token and sequence")
+
+
+# %%
+mine = ex.check("kv_cache_bytes", kv_cache_bytes)
+assert ex.check_solution("kv_cache_bytes")
+kv = kv_cache_bytes if mine else ex.solution_fn("kv_cache_bytes")
+
+# %% [markdown]
+# For Llama-2-7B (32 layers, 32 heads of dimension 128, about 7 billion parameters; Touvron et al.
+# 2023) in float16 with a 4096-token context:
+
+# %%
+llama = dict(layers=32, heads=32, d=128, context=4096, itemsize=2)
+per_seq = kv(batch=1, **llama)
+weights = 7e9 * 2  # about 7e9 parameters in float16
+print(f"KV cache, one sequence: {per_seq / 2**30:.2f} GiB; the weights: {weights / 2**30:.1f} GiB")
+mem = device.info().total_memory or 16 * 2**30  # the simulator has none: a T4's 16 GB (datasheet)
+fits = int((mem - weights) // per_seq)
+print(f"with {mem / 2**30:.0f} GiB of device memory, after the weights: {max(fits, 0)} sequences of 4096 tokens")
+
+# %% [markdown]
+# Decoding is also slow in a way FlashAttention cannot fix. At each step one new query per sequence meets
+# all $N$ cached keys and values: $4Nd$ FLOPs per head against $2Nd$ numbers read, about 1 FLOP per byte
+# in float16, far below any ridge point (lesson 1). Every step must read the whole cache from HBM, so
+# the time per generated token is bounded below by the cache's bytes over the bandwidth:
+
+# %%
+hbm = microbench.hbm_bandwidth()
+bw, src = (hbm.per_second, "measured") if hbm.value is not None else (320e9, "T4 datasheet, not measured")
+intensity = 4 * llama["context"] * llama["d"] / (2 * llama["context"] * llama["d"] * llama["itemsize"])
+print(f"decode attention: {intensity:.1f} FLOP/byte")
+for batch in (1, 8):
+    t = kv(batch=batch, **llama) / bw
+    print(f"batch {batch}: reading the cache takes at least {t * 1e3:.1f} ms per token ({bw / 1e9:.0f} GB/s, {src})")
+
+# %% [markdown]
+# What is done about it: *multi-query* and *grouped-query* attention share one set of keys and values
+# among several query heads, dividing the cache by the group size (Llama-2-70B uses 8 key/value heads for
+# 64 query heads); caches are stored in 8-bit or lower precision; vLLM's *PagedAttention* allocates the
+# cache in pages to avoid fragmentation; and *Flash-Decoding* splits the keys of one long sequence across
+# thread blocks, so that a single query still fills the GPU. Each attacks the bytes of the cache; none of
+# them is the $N \times N$ problem FlashAttention solved.
+#
+# ## Where to go next
+#
+# * Read `flash_numba/kernels/flash2_fast.py`: the same algorithm as flash2, rearranged for speed, with
+#   each step measured.
+# * Regenerate the article's figures on your GPU: `python figures/make_all.py`.
+# * Compare every implementation on your GPU, PyTorch's included: `python -m flash_numba.bench`.
+# * Hold the counters against the hardware with Nsight Compute: `python -m flash_numba.profile`.
+#
+# ## Check
+
+# %%
+assert per_seq == 2 * 32 * 32 * 128 * 4096 * 2 and per_seq == 2 * 2**30
+assert 0.9 < intensity < 1.1
+if TORCH_GPU:
+    ran = [r for r in sdpa_rows if r[2] != "refused"]
+    assert len(ran) >= 2 and all(float(r[3]) < 1e-2 for r in ran), sdpa_rows
+elif TORCH:
+    assert cpu_diff < 1e-5, cpu_diff
+print("lesson 10: all checks passed")
