@@ -12,14 +12,16 @@ atomics are the int64 HBM counters), so every column should say identical.
 ``leaks``: ``--calls`` forward + backward calls of the default kernel
 (``flash_attention_forward/backward``); every ``--every`` calls the free device
 memory (``cuda.current_context().get_memory_info()``) is recorded after
-``gc.collect()`` and after Numba's pending deallocations are flushed.  The
-drift is the free memory lost since the first record.  It runs once with NumPy
-inputs and, when torch is importable, once with torch CUDA tensors (zero-copy
-through ``__cuda_array_interface__``).  The verdict is ``flat`` when the final
-drift is smaller than the memory one call allocates: a per-call leak of any
-buffer would have cost at least ``calls`` times that.
+``gc.collect()`` and after Numba's pending deallocations are flushed, with the
+number of live Numba allocations.  The drift is the free memory lost since the
+first record.  It runs once with NumPy inputs and, when torch is importable,
+once with torch CUDA tensors (zero-copy through ``__cuda_array_interface__``).
+The verdict is ``flat`` when the live allocations did not grow and the final
+drift is below both one call's allocations and 4 MiB (free memory moves in
+allocation pages); a buffer leaked per call would add ``calls`` allocations.
 
-Files: ``OUTDIR/determinism.{csv,md}``, ``OUTDIR/leaks.{csv,md}``.  Without a GPU
+Files: ``OUTDIR/determinism.md`` and ``determinism_results.csv``; ``OUTDIR/leaks.md`` and
+``leaks_summary.csv``, ``leaks_numpy.csv``, ``leaks_torch.csv``.  Without a GPU
 the script says so and exits 0.
 """
 
@@ -64,18 +66,18 @@ def _digest(arrays) -> str:
 
 
 def _max_diff(runs) -> float:
-    """Largest |difference| between any run and the first (NaN-aware: NaN == NaN here)."""
+    """Largest |difference| between any run and the first (inf where only one of them is NaN)."""
     worst = 0.0
     for run in runs[1:]:
         for a, b in zip(runs[0], run):
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
-            same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
-            if not same.all():
-                worst = max(worst, float(np.nanmax(np.abs(a64 - b64)[~same])) if (~same).any() else 0.0)
+            same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))  # -inf == -inf on masked rows
+            diff = np.where(same, 0.0, np.abs(a64 - b64))
+            worst = max(worst, float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0)))
     return worst
 
 
-def determinism_rows(kernels=None, N=1000, d=64, repeats=20, seed=0) -> list[dict]:
+def determinism_rows(kernels=None, N=1000, d=64, repeats=20, causals=(False, True), seed=0) -> list[dict]:
     """One row per (kernel, pass, causal): are ``repeats`` calls bitwise identical?"""
     from flash_numba import kernels as registry
     from flash_numba import reference
@@ -84,7 +86,7 @@ def determinism_rows(kernels=None, N=1000, d=64, repeats=20, seed=0) -> list[dic
     q, k, v, do = (rng.standard_normal(LEAD + (N, d)).astype(np.float32) for _ in range(4))
     rows = []
     for kernel in kernels or registry.NAMES:
-        for causal in (False, True):
+        for causal in causals:
             o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal)
             fwd = [_forward(kernel, q, k, v, causal) for _ in range(repeats)]
             f_runs = [(r.o, r.lse) for r in fwd]
@@ -104,28 +106,35 @@ def determinism_rows(kernels=None, N=1000, d=64, repeats=20, seed=0) -> list[dic
                         "repeats": repeats,
                         "identical": distinct == 1,
                         "distinct results": distinct,
-                        "max |diff| vs run 1": _max_diff(runs),
+                        "max abs diff vs run 1": _max_diff(runs),
                         "max rel. error vs float64": f"{err:.1e}",
                     }
                 )
     return rows
 
 
-def _flush_and_free() -> int | float:
-    """Free device memory after garbage collection and Numba's deferred frees (inf in the simulator)."""
+def _flush_and_free() -> tuple[float, int | None]:
+    """(free device bytes, live Numba allocations) after garbage collection and Numba's deferred frees."""
     from numba import cuda
 
     cuda.synchronize()
     gc.collect()
     ctx = cuda.current_context()
-    pending = getattr(ctx, "deallocations", None)
-    if pending is not None:
-        pending.clear()
-    return ctx.get_memory_info()[0]
+    manager = getattr(ctx, "memory_manager", None)
+    for owner in (manager, ctx):
+        pending = getattr(owner, "deallocations", None)
+        if pending is not None:
+            pending.clear()
+    live = getattr(manager, "allocations", None)
+    return float(ctx.get_memory_info()[0]), (None if live is None else len(live))
 
 
-def leak_rows(inputs="numpy", calls=1000, every=100, N=256, d=64, seed=0) -> tuple[list[dict], dict]:
-    """Free memory every ``every`` calls of forward + backward; returns (rows, summary)."""
+#: Free memory moves in allocation pages: drift below this is not a leak by itself.
+PAGE_SLACK = 4 * 2**20
+
+
+def leak_rows(inputs="numpy", calls=1000, every=100, N=256, d=64, warmup=3, seed=0) -> tuple[list[dict], dict]:
+    """Free memory and live allocations every ``every`` calls of forward + backward; (rows, summary)."""
     rng = np.random.default_rng(seed)
     host = [rng.standard_normal(LEAD + (N, d)).astype(np.float32) for _ in range(4)]
     if inputs == "torch":
@@ -139,30 +148,37 @@ def leak_rows(inputs="numpy", calls=1000, every=100, N=256, d=64, seed=0) -> tup
         f = _forward("flash2", q, k, v, False)
         _backward("flash2", q, k, v, f.o, f.lse, do, False)
 
-    for _ in range(3):  # compile and let the allocator settle before the first record
+    for _ in range(warmup):  # compile and let the allocator settle before the first record
         call()
-    # bytes one call allocates: q, k, v, do (NumPy: copied to the device), o, lse, dq, dk, dv, D
-    per_call = host[0].nbytes * (9 if inputs == "numpy" else 5) + 2 * host[0].nbytes // d
-    start = _flush_and_free()
-    rows = [{"inputs": inputs, "calls": 0, "free MiB": start / 2**20, "drift bytes": 0}]
+    # device bytes one call allocates, at least: o, dq, dk, dv, lse, D, and for NumPy inputs
+    # the copies of q, k, v (forward) and q, k, v, o, do, lse (backward)
+    arr, row = host[0].nbytes, host[0].nbytes // d
+    per_call = (4 * arr + 2 * row) + ((8 * arr + row) if inputs == "numpy" else 0)
+    start, live0 = _flush_and_free()
+    rows = [{"inputs": inputs, "calls": 0, "free MiB": round(start / 2**20, 2), "drift bytes": 0, "live allocations": live0}]
     t = time.perf_counter()
     for i in range(1, calls + 1):
         call()
         if i % every == 0 or i == calls:
-            free = _flush_and_free()
-            rows.append({"inputs": inputs, "calls": i, "free MiB": free / 2**20, "drift bytes": start - free})
-    drifts = [r["drift bytes"] for r in rows]
-    final = drifts[-1]
-    finite = np.isfinite(float(start))
+            free, live = _flush_and_free()
+            row_ = {"inputs": inputs, "calls": i, "free MiB": round(free / 2**20, 2), "drift bytes": start - free}
+            rows.append({**row_, "live allocations": live})
+    final, live_end = rows[-1]["drift bytes"], rows[-1]["live allocations"]
+    if not np.isfinite(start):
+        verdict = "n/a (no memory info)"
+    else:
+        grew = live0 is not None and live_end > live0
+        verdict = "LEAK?" if grew or abs(final) >= max(per_call, PAGE_SLACK) else "flat"
     summary = {
         "inputs": inputs,
         "calls": calls,
         "N": N,
         "d": d,
-        "final drift bytes": final if finite else "n/a",
-        "max drift bytes": max(drifts) if finite else "n/a",
+        "final drift bytes": final if np.isfinite(start) else "n/a",
+        "max drift bytes": max(r["drift bytes"] for r in rows) if np.isfinite(start) else "n/a",
+        "live allocations start/end": f"{live0}/{live_end}",
         "bytes per call": per_call,
-        "verdict": ("flat" if abs(final) < per_call else "LEAK?") if finite else "n/a (no memory info)",
+        "verdict": verdict,
         "seconds": round(time.perf_counter() - t, 1),
     }
     return rows, summary
@@ -187,14 +203,14 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(outdir: str, name: str, title: str, tables: list[tuple[str, list[dict]]]) -> list[str]:
-    """``OUTDIR/name.md`` (every table) and one CSV per table; returns the paths."""
+def write(outdir: str, name: str, title: str, tables: list[tuple[str, str, list[dict]]]) -> list[str]:
+    """``OUTDIR/name.md`` with every table, and ``OUTDIR/name_<key>.csv`` per (key, caption, rows)."""
     os.makedirs(outdir, exist_ok=True)
     paths = []
     md = [f"# {title}\n", _header() + "\n"]
-    for i, (caption, rows) in enumerate(tables):
+    for key, caption, rows in tables:
         md += [f"## {caption}\n", markdown_table(rows)]
-        path = os.path.join(outdir, f"{name}.csv" if i == 0 else f"{name}_{i}.csv")
+        path = os.path.join(outdir, f"{name}_{key}.csv")
         with open(path, "w", newline="") as f:
             if rows:
                 writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -242,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     print(fn.device.describe(), flush=True)
     if args.what == "determinism":
         rows = determinism_rows(args.kernels, args.N, args.d, args.repeats)
-        paths = write(args.outdir, "determinism", "Determinism: repeated calls, bit for bit", [("results", rows)])
+        paths = write(args.outdir, "determinism", "Determinism: repeated calls, bit for bit", [("results", "results", rows)])
         print(markdown_table(rows))
         ok = all(r["identical"] for r in rows)
     else:
@@ -255,10 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         tables, summaries = [], []
         for inputs in runs:
             rows, summary = leak_rows(inputs, args.calls, args.every, args.N, args.d)
-            tables.append((f"free device memory, {inputs} inputs", rows))
+            tables.append((inputs, f"free device memory, {inputs} inputs", rows))
             summaries.append(summary)
             print(markdown_table(rows))
-        tables.insert(0, ("summary", summaries))
+        tables.insert(0, ("summary", "summary", summaries))
         paths = write(args.outdir, "leaks", "Leaks: device memory over repeated calls", tables)
         print(markdown_table(summaries))
         ok = all(s["verdict"] == "flat" for s in summaries)

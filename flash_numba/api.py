@@ -112,7 +112,8 @@ def standard_attention_forward(q, k, v, *, causal=False, scale=None, count_hbm=F
 
     q: (..., Nq, d); k, v: (..., Nk, d) with leading dims (), (H,) or (B, H).
     ``causal`` masks key j for query i when j > i + (Nk - Nq) (bottom-right
-    aligned, as PyTorch and FlashAttention >= 2.1).  ``scale`` defaults to
+    aligned, as FlashAttention >= 2.1 and PyTorch's ``causal_lower_right``;
+    PyTorch's ``is_causal=True`` is top-left aligned, the same only when Nq == Nk).  ``scale`` defaults to
     1/sqrt(d).  Returns a :class:`ForwardResult`.
     """
     return _forward("standard", q, k, v, causal, scale, None, count_hbm)

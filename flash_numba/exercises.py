@@ -52,11 +52,21 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from numba import cuda  # a module global: the simulator swaps it for its per-thread stand-in
+from numba import cuda, float32  # cuda: a module global, which the simulator swaps for its own
 
 from . import reference
 
-__all__ = ["ExerciseFailed", "check", "check_solution", "names", "solution", "solution_fn"]
+__all__ = [
+    "ExerciseFailed",
+    "check",
+    "check_solution",
+    "describe",
+    "flash2_finish",
+    "names",
+    "solution",
+    "solution_fn",
+    "tiled_matmul_bytes",
+]
 
 
 class ExerciseFailed(AssertionError):
@@ -99,7 +109,8 @@ def _register(name: str, lesson: int, task: str, solution: Callable, *, kernel: 
 
 def names() -> list[str]:
     """The exercises, in course order."""
-    return sorted(_EXERCISES, key=lambda n: (_EXERCISES[n].lesson, list(_EXERCISES).index(n)))
+    return sorted(_EXERCISES, key=lambda n: _EXERCISES[n].lesson)
+
 
 
 def _get(name: str) -> _Exercise:
@@ -301,7 +312,8 @@ def _run_axpy(kernel, threads: int = 32):
     PAD = threads
     for n_case, n in enumerate(sizes, 1):
         blocks = -(-n // threads)
-        label = f"case {n_case} of {len(sizes)} (n = {n}, {threads} threads per block, {blocks} block{'s' * (blocks > 1)})"
+        grid = f"{blocks} block{'s' * (blocks > 1)} of {threads} threads"
+        label = f"case {n_case} of {len(sizes)} (n = {n}, {grid})"
         alpha = np.float32(rng.uniform(-2, 2))
         x = rng.standard_normal(n + PAD).astype(np.float32)
         y = rng.standard_normal(n + PAD).astype(np.float32)
@@ -441,8 +453,6 @@ def _run_online_softmax(answer):
 @functools.lru_cache(maxsize=None)
 def _tiled_matmul_solution(tile: int):
     """A factory so that TILE is a compile-time constant; in the notebook TILE is a global."""
-    from numba import float32
-
     TILE = tile
     E = 4  # bytes per float32 element
 
@@ -786,4 +796,3 @@ def _run_kv_cache_bytes(answer):
 def describe() -> str:
     """One line per exercise: name, lesson and task."""
     return "\n".join(f"{n:<20} lesson {_EXERCISES[n].lesson:>2}  {_EXERCISES[n].task}" for n in names())
-

@@ -11,21 +11,33 @@ skipped, naming the module.
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
-sys.path.insert(0, str(LESSONS))
-import _build  # noqa: E402  (lessons/_build.py)
-
 NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT_S = 300
 
 
+def _load_builder():
+    spec = importlib.util.spec_from_file_location("lessons_build", LESSONS / "_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_build = _load_builder()
+
+
 def _ids(paths):
     return [p.stem for p in paths]
+
+
+def _sources(path, kind=None) -> list[str]:
+    """The cells' sources of a stored notebook (only code or markdown cells when ``kind`` says so)."""
+    cells = json.loads(path.read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if kind in (None, c["cell_type"])]
 
 
 def test_the_course_is_complete():
@@ -52,11 +64,22 @@ def test_notebooks_match_their_sources():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_colab_install_cell(path):
+    """The first code cell installs the package on Colab only, as shell escapes the builder uncommented."""
+    first = _sources(path, "code")[0]
+    assert first.splitlines()[-2:] == [
+        '    !pip install -q "numba-cuda[cu12]==0.30.4"',
+        f'    !pip install -q --no-deps "git+{_build.REPO_URL}"',
+    ], first
+    assert 'if "google.colab" in sys.modules:' in first
+    assert "source-only" not in "\n".join(_sources(path)) and "@REPO_URL@" not in "\n".join(_sources(path))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_lesson_shape(path):
     """Prints its mode, has a Your-turn exercise checked against the solution, ends with asserts."""
-    nb = json.loads(path.read_text())
-    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    text = "\n".join("".join(c["source"]) for c in nb["cells"])
+    code = _sources(path, "code")
+    text = "\n".join(_sources(path))
     assert "device.describe()" in text
     assert "Your turn" in text
     checked = set(re.findall(r"ex\.check\(\"(\w+)\"", text))
@@ -69,9 +92,9 @@ def test_lesson_shape(path):
 def test_every_exercise_appears_in_a_lesson():
     from flash_numba import exercises
 
-    text = "\n".join(p.read_text() for p in NOTEBOOKS)
+    text = "\n".join("\n".join(_sources(p, "code")) for p in NOTEBOOKS)
     for name in exercises.names():
-        assert f'ex.check(\\"{name}\\"' in text, f"exercise {name} is used by no lesson"
+        assert f'ex.check("{name}"' in text, f"exercise {name} is used by no lesson"
 
 
 def _missing_modules(path) -> list[str]:
@@ -79,20 +102,36 @@ def _missing_modules(path) -> list[str]:
     return [m for m in nb["metadata"]["flash_numba"]["requires"] if importlib.util.find_spec(m) is None]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_lesson_runs_in_the_simulator(path, monkeypatch):
+def _execute(path, monkeypatch, *, simulator: bool, timeout: int):
+    """Run the notebook top to bottom in a fresh kernel; its last cell must print that its checks passed."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     missing = _missing_modules(path)
     if missing:
         pytest.skip(f"{path.name} needs {', '.join(missing)}, which does not exist yet")
-    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1" if simulator else "0")
     monkeypatch.delenv("FLASH_NUMBA_POISON", raising=False)
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
-        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(LESSONS)}}
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(LESSONS)}}
     )
     client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
-    last = nb.cells[-1]
-    printed = "".join(o.get("text", "") for o in last.outputs if o.output_type == "stream")
+    printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
     assert "all checks passed" in printed
+    return "".join(
+        o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_lesson_runs_in_the_simulator(path, monkeypatch):
+    out = _execute(path, monkeypatch, simulator=True, timeout=CELL_TIMEOUT_S)
+    assert out.startswith("simulator") or "\nsimulator" in out  # the lesson said where it ran
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_lesson_runs_on_the_gpu(path, monkeypatch):
+    """The GPU branches: real sizes, timings; the same final asserts."""
+    out = _execute(path, monkeypatch, simulator=False, timeout=600)
+    assert "gpu: " in out and "not timed" not in out

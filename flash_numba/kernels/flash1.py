@@ -349,9 +349,10 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                         for x in range(D):
                             qk += Q_i[r, x] * K_j[c, x]
                             dP += dO_i[r, x] * V_j[c, x]  # line 17: dP_ij = dO_i V_j^T
-                        P = ZERO  # line 12: a masked entry has P_ij = 0
+                        # lines 11-13: S_ij = scale Q_i K_j^T, masked, P_ij = exp(S_ij - L_i) (0 where masked)
+                        P = ZERO
                         if not (CAUSAL and c0 + c > row + diag):
-                            P = math.exp(scale * qk - L_i)  # lines 11, 13: S_ij = scale Q_i K_j^T, P_ij = exp(S_ij - L_i)
+                            P = math.exp(scale * qk - L_i)
                         P_ij[r, c] = P
                         dS_ij[r, c] = P * (dP - D_i)  # line 20: dS_ij = P_ij * (dP_ij - D_i)
                 cuda.syncthreads()
@@ -427,7 +428,8 @@ def backward(prob, ops, block, counters):
     threads = max(Br, Bc)
     init[BH, threads](dQ, counters.array(BACKWARD_NAMES[0]))
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
-    algorithm4[BH, threads](q, k, v, o, lse, do, dQ, dq, dk, dv, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1]))
+    scale, counter = acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
+    algorithm4[BH, threads](q, k, v, o, lse, do, dQ, dq, dk, dv, scale, counter)
     return dq, dk, dv
 
 

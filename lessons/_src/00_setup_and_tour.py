@@ -106,10 +106,11 @@ print(flash.hbm.table(f"flash2 (blocks Br, Bc = {flash.block})"))
 print(f"\nstandard attention moves {std.hbm.total / flash.hbm.total:.1f} times the bytes of flash2 here")
 
 # %% [markdown]
-# Both are exact to float32 rounding, and FlashAttention moves a fraction of the bytes. The ratio grows
-# with $N$: standard attention's traffic grows like $N^2$, FlashAttention's like $N^2 d^2 / M$ for $M$
-# elements of shared memory (lesson 6). On a GPU the next cell also times both, with the inputs already
-# on the device so that no copy between host and device is timed.
+# Both are exact to float32 rounding, and FlashAttention moves a fraction of the bytes. Standard
+# attention's traffic grows like $Nd + N^2$, FlashAttention's like $N^2 d^2 / M$ for $M$ elements of
+# shared memory (lesson 6), and FlashAttention never needs memory for an $N \times N$ matrix. On a GPU
+# the next cell also times both, with the inputs already on the device so that no copy between host and
+# device is timed.
 
 # %%
 from numba import cuda

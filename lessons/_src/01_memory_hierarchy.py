@@ -136,8 +136,8 @@ assert abs(rows[0][1] / rows[0][2] - intensity(N, N, d, e)) < 1e-9  # the S row 
 # %% [markdown]
 # The softmax has an intensity below 1 FLOP/byte whatever the GPU: it is memory-bound everywhere, and its
 # time is the time to read $S$ and write $P$. The two products could be compute-bound if they moved only
-# their minimum bytes, but our simple tiled kernels re-read their inputs once per tile (lesson 4), which
-# pulls them under the ridge too. FlashAttention attacks the $N \times N$ traffic itself: it never
+# their minimum bytes, but our simple tiled kernels re-read their inputs once per row or column of tiles
+# (lesson 4), which pulls them under the ridge too. FlashAttention attacks the $N \times N$ traffic itself: it never
 # writes $S$ or $P$. Its forward pass does $4 N^2 d$ FLOPs (the two products) and moves a number of
 # bytes that lesson 6 derives; the IO model gives it here for flash2 with the block sizes this device
 # would use:

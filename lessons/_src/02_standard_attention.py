@@ -1,5 +1,6 @@
 """Source of lessons/02_standard_attention.ipynb (build it with `python lessons/_build.py`)."""
 # ruff: noqa: E402
+# requires: flash_numba.microbench
 
 # %% [markdown]
 # # Lesson 2: Standard attention, and where its time and memory go
@@ -121,8 +122,8 @@ print(f"S and P alone take {nn_bytes:,} bytes; Q, K, V and O take {4 * BH * N * 
 
 # %% [markdown]
 # Every byte of $S$ is written once and read three times by the softmax; every byte of $P$ is written
-# once and read by the last product. The products also re-read their inputs once per tile of the output
-# (lesson 4 explains why). With $N \gg d$ the $N^2$ terms dominate: standard attention moves
+# once and read by the last product. The products also re-read their inputs, once per row or column of
+# output tiles (lesson 4 explains why). With $N \gg d$ the $N^2$ terms dominate: standard attention moves
 # $\Theta(Nd + N^2)$ bytes.
 #
 # ## Time per step
@@ -205,8 +206,9 @@ for label, bw, peak, e in (here, a100):
 # In half precision the products finish so quickly that writing and reading the $N \times N$ matrices
 # is most of the bound, and the softmax, which only moves bytes, takes the largest share. Masking and
 # dropout add more such elementwise passes over $N \times N$ matrices: the FlashAttention paper measured
-# these steps taking most of the time of GPT-2's attention (Dao et al. 2022, Figure 2, left). With
-# PyTorch installed on a GPU, the next cell times the same three steps with its library kernels.
+# these steps taking most of the time of GPT-2's attention in PyTorch (Dao et al. 2022, Figure 1,
+# right). With PyTorch installed on a GPU, the next cell times the same three steps with its library
+# kernels.
 
 # %%
 try:
@@ -261,7 +263,6 @@ else:
         print(f"standard attention at N = {n_big:,}: ran (more memory than estimated was free)")
     except Exception as exc:  # CudaAPIError: CUDA_ERROR_OUT_OF_MEMORY
         print(f"standard attention at N = {n_big:,}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
-    cuda.current_context().deallocations.clear()  # free what the failed call allocated
     t0 = device.time_ms(lambda: fn.flash_attention_forward(*big, kernel="flash2"), warmup=1, repeats=1)[0]
     print(f"flash2 at N = {n_big:,}: runs, {t0:.0f} ms")
     del big

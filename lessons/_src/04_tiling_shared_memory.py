@@ -49,8 +49,8 @@ def median_ms(run):
 # block walks along the inner dimension in steps of $T$: at each step every thread loads **one** element
 # of $A$ and **one** of $B$ into two $T \times T$ tiles in shared memory, and then every thread reads a row
 # of one tile and a column of the other, $T$ multiply-adds each, from shared memory. Each element of $A$
-# is now loaded from HBM once per *block column* instead of once per thread: the traffic drops by a
-# factor $T$.
+# is now loaded from HBM once per column of tiles ($N/T$ times) instead of once per column of $C$
+# ($N$ times): the traffic drops by a factor $T$.
 
 # %%
 def naive_bytes(M, N, K, e):
@@ -191,8 +191,8 @@ print("tiled and untiled agree:", same)
 # the same word, which is broadcast); $k$ threads hitting different words of one bank take $k$ passes.
 # Reading along a row of a float32 tile hits 32 consecutive banks: fine. Reading down a *column* of a
 # tile whose rows are 32 floats long hits the same bank 32 times: a 32-way conflict. The fix is one
-# float of padding per row: with rows of 33 floats, element $(r, c)$ is in bank $(33r + c) \bmod 32 =
-# (r + c) \bmod 32$, all different down a column.
+# float of padding per row: with rows of 33 floats, element $(r, c)$ is in bank
+# $(33r + c) \bmod 32 = (r + c) \bmod 32$, all different down a column.
 
 # %%
 def conflict_degree(row_stride, column=0):
@@ -246,8 +246,8 @@ else:
 # %% [markdown]
 # ## The bytes tiling saves in attention
 #
-# In standard attention, $S = QK^\top$ is a product with $M = N_{\text{rows}} = N$ and inner dimension
-# $d$; $O = PV$ has inner dimension $N$. At $N = 4096$, $d = 64$, one head, float32:
+# In standard attention, $S = QK^\top$ is an $N \times N$ product with inner dimension $d$; $O = PV$ is an
+# $N \times d$ product with inner dimension $N$. At $N = 4096$, $d = 64$, one head, float32:
 
 # %%
 Na, da = 4096, 64

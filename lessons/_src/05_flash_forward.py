@@ -169,8 +169,8 @@ print(f"standard attention at this size: {std_model.total:,} bytes, {std_model.t
 # ## As N grows
 #
 # The IO models give the bytes at any size without running anything. Standard attention's bytes grow
-# like $N^2$ because of $S$ and $P$. flash1's grow like $N^2$ too, for another reason: each of the $T_c
-# \approx N / B_c$ outer steps re-reads $Q$ and $O$. So at a fixed head dimension the ratio settles to a
+# like $N^2$ because of $S$ and $P$. flash1's grow like $N^2$ too, for another reason: each of the
+# $T_c \approx N / B_c$ outer steps re-reads $Q$ and $O$. So at a fixed head dimension the ratio settles to a
 # constant, set by $d$ and the block sizes (lesson 6 derives it), while the $N \times N$ *memory* is gone
 # altogether. One head, $d = 64$, float32, the blocks this device would use:
 

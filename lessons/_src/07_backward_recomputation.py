@@ -56,9 +56,12 @@ def median_ms(run):
 # $P_{ij}$: no running maximum, no second pass. (A row that saw no key has $L_i = -\infty$ and $P = 0$:
 # guard $e^{-\infty - (-\infty)}$ once more.)
 #
-# **$D_i$ needs no $P$.** $D_i = \sum_j P_{ij}\, dP_{ij} = \sum_j P_{ij}\, (dO_i \cdot V_j)
-# = dO_i \cdot \sum_j P_{ij} V_j = dO_i \cdot O_i$. So $D = \mathrm{rowsum}(dO \circ O)$, from two
-# $N \times d$ matrices the backward pass has anyway.
+# **$D_i$ needs no $P$.** Since $dP_{ij} = dO_i \cdot V_j$,
+#
+# $$D_i = \sum_j P_{ij}\, dP_{ij} = \sum_j P_{ij}\, (dO_i \cdot V_j) = dO_i \cdot \sum_j P_{ij} V_j
+#   = dO_i \cdot O_i.$$
+#
+# So $D = \mathrm{rowsum}(dO \circ O)$, from two $N \times d$ matrices the backward pass has anyway.
 #
 # ## Your turn: D, and P from L
 

@@ -42,11 +42,13 @@ def median_ms(run):
 # %% [markdown]
 # ## Which keys a query sees
 #
-# With as many queries as keys the rule is $j \le i$. When they differ ($N_q \ne N_k$) the package follows
-# PyTorch and FlashAttention 2.1 and later: the mask is aligned to the *bottom-right* corner, so key $j$ is
-# visible to query $i$ iff $j \le i + (N_k - N_q)$. That is the right rule for generation with a cache of
-# earlier keys: the $N_q$ new queries are the last $N_q$ positions of the sequence, and the last query
-# sees every key. (`x`: visible, `.`: masked.)
+# With as many queries as keys the rule is $j \le i$. When they differ ($N_q \ne N_k$) there are two
+# conventions. The package aligns the mask to the *bottom-right* corner, as FlashAttention 2.1 and later
+# do: key $j$ is visible to query $i$ iff $j \le i + (N_k - N_q)$. That is the right rule for generation
+# with a cache of earlier keys: the $N_q$ new queries are the last $N_q$ positions of the sequence, and
+# the last query sees every key. PyTorch's `is_causal=True` aligns it to the top-left corner instead
+# ($j \le i$); its `torch.nn.attention.bias.causal_lower_right` gives the bottom-right mask. The two agree
+# on square masks. (`x`: visible, `.`: masked.)
 
 # %%
 def show(mask):

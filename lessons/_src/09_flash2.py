@@ -226,10 +226,9 @@ print(f"two runs bitwise identical: {bitwise}; max relative error of dQ, dK, dV:
 #   ("incoherent processing"), which spreads outlier values across a row before they are rounded.
 #
 # The paper reports up to 740 TFLOP/s in float16 (75% of an H100's peak) and close to 1.2 PFLOP/s in
-# FP8, with 2.6 times lower error than a baseline FP8 attention (Shah et al. 2024). None of this is
-# available to the kernels in this course: they run float32 arithmetic on the CUDA cores, with
-# synchronous loads, which is what Numba's CUDA Python gives a readable kernel. The algorithm, the online
-# softmax over tiles kept on chip, is the same.
+# FP8, with 2.6 times lower error than a baseline FP8 attention (Shah et al. 2024). The kernels of this
+# course use none of these features: they do float32 arithmetic on the CUDA cores, with ordinary loads
+# and stores. The algorithm, the online softmax over tiles kept on chip, is the same.
 #
 # ## Check
 

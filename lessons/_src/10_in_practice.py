@@ -1,5 +1,6 @@
 """Source of lessons/10_in_practice.ipynb (build it with `python lessons/_build.py`)."""
 # ruff: noqa: E402
+# requires: flash_numba.microbench
 
 # %% [markdown]
 # # Lesson 10: FlashAttention in practice
@@ -61,8 +62,8 @@ def median_ms(run):
 # ## Our kernels against SDPA
 #
 # Our functions accept PyTorch CUDA tensors directly: they read them through `__cuda_array_interface__`,
-# without a copy, and return Numba device arrays that `torch.as_tensor` wraps back, again without a
-# copy. With PyTorch on a GPU the next cell runs SDPA with each backend forced in turn
+# without a copy, and for such inputs they allocate their outputs with PyTorch and return PyTorch
+# tensors. With PyTorch on a GPU the next cell runs SDPA with each backend forced in turn
 # (`torch.nn.attention.sdpa_kernel`) in float32 and float16, records which ones refuse and why, and
 # times them next to our flash2 (float32) against the float64 reference. With PyTorch on the CPU only,
 # it compares SDPA's result with ours from the simulator; without PyTorch it says so.
@@ -82,9 +83,8 @@ elif TORCH_GPU:
 
     o_ref = reference.attention_forward(q[:1, :1], k[:1, :1], v[:1, :1])[0]  # one head is enough to check
     tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
-    res = fn.flash_attention_forward(tq, tk, tv, kernel="flash2")  # zero-copy in and out
-    o_ours = torch.as_tensor(res.o, device="cuda")
-    err = np.abs(o_ours[0, 0].double().cpu().numpy() - o_ref[0, 0]).max()
+    res = fn.flash_attention_forward(tq, tk, tv, kernel="flash2")  # torch tensors in, torch tensors out
+    err = np.abs(torch.as_tensor(res.o)[0, 0].double().cpu().numpy() - o_ref[0, 0]).max()
     t = median_ms(lambda: fn.flash_attention_forward(tq, tk, tv, kernel="flash2"))
     sdpa_rows.append(("flash_numba flash2", "float32", f"{t:.2f} ms", f"{err:.1e}"))
     names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
@@ -200,8 +200,9 @@ per_seq = kv(batch=1, **llama)
 weights = 7e9 * 2  # about 7e9 parameters in float16
 print(f"KV cache, one sequence: {per_seq / 2**30:.2f} GiB; the weights: {weights / 2**30:.1f} GiB")
 mem = device.info().total_memory or 16 * 2**30  # the simulator has none: a T4's 16 GB (datasheet)
-fits = int((mem - weights) // per_seq)
-print(f"with {mem / 2**30:.0f} GiB of device memory, after the weights: {max(fits, 0)} sequences of 4096 tokens")
+fits = max(int((mem - weights) // per_seq), 0)
+seqs = f"{fits} sequence{'s' * (fits != 1)}"
+print(f"with {mem / 2**30:.0f} GiB of device memory, after the weights: {seqs} of 4096 tokens")
 
 # %% [markdown]
 # Decoding is also slow in a way FlashAttention cannot fix. At each step one new query per sequence meets
