@@ -7,18 +7,21 @@
 called ``--repeats`` times on the same inputs; each result is compared bit for
 bit with the first (``identical`` = every byte equal, ``distinct`` = how many
 different results were seen).  No kernel uses floating-point atomics (the only
-atomics are the int64 HBM counters), so every column should say identical.
+atomics are the int64 HBM counters), so every row should say identical.
 
-``leaks``: ``--calls`` forward + backward calls of the default kernel
-(``flash_attention_forward/backward``); every ``--every`` calls the free device
-memory (``cuda.current_context().get_memory_info()``) is recorded after
+``leaks``: ``--calls`` forward + backward calls of the default kernel (what
+``flash_attention_forward/backward`` run when no kernel is named); every
+``--every`` calls the free device memory
+(``cuda.current_context().get_memory_info()``) is recorded after
 ``gc.collect()`` and after Numba's pending deallocations are flushed, with the
 number of live Numba allocations.  The drift is the free memory lost since the
 first record.  It runs once with NumPy inputs and, when torch is importable,
-once with torch CUDA tensors (zero-copy through ``__cuda_array_interface__``).
-The verdict is ``flat`` when the live allocations did not grow and the final
-drift is below both one call's allocations and 4 MiB (free memory moves in
-allocation pages); a buffer leaked per call would add ``calls`` allocations.
+once with torch CUDA tensors (zero-copy through ``__cuda_array_interface__``;
+flash_numba then takes its buffers from PyTorch's caching allocator, so that run
+also records ``torch.cuda.memory_allocated()``).  The verdict is ``flat`` when
+neither count of live allocations grew and the final drift is below both one
+call's allocations and 4 MiB (free memory moves in allocation pages); a buffer
+leaked per call would add ``calls`` allocations.
 
 Files: ``OUTDIR/determinism.md`` and ``determinism_results.csv``; ``OUTDIR/leaks.md`` and
 ``leaks_summary.csv``, ``leaks_numpy.csv``, ``leaks_torch.csv``.  Without a GPU
@@ -32,6 +35,7 @@ import csv
 import datetime as _dt
 import gc
 import hashlib
+import inspect
 import os
 import sys
 import time
@@ -57,6 +61,13 @@ def _backward(kernel, q, k, v, o, lse, do, causal):
     return fn.flash_attention_backward(q, k, v, o, lse, do, causal=causal, kernel=kernel)
 
 
+def default_kernel() -> str:
+    """The kernel ``flash_attention_forward`` runs when none is named."""
+    import flash_numba as fn
+
+    return inspect.signature(fn.flash_attention_forward).parameters["kernel"].default
+
+
 def _digest(arrays) -> str:
     """A hash of the exact bytes of some host arrays."""
     h = hashlib.sha256()
@@ -72,7 +83,8 @@ def _max_diff(runs) -> float:
         for a, b in zip(runs[0], run):
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
             same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))  # -inf == -inf on masked rows
-            diff = np.where(same, 0.0, np.abs(a64 - b64))
+            with np.errstate(invalid="ignore"):  # inf - inf where both runs overflowed alike
+                diff = np.where(same, 0.0, np.abs(a64 - b64))
             worst = max(worst, float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0)))
     return worst
 
@@ -91,14 +103,16 @@ def determinism_rows(kernels=None, N=1000, d=64, repeats=20, causals=(False, Tru
             fwd = [_forward(kernel, q, k, v, causal) for _ in range(repeats)]
             f_runs = [(r.o, r.lse) for r in fwd]
             o, lse = fwd[0].o, fwd[0].lse
-            b_runs = [(b.dq, b.dk, b.dv) for b in (_backward(kernel, q, k, v, o, lse, do, causal) for _ in range(repeats))]
+            b_runs = [
+                (b.dq, b.dk, b.dv) for b in (_backward(kernel, q, k, v, o, lse, do, causal) for _ in range(repeats))
+            ]
             grads_ref = reference.attention_backward(q, k, v, o, lse, do, causal=causal)
             for pass_, runs, ref in (("forward", f_runs, (o_ref,)), ("backward", b_runs, grads_ref)):
                 distinct = len({_digest(run) for run in runs})
                 err = max(float(np.abs(got - want).max() / np.abs(want).max()) for got, want in zip(runs[0], ref))
                 rows.append(
                     {
-                        "kernel": kernel,
+                        "kernel": kernel + " (default)" * (kernel == default_kernel()),
                         "pass": pass_,
                         "causal": causal,
                         "N": N,
@@ -137,6 +151,7 @@ def leak_rows(inputs="numpy", calls=1000, every=100, N=256, d=64, warmup=3, seed
     """Free memory and live allocations every ``every`` calls of forward + backward; (rows, summary)."""
     rng = np.random.default_rng(seed)
     host = [rng.standard_normal(LEAD + (N, d)).astype(np.float32) for _ in range(4)]
+    torch = None
     if inputs == "torch":
         import torch
 
@@ -145,38 +160,52 @@ def leak_rows(inputs="numpy", calls=1000, every=100, N=256, d=64, warmup=3, seed
         q, k, v, do = host
 
     def call():
-        f = _forward("flash2", q, k, v, False)
-        _backward("flash2", q, k, v, f.o, f.lse, do, False)
+        f = _forward(default_kernel(), q, k, v, False)
+        _backward(default_kernel(), q, k, v, f.o, f.lse, do, False)
 
-    for _ in range(warmup):  # compile and let the allocator settle before the first record
+    def record(i, start):
+        free, live = _flush_and_free()
+        return {
+            "inputs": inputs,
+            "calls": i,
+            "free MiB": round(free / 2**20, 2),
+            "drift bytes": 0 if start is None else start - free,
+            "live Numba allocations": live,
+            # for torch inputs the outputs come from PyTorch's caching allocator: its live bytes
+            "torch allocated bytes": None if torch is None else torch.cuda.memory_allocated(),
+        }, free
+
+    for _ in range(warmup):  # compile and let the allocators settle before the first record
         call()
     # device bytes one call allocates, at least: o, dq, dk, dv, lse, D, and for NumPy inputs
     # the copies of q, k, v (forward) and q, k, v, o, do, lse (backward)
     arr, row = host[0].nbytes, host[0].nbytes // d
     per_call = (4 * arr + 2 * row) + ((8 * arr + row) if inputs == "numpy" else 0)
-    start, live0 = _flush_and_free()
-    rows = [{"inputs": inputs, "calls": 0, "free MiB": round(start / 2**20, 2), "drift bytes": 0, "live allocations": live0}]
+    first, start = record(0, None)
+    rows = [first]
     t = time.perf_counter()
     for i in range(1, calls + 1):
         call()
         if i % every == 0 or i == calls:
-            free, live = _flush_and_free()
-            row_ = {"inputs": inputs, "calls": i, "free MiB": round(free / 2**20, 2), "drift bytes": start - free}
-            rows.append({**row_, "live allocations": live})
-    final, live_end = rows[-1]["drift bytes"], rows[-1]["live allocations"]
+            rows.append(record(i, start)[0])
+    last = rows[-1]
     if not np.isfinite(start):
         verdict = "n/a (no memory info)"
     else:
-        grew = live0 is not None and live_end > live0
-        verdict = "LEAK?" if grew or abs(final) >= max(per_call, PAGE_SLACK) else "flat"
+        grew = any(
+            first[key] is not None and last[key] > first[key]
+            for key in ("live Numba allocations", "torch allocated bytes")
+        )
+        verdict = "LEAK?" if grew or abs(last["drift bytes"]) >= max(per_call, PAGE_SLACK) else "flat"
     summary = {
         "inputs": inputs,
         "calls": calls,
         "N": N,
         "d": d,
-        "final drift bytes": final if np.isfinite(start) else "n/a",
+        "final drift bytes": last["drift bytes"] if np.isfinite(start) else "n/a",
         "max drift bytes": max(r["drift bytes"] for r in rows) if np.isfinite(start) else "n/a",
-        "live allocations start/end": f"{live0}/{live_end}",
+        "live Numba allocations start/end": f"{first['live Numba allocations']}/{last['live Numba allocations']}",
+        "torch allocated bytes start/end": f"{first['torch allocated bytes']}/{last['torch allocated bytes']}",
         "bytes per call": per_call,
         "verdict": verdict,
         "seconds": round(time.perf_counter() - t, 1),
@@ -258,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     print(fn.device.describe(), flush=True)
     if args.what == "determinism":
         rows = determinism_rows(args.kernels, args.N, args.d, args.repeats)
-        paths = write(args.outdir, "determinism", "Determinism: repeated calls, bit for bit", [("results", "results", rows)])
+        paths = write(
+            args.outdir, "determinism", "Determinism: repeated calls, bit for bit", [("results", "results", rows)]
+        )
         print(markdown_table(rows))
         ok = all(r["identical"] for r in rows)
     else:

@@ -19,14 +19,16 @@ slows shared-memory code down by orders of magnitude).  Each case prints one
 ``ok`` line with its time; the exit status is 1 if a case raised or produced a
 non-finite value (uninitialised memory shows up that way).
 
-The driver runs the three sanitizer tools as subprocesses and writes a summary::
+The driver runs the three sanitizer tools as subprocesses, side by side unless
+``--jobs 1`` (they share the GPU and overlap their kernel compilation), and
+writes a summary::
 
-    python benchmarks/sanitize.py --matrix OUTDIR [--quick] [--tools memcheck racecheck]
+    python benchmarks/sanitize.py --matrix OUTDIR [--quick] [--tools memcheck racecheck] [--jobs 1]
 
 It streams progress, keeps each tool's full log (``OUTDIR/<tool>.log``), reads
 the ``ERROR SUMMARY: N errors`` line and writes ``OUTDIR/sanitize.md`` and
 ``OUTDIR/sanitize.csv`` (tool, kernels covered, errors, exit status, wall time,
-date, GPU, command).  It exits 1 if any tool found errors.
+date, GPU, command).  It exits 0 only if every tool finished every case with 0 errors.
 
 Without a GPU both modes say so, list what they would run and exit 0.
 """
@@ -34,6 +36,7 @@ Without a GPU both modes say so, list what they would run and exit 0.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import datetime as _dt
 import os
@@ -170,8 +173,14 @@ def tool_command(sanitizer: str, tool: str, quick: bool, kernels) -> list[str]:
 
 
 def parse_errors(log: str) -> int | None:
-    """N from the sanitizer's last ``ERROR SUMMARY: N error(s)`` line; None if there is none."""
-    found = re.findall(r"ERROR SUMMARY:\s*([\d,]+)\s+errors?", log)
+    """N from the sanitizer's last summary line; None if there is none.
+
+    memcheck and synccheck end with ``ERROR SUMMARY: N error(s)``; racecheck
+    (compute-sanitizer 2025) ends with ``RACECHECK SUMMARY: H hazards displayed
+    (N errors, W warnings)`` instead.
+    """
+    pattern = r"ERROR SUMMARY:\s*([\d,]+)\s+errors?|RACECHECK SUMMARY:.*?\(([\d,]+)\s+errors?"
+    found = [a or b for a, b in re.findall(pattern, log)]  # in order of appearance: the last one counts
     return int(found[-1].replace(",", "")) if found else None
 
 
@@ -215,29 +224,29 @@ class ToolResult:
 
 
 def run_tool(cmd: list[str], log_path: str, timeout_s: float, tag: str) -> tuple[str, int | None, float]:
-    """Run one sanitizer command, echo progress, save the whole log; (log, returncode, seconds)."""
+    """Run one sanitizer command, echo progress, save the whole log; (log, returncode or None on timeout, seconds)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     killed = threading.Event()
-
-    def kill():
-        killed.set()
-        proc.kill()
-
-    timer = threading.Timer(timeout_s, kill)
-    timer.start()
     lines, shown = [], 0
-    with open(log_path, "w") as log:
-        for line in proc.stdout:
-            log.write(line)
-            lines.append(line)
-            # workload progress and the sanitizer's summaries; the first hazards in full, the rest in the log
-            sanitizer_detail = line.startswith("=========") and "SUMMARY" not in line
-            if not sanitizer_detail or shown < 40:
-                shown += sanitizer_detail
-                print(f"[{tag} {time.perf_counter() - start:6.0f} s] {line}", end="", flush=True)
-    proc.wait()
-    timer.cancel()
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+
+        def kill():
+            killed.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout_s, kill)
+        timer.start()
+        with open(log_path, "w") as log:
+            for line in proc.stdout:
+                log.write(line)
+                lines.append(line)
+                # workload progress and the summaries; the first 40 sanitizer reports, the rest in the log
+                detail = line.startswith("=========") and "SUMMARY" not in line
+                if not detail or shown < 40:
+                    shown += detail
+                    print(f"[{tag} {time.perf_counter() - start:6.0f} s] {line}", end="", flush=True)
+        proc.wait()
+        timer.cancel()
     if shown >= 40:
         print(f"[{tag}] ... more sanitizer output in {log_path}", flush=True)
     return "".join(lines), (None if killed.is_set() else proc.returncode), time.perf_counter() - start
@@ -263,15 +272,15 @@ def write_summary(results: list[ToolResult], outdir: str) -> tuple[str, str]:
     return md_path, csv_path
 
 
-def matrix(outdir: str, quick: bool, tools, kernels, sanitizer: str | None, timeout_s: float) -> int:
-    """The driver: one sanitizer run per tool, then the summary; 1 if any tool reported errors."""
+def matrix(outdir: str, quick: bool, tools, kernels, sanitizer: str | None, timeout_s: float, jobs: int) -> int:
+    """The driver: one sanitizer run per tool (``jobs`` at a time), then the summary; 1 unless all clean."""
     import flash_numba as fn
 
     todo = cases(quick, kernels)
     exe = find_sanitizer(sanitizer) or "compute-sanitizer"
     if fn.device.SIMULATOR:
         print("no CUDA GPU here (flash_numba runs in the simulator): compute-sanitizer needs a GPU.")
-        print(f"On a GPU this would run, writing {outdir}/sanitize.md and sanitize.csv:")
+        print(f"On a GPU this would run ({jobs} at a time), writing {outdir}/sanitize.md and sanitize.csv:")
         for tool in tools:
             print("  " + " ".join(tool_command(exe, tool, quick, kernels)))
         print(f"each over {len(todo)} cases:")
@@ -279,21 +288,32 @@ def matrix(outdir: str, quick: bool, tools, kernels, sanitizer: str | None, time
             print(f"  {case.label}")
         return 0
     if find_sanitizer(sanitizer) is None:
-        print("compute-sanitizer not found (looked on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin); pass --sanitizer PATH")
+        print("compute-sanitizer not found (looked on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin); use --sanitizer")
         return 2
     os.makedirs(outdir, exist_ok=True)
     gpu = fn.device.info().name
-    results = []
-    for tool in tools:
+
+    def check(tool):
         cmd = tool_command(exe, tool, quick, kernels)
-        command = " ".join(cmd)
-        print(f"== {tool}: {command}", flush=True)
+        print(f"== {tool}: {' '.join(cmd)}", flush=True)
         date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         log, rc, wall = run_tool(cmd, os.path.join(outdir, f"{tool}.log"), timeout_s, tool)
-        result = ToolResult(tool, parse_covered(log), len(todo), parse_errors(log), rc, wall, date, gpu, command)
-        results.append(result)
-        print(f"== {tool}: {result.row()['errors']} errors, exit {result.row()['exit status']}, {wall:.0f} s", flush=True)
-        write_summary(results, outdir)  # after every tool, so a later hang loses nothing
+        return ToolResult(tool, parse_covered(log), len(todo), parse_errors(log), rc, wall, date, gpu, " ".join(cmd))
+
+    # The tools are separate processes: running them side by side shares the GPU and overlaps
+    # their CPU-bound kernel compilation.
+    done = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(check, tool) for tool in tools]):
+            result = future.result()
+            done[result.tool] = result
+            row = result.row()
+            print(
+                f"== {result.tool}: {row['errors']} errors, exit {row['exit status']}, {result.wall_s:.0f} s",
+                flush=True,
+            )
+            write_summary([done[t] for t in tools if t in done], outdir)  # as each ends: a later hang loses nothing
+    results = [done[t] for t in tools]
     md_path, csv_path = write_summary(results, outdir)
     with open(md_path) as f:
         print(f.read())
@@ -309,10 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", nargs="+", choices=TOOLS + ("initcheck",), default=list(TOOLS), help="driver only")
     parser.add_argument("--sanitizer", help="path of compute-sanitizer (driver only)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per tool before it is killed (driver)")
+    parser.add_argument("--jobs", type=int, default=3, help="sanitizer runs at a time (driver; 1 = one after another)")
     args = parser.parse_args(argv)
     kernels = tuple(args.kernels)
     if args.matrix:
-        return matrix(args.matrix, args.quick, args.tools, kernels, args.sanitizer, args.timeout)
+        return matrix(args.matrix, args.quick, args.tools, kernels, args.sanitizer, args.timeout, max(1, args.jobs))
 
     import flash_numba as fn
 

@@ -1,4 +1,4 @@
-"""Warp shuffles for Numba's CUDA simulator.
+"""Warp shuffles, and poisoned shared/local memory, for Numba's CUDA simulator.
 
 numba-cuda 0.30.4's simulator has no ``cuda.shfl_*_sync``: a kernel that reduces
 a row with warp shuffles (as fast kernels do) raises AttributeError there.  This
@@ -11,6 +11,13 @@ kernels use shuffles (every thread of the block calls the same shuffle, in
 uniform control flow, with a full mask), and it deadlocks, exactly like a
 misplaced ``syncthreads`` in the simulator, if only some threads call it.
 A lane outside the block (a partial last warp) reads its own value.
+
+Poisoned memory.  On a GPU, shared and local arrays start with whatever was
+there; the simulator hands out ``np.empty`` arrays, which are usually zeros, so
+a kernel that reads an element it never wrote passes there and fails on the GPU.
+:func:`install` makes the simulator fill float shared and local arrays with NaN
+(integers with a large sentinel), so such a read shows up as NaN in the results.
+It also accepts (and ignores) ``alignment=``, so one kernel source serves both.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ def install() -> None:
     def syncwarp(self, mask=0xFFFFFFFF):
         return None
 
+    _install_poisoned_arrays(kernelapi)
     mod.shfl_sync = shfl_sync
     mod.shfl_xor_sync = shfl_xor_sync
     mod.shfl_down_sync = shfl_down_sync
@@ -61,3 +69,52 @@ def install() -> None:
     if not hasattr(mod, "syncwarp"):
         mod.syncwarp = syncwarp
     mod._flash_numba_shuffles = True
+
+
+def _poisoned(shape, dtype):
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return np.full(shape, np.nan, dtype)
+    if dtype.kind in "iu":
+        return np.full(shape, np.iinfo(dtype).max // 2, dtype)
+    return np.empty(shape, dtype)
+
+
+_ALLOC_LOCK = threading.Lock()
+
+
+def _install_poisoned_arrays(kernelapi) -> None:
+    import sys
+    import traceback
+
+    from numba.core import types
+    from numba.np import numpy_support
+
+    def _dtype(dtype):
+        return numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
+
+    def shared_array(self, shape, dtype, alignment=None):
+        dtype = _dtype(dtype)
+        if shape == 0:  # dynamic shared memory: one buffer, as in the simulator
+            import numpy as np
+
+            count = self._dynshared_size // dtype.itemsize
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+        # one allocation per source line, as in the simulator (the caller's frame is the key)
+        # (under a lock: the simulator's own version lets two threads that arrive together
+        # each create an array, so one thread's writes are lost to the others)
+        caller = traceback.extract_stack(sys._getframe())[-2][0:2]
+        with _ALLOC_LOCK:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = _poisoned(shape, dtype)
+                self._allocations[caller] = res
+        return res
+
+    def local_array(self, shape, dtype, alignment=None):
+        return _poisoned(shape, _dtype(dtype))
+
+    kernelapi.FakeCUDAShared.array = shared_array
+    kernelapi.FakeCUDALocal.array = local_array

@@ -49,9 +49,10 @@ def _device_lines() -> list[str]:
     d = device.info()
     kind = " (stand-in numbers)" if d.simulated else ""
     mem = f"{d.total_memory / 2**30:.1f} GiB" if d.total_memory else "unknown"
+    sms = f"{d.sm_count} SM" + ("" if d.sm_count == 1 else "s")
     return [
         f"device: {d.name}{kind}",
-        f"  compute capability {d.compute_capability[0]}.{d.compute_capability[1]}, {d.sm_count} SMs, "
+        f"  compute capability {d.compute_capability[0]}.{d.compute_capability[1]}, {sms}, "
         f"warp size {d.warp_size}, memory {mem}",
         f"  shared memory: {d.shared_mem_per_block // 1024} KB per block (static limit applied), "
         f"{d.shared_mem_per_sm // 1024} KB per SM",
@@ -59,7 +60,8 @@ def _device_lines() -> list[str]:
 
 
 def _block_table(mods: dict) -> list[str]:
-    head = f"{'kernel':<8}  {'pass':<8}  {'dtype':<8}" + "".join(f"  {'d=' + str(d):>9}" for d in INFO_DS)
+    w = max([len(name) for name in mods] + [6])
+    head = f"{'kernel':<{w}}  {'pass':<8}  {'dtype':<8}" + "".join(f"  {'d=' + str(d):>9}" for d in INFO_DS)
     lines = ["block sizes (Br, Bc) chosen by flash_numba.resolve_block:", head]
     for name, mod in mods.items():
         if not getattr(mod, "USES_BLOCKS", True):
@@ -73,7 +75,7 @@ def _block_table(mods: dict) -> list[str]:
                         cells.append(f"({Br}, {Bc})")
                     except ValueError:
                         cells.append("none fits")
-                lines.append(f"{name:<8}  {pass_:<8}  {dtype:<8}" + "".join(f"  {c:>9}" for c in cells))
+                lines.append(f"{name:<{w}}  {pass_:<8}  {dtype:<8}" + "".join(f"  {c:>9}" for c in cells))
     return lines
 
 
@@ -179,15 +181,16 @@ def cmd_tour(args: argparse.Namespace) -> int:
 def _tour_table(rows: list[TourRow]) -> str:
     base = next((r.hbm.total for r in rows if r.kernel == "standard"), None)
     timed = any(r.ms is not None for r in rows)
+    w = max([len(r.kernel) for r in rows] + [6])
     head = (
-        f"{'kernel':<9}  {'err O':>8}  {'err lse':>8}  {'HBM read':>14}  {'written':>14}  {'total':>14}"
+        f"{'kernel':<{w}}  {'err O':>8}  {'err lse':>8}  {'HBM read':>14}  {'written':>14}  {'total':>14}"
         f"  {'vs standard':>11}"
     )
     lines = [head + (f"  {'time ms':>9}" if timed else "")]
     for r in rows:
         ratio = f"{r.hbm.total / base:.3f}x" if base else "-"
         line = (
-            f"{r.kernel:<9}  {r.err_o:>8.1e}  {r.err_lse:>8.1e}  {r.hbm.bytes_read:>14,}  "
+            f"{r.kernel:<{w}}  {r.err_o:>8.1e}  {r.err_lse:>8.1e}  {r.hbm.bytes_read:>14,}  "
             f"{r.hbm.bytes_written:>14,}  {r.hbm.total:>14,}  {ratio:>11}"
         )
         lines.append(line + (f"  {r.ms:>9.3f}" if timed else ""))

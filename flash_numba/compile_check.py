@@ -23,11 +23,14 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from .device import STATIC_SHARED_LIMIT
@@ -173,8 +176,8 @@ def compile_module(name: str, ccs=CCS, groups=GROUPS) -> list[Row]:
 
     mod = kernels.get(name)
     rows, seen = [], set()
-    for cc in ccs:
-        for dtypes, ds in groups:
+    for dtypes, ds in groups:
+        for cc in ccs:
             for label, ptx in mod.compile_all((cc,), dtypes, ds):
                 if (label, cc) in seen:  # a kernel not specialised on d comes back once per group
                     continue
@@ -182,8 +185,18 @@ def compile_module(name: str, ccs=CCS, groups=GROUPS) -> list[Row]:
                 rep = ptxas_report(ptx, cc)
                 shared = rep.shared_bytes if rep else ptx_shared_bytes(ptx)
                 rows.append(Row(name, label, cc, shared, rep))
-    _library.cache_clear()  # the libraries of one module are not needed for the next
+        _library.cache_clear()  # each group's kernels were lowered once for all ccs; free them
     return rows
+
+
+def _compile_in_worker(name: str) -> tuple[list[Row], str | None, float]:
+    """:func:`compile_module` in a worker process: (rows, error or None, seconds)."""
+    start = time.perf_counter()
+    try:
+        rows, error = compile_module(name), None
+    except Exception as exc:  # reported beside the other modules' results (and numba's errors may not pickle)
+        rows, error = [], f"{type(exc).__name__}: {exc}"
+    return rows, error, time.perf_counter() - start
 
 
 def format_table(rows: list[Row]) -> str:
@@ -205,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flash_numba.compile_check", description=main.__doc__)
     parser.add_argument("--csv", help="also write the table to this CSV file")
     parser.add_argument("--kernels", nargs="+", help="kernel modules (default: all of flash_numba.kernels.NAMES)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     args = parser.parse_args(argv)
 
     import numba
@@ -214,14 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     if numba.config.ENABLE_CUDASIM:
         print("the compile tier needs the real CUDA target: run with NUMBA_ENABLE_CUDASIM=0", file=sys.stderr)
         return 2
+    names = args.kernels or kernels.NAMES
+    # One module per task: a worker keeps a kernel's lowering for both ccs (see _library).
+    pool = ProcessPoolExecutor(max(1, min(args.jobs, len(names))), mp_context=multiprocessing.get_context("spawn"))
+    with pool:
+        results = list(pool.map(_compile_in_worker, names))
     rows, failures = [], []
-    for name in args.kernels or kernels.NAMES:
-        try:
-            got = compile_module(name)
-        except Exception as exc:  # report every module's failure, not just the first
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
-            continue
-        if not got:
+    for name, (got, error, seconds) in zip(names, results):
+        print(f"{name}: {len(got)} specialisations in {seconds:.0f} s", file=sys.stderr)
+        if error is not None:
+            failures.append(f"{name}: {error}")
+        elif not got:
             failures.append(f"{name}: compile_all returned no kernels")
         rows += got
     print(format_table(rows))

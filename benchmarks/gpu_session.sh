@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Everything that only a GPU can show, in as few device calls as possible.
+#
+#   bash benchmarks/gpu_session.sh A OUTDIR   # bench (timed, alone), then GPU tests + sanitizer + reliability in parallel
+#   bash benchmarks/gpu_session.sh B OUTDIR   # figures, ncu profile, lessons (their Python sources) on the GPU
+#
+# Used for the committed H200 results (benchmarks/results/, figures/out/); see
+# benchmarks/results/README.md for the dates and the exact commands.
+set -u
+mode=$1
+out=$2
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$out/nvidia-smi.csv" 2>&1
+python3 -c "import numpy, numba, numba_cuda; print('numpy', numpy.__version__, 'numba', numba.__version__)" > "$out/versions.txt" 2>&1
+python3 -m flash_numba info >> "$out/versions.txt" 2>&1
+
+if [ "$mode" = A ]; then
+  t0=$(date +%s)
+  timeout 240 python3 benchmarks/bench.py --n 1024 2048 4096 8192 --csv "$out/bench.csv" --plot "$out/bench.png" \
+    > "$out/bench.txt" 2> "$out/bench.err"
+  echo "bench rc=$? $(( $(date +%s) - t0 ))s"
+  t0=$(date +%s)
+  (timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests --ignore=tests/test_lessons.py \
+      -o addopts="" -rfE > "$out/gpu_tests.log" 2>&1; echo "gpu tests rc=$?" >> "$out/gpu_tests.log") &
+  for tool in memcheck racecheck synccheck; do
+    (timeout 300 python3 benchmarks/sanitize.py --matrix "$out/sanitize_$tool" --quick --tools $tool --timeout 280 \
+        > "$out/sanitize_$tool.txt" 2>&1) &
+  done
+  (timeout 200 python3 benchmarks/reliability.py determinism "$out/reliability" > "$out/determinism.txt" 2>&1;
+   timeout 120 python3 benchmarks/reliability.py leaks "$out/reliability" > "$out/leaks.txt" 2>&1) &
+  wait
+  echo "parallel part $(( $(date +%s) - t0 ))s"
+  tail -n 3 "$out/gpu_tests.log"
+  grep -h "ERROR SUMMARY" "$out"/sanitize_*/*.log 2>/dev/null | sort | uniq -c
+fi
+
+if [ "$mode" = B ]; then
+  # timing-sensitive steps alone, one after another
+  timeout 60 python3 benchmarks/reliability.py leaks "$out/reliability" > "$out/leaks.txt" 2>&1
+  echo "leaks rc=$?"
+  t0=$(date +%s)
+  timeout 150 python3 benchmarks/bench.py --n 1024 4096 8192 --kernels standard flash2 flash2_fast torch-math torch-efficient \
+    --csv "$out/bench.csv" --plot "$out/bench.png" > "$out/bench.txt" 2> "$out/bench.err"
+  echo "bench rc=$? $(( $(date +%s) - t0 ))s"
+  t0=$(date +%s)
+  timeout 150 python3 figures/make_all.py --quick --out "$out/figures" > "$out/figures.txt" 2>&1
+  echo "figures rc=$? $(( $(date +%s) - t0 ))s"
+  # correctness-only steps side by side
+  t0=$(date +%s)
+  (timeout 200 python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -o addopts="" -rfE \
+      tests/test_flash2.py tests/test_flash2_fast.py tests/test_standard.py tests/test_reliability.py \
+      tests/test_inputs.py tests/test_microbench.py tests/test_device.py > "$out/gpu_tests.log" 2>&1;
+   echo "gpu tests rc=$?" >> "$out/gpu_tests.log") &
+  (timeout 150 python3 -m flash_numba.profile --out "$out/profile" > "$out/profile.txt" 2>&1) &
+  for group in "00 01 02 03" "04 05 06 07" "08 09 10"; do
+    (for n in $group; do
+       f=$(ls lessons/_src/${n}_*.py); t1=$(date +%s.%N)
+       (cd lessons && timeout 100 python3 "_src/$(basename "$f")" > "$out/lesson_$n.log" 2>&1)
+       rc=$?
+       printf '%s rc=%s %.1fs %s\n' "$(basename "$f")" "$rc" "$(echo "$(date +%s.%N) - $t1" | bc)" \
+         "$(grep -c 'all checks passed' "$out/lesson_$n.log") check line(s)" >> "$out/lessons.txt"
+     done) &
+  done
+  wait
+  echo "parallel part $(( $(date +%s) - t0 ))s"
+  sort "$out/lessons.txt"; tail -n 4 "$out/gpu_tests.log"; tail -n 3 "$out/profile.txt"
+fi
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
