@@ -55,10 +55,10 @@ if [ "$mode" = B ]; then
   (timeout 150 python3 -m flash_numba.profile --out "$out/profile" > "$out/profile.txt" 2>&1) &
   for group in "00 01 02 03" "04 05 06 07" "08 09 10"; do
     (for n in $group; do
-       f=$(ls lessons/_src/${n}_*.py); t1=$(date +%s.%N)
+       f=$(ls lessons/_src/${n}_*.py); t1=$(date +%s)
        (cd lessons && timeout 100 python3 "_src/$(basename "$f")" > "$out/lesson_$n.log" 2>&1)
        rc=$?
-       printf '%s rc=%s %.1fs %s\n' "$(basename "$f")" "$rc" "$(echo "$(date +%s.%N) - $t1" | bc)" \
+       printf '%s rc=%s %ss %s\n' "$(basename "$f")" "$rc" "$(( $(date +%s) - t1 ))" \
          "$(grep -c 'all checks passed' "$out/lesson_$n.log") check line(s)" >> "$out/lessons.txt"
      done) &
   done
