@@ -37,6 +37,8 @@ class BackwardResult:
 
 
 def _block(mod, prob, block, pass_):
+    if hasattr(mod, "check_block"):  # kernel-specific shape rules, named in the error
+        mod.check_block(block, prob.d, prob.dtype, pass_)
     max_Br, max_Bc = mod.block_limits(prob.d, prob.dtype, pass_)
 
     def fp(Br, Bc, d, dtype):

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import device, kernels
 from .api import flash_attention_forward, resolve_block, standard_attention_forward
+from .hbm import HBMCount
 
 INFO_DS = (16, 32, 64, 128)
 DTYPES = ("float16", "float32", "float64")
@@ -118,7 +119,7 @@ class TourRow:
     kernel: str
     err_o: float
     err_lse: float
-    hbm: object  # HBMCount
+    hbm: HBMCount
     ms: float | None
 
 

@@ -42,6 +42,11 @@ CCS = ((7, 5), (9, 0))
 GROUPS = ((("float16", "float32", "float64"), (64,)), (("float32",), (16, 80, 128)))
 
 
+#: numba-cuda 0.30.4 lowers a kernel differently only below cc 6.0 (float64
+#: atomics) and 7.5 (fast tanh): from 7.5 up the LLVM IR is the same.
+_SAME_LOWERING_FROM = (7, 5)
+
+
 @dataclass(frozen=True)
 class _TargetDevice:
     compute_capability: tuple
@@ -51,29 +56,29 @@ def compile_ptx(pyfunc, argtypes, cc) -> str:
     """PTX for the Python function of a kernel at the given argument types and cc.
 
     Typing and lowering to LLVM IR (two thirds of the time) come out the same for
-    cc 7.5 and 9.0, so the LLVM library of a kernel is kept (:func:`_library`)
+    every cc from 7.5 up, so the LLVM library of a kernel is kept (:func:`_library`)
     and only NVVM runs again for the next cc.
     """
-    (ptx,) = _library(pyfunc, tuple(argtypes)).get_asm_strs(cc=tuple(cc))
+    cc = tuple(cc)
+    lowering_cc = _SAME_LOWERING_FROM if cc >= _SAME_LOWERING_FROM else cc
+    (ptx,) = _library(pyfunc, tuple(argtypes), lowering_cc).get_asm_strs(cc=cc)
     return ptx
 
 
 @functools.lru_cache(maxsize=None)
-def _library(pyfunc, argtypes):
-    """Numba's code library of a kernel, lowered for the lowest of :data:`CCS`.
+def _library(pyfunc, argtypes, cc):
+    """Numba's code library of a kernel, lowered for ``cc``.
 
-    This is what ``numba.cuda.compile_ptx`` does before NVVM (numba-cuda 0.30.4,
-    ``compiler._compile_pyfunc_with_fixup``).  The lowering consults the cc only
-    at cc 6.0 (float64 atomics) and 7.5 (fast tanh), where 7.5 and 9.0 agree.
-    A kernel that calls a ``@cuda.jit(device=True)`` function makes Numba type
-    that function for the *current* device's cc, which fails without a GPU; the
-    target cc stands in for it meanwhile.
+    This is what ``numba.cuda.compile_ptx`` does before it runs NVVM
+    (``compiler._compile_pyfunc_with_fixup`` in numba-cuda 0.30.4).  A kernel
+    that calls a ``@cuda.jit(device=True)`` function makes Numba type that
+    function for the *current* device's cc, which fails without a GPU; ``cc``
+    stands in for the device meanwhile.
     """
     from unittest import mock
 
     from numba.cuda import compiler, dispatcher
 
-    cc = min(CCS)
     with mock.patch.object(dispatcher, "get_current_device", lambda: _TargetDevice(cc)):
         lib, _ = compiler._compile_pyfunc_with_fixup(
             pyfunc, argtypes, device=False, fastmath=getattr(pyfunc, "_fastmath", False), cc=cc, abi="numba"

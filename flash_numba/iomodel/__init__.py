@@ -14,9 +14,22 @@ import importlib
 from ..hbm import HBMCount
 
 
+def _block(kernel, d, dtype, block, pass_):
+    """``block`` as given, or the one the kernel would choose on this device (None: fixed tiles)."""
+    if block is not None:
+        return block
+    from ..api import resolve_block
+
+    return resolve_block(kernel, d, dtype, None, pass_)
+
+
 def forward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
+    """Bytes of a forward call; ``block=None`` means the block the kernel would choose here."""
+    block = _block(kernel, d, dtype, block, "forward")
     return importlib.import_module(f"{__name__}.{kernel}").forward(BH, Nq, Nk, d, dtype, causal, block)
 
 
 def backward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
+    """Bytes of a backward call; ``block=None`` means the block the kernel would choose here."""
+    block = _block(kernel, d, dtype, block, "backward")
     return importlib.import_module(f"{__name__}.{kernel}").backward(BH, Nq, Nk, d, dtype, causal, block)

@@ -238,7 +238,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
         for row in range(tid, Nq, T):
             l_r = l[bh, row]
             L_r = NEG_INF
-            if l_r > ZERO:
+            if l_r != ZERO:  # != 0, not > 0: a NaN row stays NaN
                 L_r = m[bh, row] + math.log(l_r)
             L[bh, row] = L_r
             if COUNT:

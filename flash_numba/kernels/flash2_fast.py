@@ -109,6 +109,21 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
     return TY * 8, TX * 4
 
 
+def check_block(block, d: int, dtype, pass_: str = "forward") -> None:
+    """Refuse, by name, a forward block that is not a micro-tile shape (api.py calls this first)."""
+    if pass_ != "forward" or block is None:
+        return
+    try:
+        Br, Bc = block
+    except (TypeError, ValueError):
+        return  # blocks.validate names the problem
+    if isinstance(Br, int) and isinstance(Bc, int) and (Br % TY or Bc % TX or Br < 1 or Bc < 1):
+        raise ValueError(
+            f"block: flash2_fast's forward needs Br a multiple of {TY} and Bc a multiple of {TX} "
+            f"(its {TY} x {TX} thread grid), got ({Br}, {Bc})"
+        )
+
+
 def uses_fast_backward(Br: int, Bc: int, d: int, dtype) -> bool:
     """True when block (Br, Bc) runs this module's backward kernels (else flash2's)."""
     fast = backward_smem(Br, Bc, d, dtype)
@@ -305,7 +320,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             lt += cuda.shfl_xor_sync(FULL_MASK, lt, 1)
             row = row0 + ty * TM + a
             if row < Nq:
-                inv = ONE / lt if lt > 0 else ZERO
+                inv = ONE / lt if lt != 0 else ZERO  # != 0, not > 0: a NaN row stays NaN
                 for x in range(TD):
                     col = tx * TD + x
                     if col < d:
@@ -313,7 +328,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                         if COUNT:
                             nw += STORE_BYTES
                 if tx == 0:
-                    lse[bh, row] = m[a] * LN2_ACC + math.log(lt) if lt > 0 else NEG_INF
+                    lse[bh, row] = m[a] * LN2_ACC + math.log(lt) if lt != 0 else NEG_INF
                     if COUNT:
                         nw += ACC_BYTES
         if COUNT:
@@ -518,7 +533,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 Dv = Ds[rl]
                 lim = r0 + rl + off - (c0 + ty * TM)  # keys c0 + ty*TM + a with a <= lim are visible
                 for a in range(TM):
-                    p = math.exp2(sT[a, b] * scale_log2 - L2)
+                    p = math.exp2(min(sT[a, b] * scale_log2 - L2, ZERO))  # P <= 1; padded keys can't overflow
                     if edge and a > lim:
                         p = ZERO
                     Ps[rl * PS + ty * TM + a] = p
@@ -694,7 +709,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
                 if CAUSAL:
                     lim = min(lim, r0 + ty * TM + a + off - cb)
                 for b in range(TN):
-                    p = math.exp2(s[a, b] * scale_log2 - L2[a])
+                    p = math.exp2(min(s[a, b] * scale_log2 - L2[a], ZERO))  # P <= 1; padded keys can't overflow
                     if edge and b > lim:
                         p = ZERO
                     dST[(tx * TN + b) * PS + ty * TM + a] = p * (dp[a, b] - Dr[a])

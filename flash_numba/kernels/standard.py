@@ -293,7 +293,7 @@ def softmax_kernel(dtype, count: bool = False):
             if COUNT:
                 nr += E
         l_i = _block_sum(part_l, l)
-        inv_l = ACC(1) / l_i if l_i > 0 else ACC(0)
+        inv_l = ACC(1) / l_i if l_i != 0 else ACC(0)  # != 0: a NaN row stays NaN
 
         # Pass 3: P_i = exp(S_i - m_i) / l_i
         for j in range(t, Nk, NT):
@@ -302,7 +302,7 @@ def softmax_kernel(dtype, count: bool = False):
                 nr += E
                 nw += E
         if t == 0:  # L_i = m_i + log(l_i), -inf for a row with no visible key
-            lse[bh, i] = m_i + math.log(l_i) if l_i > 0 else ACC(NEG_INF)
+            lse[bh, i] = m_i + math.log(l_i) if l_i != 0 else ACC(NEG_INF)
             if COUNT:
                 nw += E_L
         if COUNT:
