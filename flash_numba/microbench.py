@@ -150,7 +150,7 @@ def hbm_bandwidth(nbytes: int = 2**30, repeats: int = 20) -> Measurement:
         n, blocks, threads = nbytes // 4, _full_wave(COPY_THREADS), COPY_THREADS
     host = np.arange(n, dtype=np.float32)
     src = cuda.to_device(host)
-    dst = cuda.device_array_like(src)
+    dst = cuda.to_device(np.full(n, np.nan, dtype=np.float32))  # poisoned: an element not copied stays NaN
 
     def launch():
         copy_kernel[blocks, threads](src, dst)
@@ -230,7 +230,7 @@ def shared_bandwidth(iters: int = 8192, repeats: int = 20) -> Measurement:
         blocks, threads = _full_wave(SMEM_THREADS), SMEM_THREADS
     tile = (np.arange(SMEM_TILE) % 8).astype(np.float32)
     src = cuda.to_device(tile)
-    out = cuda.device_array(blocks * threads, dtype=np.float32)
+    out = cuda.to_device(np.full(blocks * threads, np.nan, dtype=np.float32))  # poisoned output
 
     def launch():
         shared_read_kernel[blocks, threads](src, out, iters, SMEM_WINDOWS - 1)
@@ -299,7 +299,7 @@ def fp32_peak(iters: int = 4096, repeats: int = 20) -> Measurement:
         iters, blocks, threads = 2, 1, 32
     else:
         blocks, threads = _full_wave(FMA_THREADS), FMA_THREADS
-    out = cuda.device_array(blocks * threads, dtype=np.float32)
+    out = cuda.to_device(np.full(blocks * threads, np.nan, dtype=np.float32))  # poisoned output
 
     def launch():
         fma_kernel[blocks, threads](out, np.float32(1), np.float32(1), iters)
