@@ -216,8 +216,22 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 }
 
 
+#: Subcommands whose module parses its own options: ``flash-numba NAME ...`` runs ``module.main([...])``.
+DELEGATED: dict[str, tuple[str, str]] = {
+    "bench": ("flash_numba.bench", "validate, then time every kernel (and PyTorch SDPA) on this GPU; table, CSV, plot"),
+    "figures": ("flash_numba.figures", "regenerate the article's and the paper's figures (PNG + CSV) into figures/out"),
+    "profile": ("flash_numba.profile", "our HBM byte counters beside Nsight Compute's DRAM bytes, per kernel"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line), run the subcommand, return its exit status."""
+    import importlib
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
     parser = argparse.ArgumentParser(
         prog="flash-numba", description="FlashAttention from scratch in Numba CUDA: run, check and measure."
     )
@@ -227,5 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd.add_arguments is not None:
             cmd.add_arguments(p)
         p.set_defaults(run=cmd.run)
+    for name, (_, help_) in DELEGATED.items():  # listed in --help; their options: flash-numba NAME --help
+        sub.add_parser(name, help=help_, add_help=False)
     args = parser.parse_args(argv)
     return args.run(args)

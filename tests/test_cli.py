@@ -94,3 +94,14 @@ def test_tour_on_a_gpu(capsys):
     rows = table_rows(out)
     assert list(rows) == list(kernels.NAMES)
     assert all(float(r["ms"]) > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize("name, module", [("bench", "flash_numba.bench"), ("figures", "flash_numba.figures"),
+                                          ("profile", "flash_numba.profile")])
+def test_delegated_subcommands_reach_their_module(monkeypatch, name, module):
+    import importlib
+
+    seen = {}
+    monkeypatch.setattr(importlib.import_module(module), "main", lambda argv: seen.setdefault("argv", argv) and 0)
+    assert cli.main([name, "--quick", "x"]) == 0
+    assert seen["argv"] == ["--quick", "x"]
