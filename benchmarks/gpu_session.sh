@@ -2,7 +2,8 @@
 # Everything that only a GPU can show, in as few device calls as possible.
 #
 #   bash benchmarks/gpu_session.sh A OUTDIR   # bench (timed, alone), then GPU tests + sanitizer + reliability in parallel
-#   bash benchmarks/gpu_session.sh B OUTDIR   # figures, ncu profile, lessons (their Python sources) on the GPU
+#   bash benchmarks/gpu_session.sh B OUTDIR   # leaks, bench, figures; then GPU tests, ncu profile, lessons side by side
+# (pytest runs with -v so that a run cut by its time limit still names every test that reported)
 #
 # Used for the committed H200 results (benchmarks/results/, figures/out/); see
 # benchmarks/results/README.md for the dates and the exact commands.
@@ -21,7 +22,7 @@ if [ "$mode" = A ]; then
     > "$out/bench.txt" 2> "$out/bench.err"
   echo "bench rc=$? $(( $(date +%s) - t0 ))s"
   t0=$(date +%s)
-  (timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests --ignore=tests/test_lessons.py \
+  (timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider tests --ignore=tests/test_lessons.py \
       -o addopts="" -rfE > "$out/gpu_tests.log" 2>&1; echo "gpu tests rc=$?" >> "$out/gpu_tests.log") &
   for tool in memcheck racecheck synccheck; do
     (timeout 300 python3 benchmarks/sanitize.py --matrix "$out/sanitize_$tool" --quick --tools $tool --timeout 280 \
@@ -48,7 +49,7 @@ if [ "$mode" = B ]; then
   echo "figures rc=$? $(( $(date +%s) - t0 ))s"
   # correctness-only steps side by side
   t0=$(date +%s)
-  (timeout 200 python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -o addopts="" -rfE \
+  (timeout 200 python3 -m pytest -m gpu -v -n 4 -p no:cacheprovider -o addopts="" -rfE \
       tests/test_flash2.py tests/test_flash2_fast.py tests/test_standard.py tests/test_reliability.py \
       tests/test_inputs.py tests/test_microbench.py tests/test_device.py > "$out/gpu_tests.log" 2>&1;
    echo "gpu tests rc=$?" >> "$out/gpu_tests.log") &
