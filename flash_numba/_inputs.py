@@ -24,7 +24,10 @@ Every problem raises ``TypeError`` (wrong kind of object or dtype) or
 
 from __future__ import annotations
 
+import contextlib as _contextlib
+import contextvars as _contextvars
 import math
+import os as _os
 from dataclasses import dataclass
 
 import numpy as np
@@ -236,10 +239,12 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
         if shapes["lse"] != want:
             raise ValueError(f"lse: expected shape {want} (q's leading dims and Nq), got {shapes['lse']}")
         if np.dtype(lse.dtype) != acc_dtype(dtype):
-            raise TypeError(f"lse: expected dtype {acc_dtype(dtype)} for {dtype} inputs, got {np.dtype(lse.dtype)}")
+            want_dt, got_dt = acc_dtype(dtype), np.dtype(lse.dtype)
+            raise TypeError(f"lse: expected dtype {want_dt} for {dtype} inputs, got {got_dt}")
 
     BH = int(np.prod(lead)) if lead else 1
-    prob = Problem(lead, BH, Nq, Nk, d, dtype, on_device, check_scale(scale, d), bool(causal), torch_device_of(named["q"]))
+    scale = check_scale(scale, d)
+    prob = Problem(lead, BH, Nq, Nk, d, dtype, on_device, scale, bool(causal), torch_device_of(named["q"]))
     ops = {}
     for name, (arr, on) in arrays.items():
         if name == "lse":
@@ -265,10 +270,6 @@ def finish(prob: Problem, dev, shape_tail):
 #: Tests set this (or FLASH_NUMBA_POISON=1 in the environment) so that every
 #: output buffer starts filled with NaN: an element a kernel forgets to write
 #: then fails the comparison instead of passing by luck on zeros.
-import contextlib as _contextlib
-import contextvars as _contextvars
-import os as _os
-
 POISON_OUTPUTS = _os.environ.get("FLASH_NUMBA_POISON", "") == "1"
 
 # While a call whose inputs are PyTorch tensors runs, buffers come from PyTorch's

@@ -29,7 +29,8 @@ leading dims ``()``, ``(H,)`` or ``(B, H)``; ``lse`` is ``(..., Nq)``.
 Masking: with ``causal=True`` key ``j`` is visible to query ``i`` iff
 ``j <= i + (Nk - Nq)`` (aligned to the bottom-right corner, as in
 FlashAttention >= 2.1 and PyTorch's ``causal_lower_right`` bias; PyTorch's
-``is_causal=True`` aligns top-left, which agrees only when ``Nq == Nk``).  A masked score is ``-inf``, so its probability is 0.
+``is_causal=True`` aligns top-left, which agrees only when ``Nq == Nk``).
+A masked score is ``-inf``, so its probability is 0.
 
 The ``-inf`` rule: when ``Nq > Nk`` the first ``Nq - Nk`` query rows see no
 key at all.  Such a row gets ``o = 0`` and ``lse = -inf`` (``m = -inf``,

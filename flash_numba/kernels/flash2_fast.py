@@ -143,7 +143,12 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
                 return Br, Bc
         max_Br, max_Bc = block_limits(d, dtype, pass_)  # nothing fits: flash2's backward and block rule
         return blocks.choose(
-            d, dtype, lambda Br, Bc, d_, dt: shared_bytes(Br, Bc, d_, dt, pass_), max_Br=max_Br, max_Bc=max_Bc, budget=budget
+            d,
+            dtype,
+            lambda Br, Bc, d_, dt: shared_bytes(Br, Bc, d_, dt, pass_),
+            max_Br=max_Br,
+            max_Bc=max_Bc,
+            budget=budget,
         )
     for TM, TN in _PREFERENCE:
         if geometry(d, TM, TN, dtype)["smem"] <= budget:
@@ -161,7 +166,8 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     ACC_BYTES = 8 if dtype == np.float64 else 4
     ALIGN = None if SIMULATOR else 16
     CAUSAL, COUNT = causal, count
-    NEG_INF = np.float64(-np.inf) if dtype == np.float64 else np.float32(-np.inf)  # typed: a Python float would turn every use into float64 math
+    # typed: a Python float (-math.inf) would turn every use into float64 math
+    NEG_INF = np.float64(-np.inf) if dtype == np.float64 else np.float32(-np.inf)
     ZERO = np.float64(0) if dtype == np.float64 else np.float32(0)
     ONE = np.float64(1) if dtype == np.float64 else np.float32(1)
     LN2_ACC = np.float64(LN2) if dtype == np.float64 else np.float32(LN2)
