@@ -156,6 +156,12 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
     raise ValueError(f"no micro-tile fits d = {d} ({np.dtype(dtype)}) in {budget} bytes of shared memory")
 
 
+def _typed(dtype):
+    """-inf, +inf, 0 and log2(e) as scalars of the accumulation dtype (closure constants of a kernel)."""
+    f = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return f(-np.inf), f(np.inf), f(0), f(LOG2E)
+
+
 @lru_cache(maxsize=None)
 def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool):
     dtype = np.dtype(dtype_name)
@@ -167,8 +173,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     ALIGN = None if SIMULATOR else 16
     CAUSAL, COUNT = causal, count
     # typed: a Python float (-math.inf) would turn every use into float64 math
-    NEG_INF = np.float64(-np.inf) if dtype == np.float64 else np.float32(-np.inf)
-    ZERO = np.float64(0) if dtype == np.float64 else np.float32(0)
+    NEG_INF, _, ZERO, _ = _typed(dtype)
     ONE = np.float64(1) if dtype == np.float64 else np.float32(1)
     LN2_ACC = np.float64(LN2) if dtype == np.float64 else np.float32(LN2)
     PAD = DP - d
@@ -397,11 +402,6 @@ def backward_smem(Br: int, Bc: int, d: int, dtype) -> int | None:
     kv = geometry_kv(d, Bc // TY, Br // TX, dtype)["smem"]
     q = geometry_q(d, Br // TY, Bc // TX, dtype)["smem"]
     return max(kv, q)
-
-
-def _typed(dtype):
-    f = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-    return f(-np.inf), f(np.inf), f(0), f(LOG2E)
 
 
 #: Register cap of the dK/dV kernel.  Uncapped, ptxas takes 159-168 registers at
@@ -794,20 +794,34 @@ def backward(prob, ops, block, counters):
 
 
 def compile_all(ccs, dtypes, ds):
-    """PTX of every forward specialisation (chosen blocks, causal or not, count or not); backward: flash2's."""
+    """PTX of every specialisation: the forward and, where its blocks are micro-tile shapes, the
+    dK/dV and dQ kernels (else the backward is flash2's, compiled by that module), at the chosen
+    blocks for each d, causal or not, counting or not."""
     out = []
     I64 = types.int64
     for dtype in dtypes:
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
-        sig = (X3, X3, X3, X3, A2, I64, I64, ACC, COUNTER_TYPE)
+        fwd_sig = (X3, X3, X3, X3, A2, I64, I64, ACC, COUNTER_TYPE)
+        kv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, I64, I64, ACC, ACC, COUNTER_TYPE)
+        q_sig = (X3, X3, X3, X3, A2, A2, X3, I64, I64, ACC, ACC, COUNTER_TYPE)
         for d in ds:
-            Br, Bc = choose_block(d, dt, 48 * 1024)
+            Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
+            bBr, bBc = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
+            fast_bwd = uses_fast_backward(bBr, bBc, d, dt)
             for count in (False, True):
                 for causal in (False, True):
-                    kernel, _ = forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count)
-                    for cc in ccs:
-                        label = (f"{FORWARD_NAME} d={d} Br={Br} Bc={Bc}{' causal' * causal} {dt}"
-                                 f"{' count' * count} sm_{cc[0]}{cc[1]}")
-                        out.append((label, compile_ptx(kernel.py_func, sig, cc)))
+                    tag = f"{' causal' * causal} {dt}{' count' * count}"
+                    specs = [(f"{FORWARD_NAME} d={d} Br={Br} Bc={Bc}{tag}",
+                              forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count)[0], fwd_sig)]
+                    if fast_bwd:
+                        specs += [
+                            (f"{BACKWARD_KV_NAME} d={d} Br={bBr} Bc={bBc}{tag}",
+                             dkdv_kernel(d, bBc // TY, bBr // TX, dt.name, causal, count)[0], kv_sig),
+                            (f"{BACKWARD_Q_NAME} d={d} Br={bBr} Bc={bBc}{tag}",
+                             dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count)[0], q_sig),
+                        ]
+                    for label, kernel, sig in specs:
+                        for cc in ccs:
+                            out.append((f"{label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
     return out
