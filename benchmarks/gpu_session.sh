@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/gpu_session.sh A OUTDIR   # bench (timed, alone), then GPU tests + sanitizer + reliability in parallel
 #   bash benchmarks/gpu_session.sh B OUTDIR   # leaks, bench, figures; then GPU tests, ncu profile, lessons side by side
+#   bash benchmarks/gpu_session.sh C OUTDIR   # correctness only: the whole GPU test tier, lessons, sanitizer, side by side
+#   bash benchmarks/gpu_session.sh D OUTDIR   # timing only, one step after another: bench, figures 5 and 6, ncu profile
 # (pytest runs with -v so that a run cut by its time limit still names every test that reported)
 #
 # Used for the committed H200 results (benchmarks/results/, figures/out/); see
@@ -66,5 +68,41 @@ if [ "$mode" = B ]; then
   wait
   echo "parallel part $(( $(date +%s) - t0 ))s"
   sort "$out/lessons.txt"; tail -n 4 "$out/gpu_tests.log"; tail -n 3 "$out/profile.txt"
+fi
+if [ "$mode" = C ]; then
+  t0=$(date +%s)
+  (timeout 420 python3 -m pytest -m gpu -v -n 8 -p no:cacheprovider -o addopts="" -rfE --durations=15 tests \
+      > "$out/gpu_tests.log" 2>&1; echo "gpu tests rc=$?" >> "$out/gpu_tests.log") &
+  for tool in memcheck racecheck synccheck; do
+    (timeout 420 python3 benchmarks/sanitize.py --matrix "$out/sanitize_$tool" --quick --tools $tool --timeout 400 \
+        > "$out/sanitize_$tool.txt" 2>&1) &
+  done
+  for group in "00 01 02 03" "04 05 06 07" "08 09 10"; do
+    (for n in $group; do
+       f=$(ls lessons/_src/${n}_*.py); t1=$(date +%s)
+       (cd lessons && timeout 150 python3 "_src/$(basename "$f")" > "$out/lesson_$n.log" 2>&1)
+       rc=$?
+       printf '%s rc=%s %ss %s\n' "$(basename "$f")" "$rc" "$(( $(date +%s) - t1 ))" \
+         "$(grep -c 'all checks passed' "$out/lesson_$n.log") check line(s)" >> "$out/lessons.txt"
+     done) &
+  done
+  wait
+  echo "parallel part $(( $(date +%s) - t0 ))s"
+  sort "$out/lessons.txt"; tail -n 3 "$out/gpu_tests.log"
+  grep -h "ERROR SUMMARY" "$out"/sanitize_*/*.log 2>/dev/null | sort | uniq -c
+fi
+
+if [ "$mode" = D ]; then
+  t0=$(date +%s)
+  timeout 200 python3 benchmarks/bench.py --n 1024 4096 8192 --kernels standard flash2 flash2_fast torch-math torch-efficient \
+    --csv "$out/bench.csv" --plot "$out/bench.png" > "$out/bench.txt" 2> "$out/bench.err"
+  echo "bench rc=$? $(( $(date +%s) - t0 ))s"
+  t0=$(date +%s)
+  timeout 200 python3 figures/make_all.py --quick --only 5 6 --out "$out/figures" > "$out/figures.txt" 2>&1
+  echo "figures rc=$? $(( $(date +%s) - t0 ))s"
+  t0=$(date +%s)
+  timeout 120 python3 -m flash_numba.profile --out "$out/profile" > "$out/profile.txt" 2>&1
+  echo "profile rc=$? $(( $(date +%s) - t0 ))s"
+  tail -n 30 "$out/bench.txt"; tail -n 5 "$out/figures.txt"
 fi
 tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
