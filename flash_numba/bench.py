@@ -486,30 +486,38 @@ def free_pending() -> None:
 def allocated_bytes(impl: Impl, inp: Inputs, cfg: Config, torch=None) -> int:
     """Device memory one call allocates beyond its inputs: outputs and workspace (GPU only).
 
-    Numba's allocations: free device memory before the call minus free memory
-    after it, with Numba's frees deferred, so every buffer the call allocated
-    is still counted.  PyTorch's (its own calls, and ours on torch tensors,
-    whose buffers come from PyTorch's caching allocator): the peak of
-    ``torch.cuda.max_memory_allocated`` over the call; the memory PyTorch
-    reserved meanwhile is taken out of the free-memory difference.
+    Numba's allocations: the bytes Numba's memory manager holds for this
+    process after the call minus before it (:func:`device.numba_device_bytes`),
+    with Numba's frees deferred, so every buffer the call allocated is still
+    counted, and other processes on the GPU change nothing.  PyTorch's (its
+    own calls, and ours on torch tensors, whose buffers come from PyTorch's
+    caching allocator): the peak of ``torch.cuda.max_memory_allocated`` over
+    the call.  With a memory manager that keeps no table, the difference of
+    the GPU's free memory stands in (valid only with the GPU to ourselves).
     """
     from numba import cuda
+
+    from flash_numba import device
 
     free_pending()  # what earlier calls left behind
     ctx = cuda.current_context()
     if torch is not None:
         torch.cuda.reset_peak_memory_stats()
         base, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    free_before = ctx.get_memory_info().free
+    held_before, free_before = device.numba_device_bytes(), ctx.get_memory_info().free
     with cuda.defer_cleanup():
         impl.call(inp, cfg)
         cuda.synchronize()
-        free_after = ctx.get_memory_info().free
+        held_after, free_after = device.numba_device_bytes(), ctx.get_memory_info().free
+    if held_before is not None and held_after is not None:
+        by_numba = held_after - held_before
+    else:
+        by_numba = free_before - free_after
+        if torch is not None:
+            by_numba -= torch.cuda.memory_reserved() - reserved
     if torch is None:
-        return free_before - free_after
-    by_torch = torch.cuda.max_memory_allocated() - base
-    by_numba = free_before - free_after - (torch.cuda.memory_reserved() - reserved)
-    return by_torch + by_numba
+        return by_numba
+    return torch.cuda.max_memory_allocated() - base + by_numba
 
 
 def time_calls(impl: Impl, sets: list[Inputs], cfg: Config, repeats: int) -> list[float]:

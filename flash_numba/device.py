@@ -232,3 +232,24 @@ def time_ms(fn, *, warmup: int = 3, repeats: int = 10) -> list[float] | None:
 
 def synchronize() -> None:
     cuda.synchronize()
+
+
+def numba_device_bytes() -> int | None:
+    """Device bytes this process holds through Numba: live allocations plus those queued for freeing.
+
+    Read from Numba's own memory manager (its ``allocations`` table and the
+    byte total of its pending-free queue), so other processes on the same GPU
+    do not disturb it, as they do a difference of ``cuMemGetInfo``'s free
+    memory.  Inside ``cuda.defer_cleanup()`` nothing leaves the queue, so the
+    difference of two readings is every byte allocated in between.  ``None``
+    in the simulator or with an external memory manager (EMM plugin) that
+    keeps no such table.
+    """
+    if SIMULATOR:
+        return None
+    mm = getattr(cuda.current_context(), "memory_manager", None)
+    live = getattr(mm, "allocations", None)
+    pending = getattr(getattr(mm, "deallocations", None), "_size", None)
+    if live is None or not isinstance(pending, int):
+        return None
+    return sum(int(m.size) for m in list(live.values())) + pending

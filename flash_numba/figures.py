@@ -336,8 +336,13 @@ def launch_times(kernel: str, pass_: str, arrays: dict):
 
 
 def _free_bytes() -> int:
+    """Free device memory as seen by this process: Numba's own table where it keeps one (so other
+    processes on the GPU do not disturb it, see :func:`device.numba_device_bytes`), else the GPU's."""
     from numba import cuda
 
+    held = device.numba_device_bytes()
+    if held is not None:
+        return -held
     return cuda.current_context().get_memory_info().free
 
 

@@ -109,3 +109,22 @@ def test_gpu_mode_info_and_timing():
     times = device.time_ms(lambda: bump[(x.size + 255) // 256, 256](x), warmup=1, repeats=5)
     assert len(times) == 5 and all(t > 0 for t in times)
     assert np.all(x.copy_to_host() == 6)
+
+
+def test_numba_device_bytes_is_none_in_the_simulator():
+    if SIMULATOR:
+        assert device.numba_device_bytes() is None
+
+
+@pytest.mark.gpu
+def test_numba_device_bytes_counts_this_process_allocations_exactly():
+    # what the bench harness and figure 4 read; other processes on the GPU must not move it
+    before = device.numba_device_bytes()
+    with cuda.defer_cleanup():
+        a = cuda.device_array(1 << 20, dtype=np.uint8)
+        b = cuda.device_array(1000, dtype=np.float32)
+        assert device.numba_device_bytes() - before == (1 << 20) + 4000
+        del a, b  # freed lazily: still held until the queue is flushed
+        assert device.numba_device_bytes() - before == (1 << 20) + 4000
+    cuda.current_context().memory_manager.deallocations.clear()
+    assert device.numba_device_bytes() == before
