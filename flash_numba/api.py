@@ -86,12 +86,15 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
     )
 
 
-def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm) -> BackwardResult:
+def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic=True) -> BackwardResult:
     mod = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     prob, ops = _inputs.prepare(
         {"q": q, "k": k, "v": v}, causal=causal, scale=scale, extra={"o": o, "lse": lse, "do": do}
     )
+    prob.deterministic = bool(deterministic)  # read by kernels that have an atomic path (flash2_fast)
     uses_blocks = getattr(mod, "USES_BLOCKS", True)
     if not uses_blocks and block is not None:
         raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
@@ -140,12 +143,21 @@ def flash_attention_forward(
 
 
 def flash_attention_backward(
-    q, k, v, o, lse, do, *, causal=False, scale=None, kernel="flash2", block=None, count_hbm=False
+    q, k, v, o, lse, do, *, causal=False, scale=None, kernel="flash2", block=None, count_hbm=False,
+    deterministic=True,
 ) -> BackwardResult:
-    """FlashAttention backward: recomputes P blockwise from q, k and lse."""
+    """FlashAttention backward: recomputes P blockwise from q, k and lse.
+
+    ``deterministic=False`` lets a kernel with an atomic path use it: ``flash2_fast``
+    then computes dK, dV and dQ in one pass over the key blocks and adds dQ with
+    atomics, as FlashAttention-2 does (faster; the order of the additions, so the
+    last bits of dq, vary between runs).  The other kernels are deterministic
+    either way; so is every kernel with the default ``True`` (bitwise equal results
+    for equal inputs).
+    """
     if kernel == "standard":
         raise ValueError("kernel: 'standard' is not a FlashAttention kernel; use standard_attention_backward")
-    return _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm)
+    return _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic)
 
 
 def attention(q, k, v, *, causal=False, scale=None):

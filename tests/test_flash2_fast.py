@@ -165,3 +165,82 @@ def test_gpu_backward_real_sizes(rng, N, d, causal):
     for ours, ref in ((b.dq, dq), (b.dk, dk), (b.dv, dv)):
         assert not np.isnan(ours).any()
         assert np.abs(ours - ref).max() < 1e-5 * max(1.0, np.abs(ref).max())
+
+
+# ---------------------------------------------------------------- deterministic=False: dQ by atomics
+
+ATOMIC_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ", "flash2_fast dK, dV, dQ (atomic)"]
+
+
+@pytest.mark.parametrize(
+    "dtype, lead, Nq, Nk, d, causal, block",
+    [
+        (np.float32, (2,), 17, 23, 5, False, (16, 16)),
+        (np.float32, (2,), 33, 20, 16, True, (32, 16)),  # Nq > Nk: fully masked rows
+        (np.float32, (), 9, 47, 40, True, (16, 32)),  # d = 40: a dQ column group only half used
+        (np.float64, (), 12, 17, 7, True, (16, 16)),
+        (np.float16, (2,), 19, 21, 16, False, (16, 16)),  # accumulator in float32, then a cast
+    ],
+)
+def test_backward_atomic_dq(rng, dtype, lead, Nq, Nk, d, causal, block):
+    q, k, v = _qkv(rng, lead, Nq, Nk, d, dtype)
+    do = rng.standard_normal(q.shape).astype(dtype)
+    f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast", block=(8, 16))
+    b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", block=block,
+                                    count_hbm=True, deterministic=False)
+    names = ATOMIC_NAMES + (["flash2_fast dQ to storage dtype"] if dtype == np.float16 else [])
+    assert list(b.hbm.per_kernel) == names
+    BH = int(np.prod(lead)) if lead else 1
+    assert b.hbm == iomodel.backward("flash2_fast", BH, Nq, Nk, d, dtype, causal, block, deterministic=False)
+    ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=causal)
+    det = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", block=block)
+    tol = {np.float32: 2e-6, np.float64: 1e-12}.get(dtype)
+    for ours, same_path, r in zip((b.dq, b.dk, b.dv), (det.dq, det.dk, det.dv), ref):
+        assert ours.dtype == dtype and not np.isnan(ours).any()
+        if tol is None:  # float16: Dao-AILab's rule against the deterministic path's error
+            err = np.abs(ours.astype(np.float64) - r).max()
+            assert err <= 2 * np.abs(same_path.astype(np.float64) - r).max() + 1e-3, err
+        else:
+            assert np.abs(ours - r).max() < tol * max(1.0, np.abs(r).max())
+    assert np.array_equal(b.dk, det.dk) and np.array_equal(b.dv, det.dv)  # same kernel code for dK, dV
+
+
+def test_deterministic_must_be_a_bool(rng):
+    q, k, v = _qkv(rng, (), 4, 4, 4, np.float32)
+    with pytest.raises(TypeError, match="deterministic"):
+        fn.flash_attention_backward(q, k, v, q, np.zeros(4, np.float32), q, kernel="flash2_fast", deterministic=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [1, 17, 97, 1000, 1025])
+@pytest.mark.parametrize("d", [16, 64, 80, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_backward_atomic_real_sizes(rng, N, d, causal):
+    q, k, v = _qkv(rng, (2, 2), N, N + 5, d, np.float32)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast")
+    b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", count_hbm=True,
+                                    deterministic=False)
+    assert b.hbm == iomodel.backward("flash2_fast", 4, N, N + 5, d, np.float32, causal, b.block,
+                                     deterministic=False)
+    dq, dk, dv = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=causal)
+    for ours, ref in ((b.dq, dq), (b.dk, dk), (b.dv, dv)):
+        assert not np.isnan(ours).any()
+        assert np.abs(ours - ref).max() < 1e-5 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_gpu_backward_atomic_dtypes(rng, dtype):
+    q, k, v = _qkv(rng, (3,), 1000, 777, 64, dtype)
+    do = rng.standard_normal(q.shape).astype(dtype)
+    f = fn.flash_attention_forward(q, k, v, causal=True, kernel="flash2_fast")
+    b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=True, kernel="flash2_fast", deterministic=False)
+    det = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=True, kernel="flash2_fast")
+    ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=True)
+    for ours, same, r in zip((b.dq, b.dk, b.dv), (det.dq, det.dk, det.dv), ref):
+        err, err_det = (np.abs(x.astype(np.float64) - r).max() for x in (ours, same))
+        if dtype == np.float64:
+            assert err < 1e-12 * max(1.0, np.abs(r).max())
+        else:
+            assert err <= 2 * err_det + 1e-3, (err, err_det)

@@ -10,6 +10,7 @@ equality): bytes the kernels' code requests from global memory, per kernel.
 """
 
 import importlib
+import inspect
 
 from ..hbm import HBMCount
 
@@ -29,7 +30,13 @@ def forward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMC
     return importlib.import_module(f"{__name__}.{kernel}").forward(BH, Nq, Nk, d, dtype, causal, block)
 
 
-def backward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
-    """Bytes of a backward call; ``block=None`` means the block the kernel would choose here."""
+def backward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None, deterministic=True) -> HBMCount:
+    """Bytes of a backward call; ``block=None`` means the block the kernel would choose here.
+
+    ``deterministic=False``: the call with that option (only flash2_fast's model differs).
+    """
     block = _block(kernel, d, dtype, block, "backward")
-    return importlib.import_module(f"{__name__}.{kernel}").backward(BH, Nq, Nk, d, dtype, causal, block)
+    mod = importlib.import_module(f"{__name__}.{kernel}")
+    if not deterministic and "deterministic" in inspect.signature(mod.backward).parameters:
+        return mod.backward(BH, Nq, Nk, d, dtype, causal, block, deterministic=False)
+    return mod.backward(BH, Nq, Nk, d, dtype, causal, block)

@@ -15,6 +15,12 @@ model): D = rowsum(dO * O) (flash2's kernel); the dK/dV kernel reads K_j, V_j on
 and, for every query block it visits (from the first one that sees key block j),
 Q_i, dO_i, L_i, D_i, then writes dK_j, dV_j; the dQ kernel reads Q_i, dO_i, L_i,
 D_i once and the K, V rows of every key block it visits, then writes dQ_i.
+
+With ``deterministic=False`` the dQ kernel is gone: a zeroing kernel writes the
+dQ accumulator (accumulation dtype) once, the dK/dV kernel adds dS_ij K_j into it
+with one atomic add per element per visited (key block, query row): each counted
+as a read and a write of the accumulation item size, and float16 calls cast the
+accumulator to dq (one read, one write per element).
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ def visited_queries(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
     return total
 
 
-def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
+def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, deterministic=True) -> HBMCount:
     from ..kernels import flash2_fast as kernel
 
     Br, Bc = block
@@ -75,6 +81,17 @@ def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     rowsum = flash2_model.per_kernel[kernel.BACKWARD_NAMES[0]]
     kv_read = BH * (2 * s * d * Nk + (2 * s * d + 2 * a) * visited_queries(Nq, Nk, Br, Bc, causal))
     kv_written = BH * 2 * s * Nk * d
+    if not deterministic:
+        # one atomic add (a read and a write of a bytes) per dQ element per (key block, query row) visited
+        atomics = BH * d * visited_queries(Nq, Nk, Br, Bc, causal)
+        model = {
+            kernel.BACKWARD_NAMES[0]: rowsum,
+            kernel.ZERO_DQ_NAME: KernelBytes(0, BH * Nq * d * a),
+            kernel.BACKWARD_KVQ_NAME: KernelBytes(kv_read + a * atomics, kv_written + a * atomics),
+        }
+        if s != a:
+            model[kernel.CAST_DQ_NAME] = KernelBytes(BH * Nq * d * a, BH * Nq * d * s)
+        return HBMCount(model)
     q_read = BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * visited_keys(Nq, Nk, Br, Bc, causal))
     q_written = BH * s * Nq * d
     return HBMCount(

@@ -408,23 +408,36 @@ def backward_smem(Br: int, Bc: int, d: int, dtype) -> int | None:
 #: d = 64 (2 blocks per SM); capped at 128 it spills 44 bytes but fits 3 blocks:
 #: 12.6 ms instead of 13.3 ms at N = 4096 non-causal on the H200 (same causal).
 DKDV_MAX_REGISTERS = 128
+#: The same for the kernel that also adds dQ with atomics (``deterministic=False``).
+DKDV_ATOMIC_MAX_REGISTERS = 128
 
 
 @lru_cache(maxsize=None)
-def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1):
-    """dK_j, dV_j for one key block of Bc = 8 TM rows; walks over the query blocks i."""
+def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
+                atomic_dq: bool = False):
+    """dK_j, dV_j for one key block of Bc = 8 TM rows; walks over the query blocks i.
+
+    With ``atomic_dq`` it also adds dS_ij K_j into dQ_i in HBM with atomics (the
+    FlashAttention-2 way: no second pass that recomputes S and dP; the order of the
+    additions, so the last bits of dQ, then vary from run to run).  ``dq`` is then a
+    zeroed buffer of the accumulation dtype; otherwise the kernel never touches it.
+    """
     dtype = np.dtype(dtype_name)
     g = geometry_kv(d, TM, TN, dtype)
     Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
     ACC = acc_nb_type(dtype)
     SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
     ALIGN = None if SIMULATOR else 16
-    CAUSAL, COUNT = causal, count
+    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
     NEG_INF, POS_INF, ZERO, LOG2E_ACC = _typed(dtype)
     KT_SIZE, QT_SIZE, P_SIZE = DP * KS, DP * QS, Br * PS
     DP_U, BR_U, KS_U, QS_U, PS_U, ONE_U = (np.uint32(x) for x in (DP, Br, KS, QS, PS, 1))
+    # atomic dQ: warp w owns query rows w*RW .. of the block, lane owns dQ columns lane + 32 u
+    RW = Br // (NT // 32)
+    NX = -(-DP // 32)
+    BC_U, FOUR_U, DP_MAX = np.uint32(Bc), np.uint32(4), np.uint32(DP)
 
-    def kernel(q, k, v, do, lse, D, dk, dv, Nq, Nk, scale, scale_log2, counter):
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, scale, scale_log2, counter):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
         VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS), QS odd
@@ -443,10 +456,15 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         yv = cuda.local.array(TN, ACC)
         uv = cuda.local.array(TD, ACC)
         wv = cuda.local.array(TD, ACC)
+        dqp = cuda.local.array((RW, NX), ACC)  # atomic dQ: this step's partial sums
+        kq = cuda.local.array((NX, 4), ACC)
+        ds4 = cuda.local.array(4, ACC)
 
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
+        lane = uint32(tid % 32)
+        warp = uint32(tid // 32)
         bh = cuda.blockIdx.y
         c0 = cuda.blockIdx.x * Bc
         off = Nk - Nq
@@ -565,6 +583,36 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 xi += ONE_U
                 r += ONE_U
 
+            if ATOMIC_DQ:
+                # dQ_i += dS_ij K_j: per 4 keys, a 16-byte load of K_j^T per dQ column (KS = 4 mod 32
+                # words: a quarter-warp hits distinct banks) and a broadcast one of dS per row
+                for a in range(RW):
+                    for u in range(NX):
+                        dqp[a, u] = ZERO
+                c = uint32(0)
+                while c < BC_U:
+                    for u in range(NX):
+                        x = lane + uint32(32 * u)
+                        for t in range(4):
+                            kq[u, t] = KT[x * KS_U + c + uint32(t)] if x < DP_MAX else ZERO
+                    for a in range(RW):
+                        for t in range(4):
+                            ds4[t] = dSs[(warp * uint32(RW) + uint32(a)) * PS_U + c + uint32(t)]
+                        for u in range(NX):
+                            for t in range(4):
+                                dqp[a, u] += ds4[t] * kq[u, t]
+                    c += FOUR_U
+                for a in range(RW):
+                    row = r0 + warp * RW + a
+                    if row < Nq:
+                        for u in range(NX):
+                            x = lane + 32 * u
+                            if x < d:
+                                cuda.atomic.add(dq, (bh, row, x), dqp[a, u] * scale)
+                                if COUNT:
+                                    nr += AB
+                                    nw += AB
+
         for a in range(TM):
             c = c0 + ty * TM + a
             if c < Nk:
@@ -580,7 +628,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             cuda.atomic.add(counter, 1, nw)
 
     kernel._fastmath = FASTMATH
-    maxreg = DKDV_MAX_REGISTERS if maxreg == -1 else maxreg
+    maxreg = (DKDV_ATOMIC_MAX_REGISTERS if atomic_dq else DKDV_MAX_REGISTERS) if maxreg == -1 else maxreg
     opts = {} if maxreg is None else {"max_registers": maxreg}
     return jit(fastmath=FASTMATH, **opts)(kernel), g
 
@@ -754,6 +802,52 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     return cuda.jit(fastmath=FASTMATH)(kernel), g
 
 
+BACKWARD_KVQ_NAME = "flash2_fast dK, dV, dQ (atomic)"
+ZERO_DQ_NAME = "flash2_fast zero dQ"
+CAST_DQ_NAME = "flash2_fast dQ to storage dtype"
+_ELEMWISE_THREADS = 256
+
+
+@lru_cache(maxsize=None)
+def zero_kernel(acc_name: str, count: bool):
+    """Fill a flat buffer with zeros (the atomic dQ accumulator)."""
+    ACC = acc_nb_type(np.dtype(acc_name))
+    ZERO = _typed(np.dtype(acc_name))[2]
+    AB, COUNT = np.dtype(acc_name).itemsize, count
+
+    def kernel(x, n, counter):
+        i = cuda.grid(1)
+        if i < n:
+            x[i] = ZERO
+            if COUNT:
+                cuda.atomic.add(counter, 1, AB)
+
+    return jit()(kernel), ACC
+
+
+@lru_cache(maxsize=None)
+def cast_kernel(src_name: str, dst_name: str, count: bool):
+    """dq = dq_acc, element by element, in the storage dtype (float16 calls)."""
+    DST = _inputs_nb_type(dst_name)
+    SA, SB, COUNT = np.dtype(src_name).itemsize, np.dtype(dst_name).itemsize, count
+
+    def kernel(src, dst, n, counter):
+        i = cuda.grid(1)
+        if i < n:
+            dst[i] = DST(src[i])
+            if COUNT:
+                cuda.atomic.add(counter, 0, SA)
+                cuda.atomic.add(counter, 1, SB)
+
+    return jit()(kernel)
+
+
+def _inputs_nb_type(name: str):
+    from numba import from_dtype
+
+    return from_dtype(np.dtype(name))
+
+
 def forward(prob, ops, block, counters):
     """O and L: one launch, grid (Tr, B*H), 128 threads."""
     Br, Bc = block
@@ -779,17 +873,52 @@ def backward(prob, ops, block, counters):
     count = counters.enabled
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     D = _inputs.empty((BH, Nq), acc)
-    dq = _inputs.empty((BH, Nq, d), dt)
     dk = _inputs.empty((BH, Nk, d), dt)
     dv = _inputs.empty((BH, Nk, d), dt)
     rowsum = _flash2._rowsum_kernel(d, dt, count)
     rowsum[(-(-Nq // _flash2.TY), BH), _flash2.NT](o, do, D, counters.array(BACKWARD_NAMES[0]), Nq)
     scale, scale_log2 = acc.type(prob.scale), acc.type(prob.scale * LOG2E)
+    if not getattr(prob, "deterministic", True):
+        return _backward_atomic(prob, q, k, v, do, lse, D, dk, dv, block, counters)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count)
-    kv[(-(-Nk // Bc), BH), NT](q, k, v, do, lse, D, dk, dv, Nq, Nk, scale, scale_log2,
+    kv[(-(-Nk // Bc), BH), NT](q, k, v, do, lse, D, dk, dv, _unused_dq(acc), Nq, Nk, scale, scale_log2,
                               counters.array(BACKWARD_KV_NAME))
+    dq = _inputs.empty((BH, Nq, d), dt)
     qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count)
     qk[(-(-Nq // Br), BH), NT](q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counters.array(BACKWARD_Q_NAME))
+    return dq, dk, dv
+
+
+def _unused_dq(acc):
+    """The ``dq`` argument of the deterministic dK/dV kernel, which never touches it (one per context)."""
+    key = (0 if SIMULATOR else id(cuda.current_context()), np.dtype(acc).name)
+    if key not in _UNUSED:
+        _UNUSED[key] = cuda.device_array((1, 1, 1), dtype=acc)
+    return _UNUSED[key]
+
+
+_UNUSED: dict = {}
+
+
+def _backward_atomic(prob, q, k, v, do, lse, D, dk, dv, block, counters):
+    """dK, dV and dQ in one pass over the key blocks, dQ added with atomics (``deterministic=False``)."""
+    Br, Bc = block
+    BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
+    count = counters.enabled
+    n = BH * Nq * d
+    dq_acc = _inputs.empty((BH, Nq, d), acc)  # float32 (float64) even for float16 inputs: atomics add there
+    zero, _ = zero_kernel(acc.name, count)
+    zero[-(-n // _ELEMWISE_THREADS), _ELEMWISE_THREADS](dq_acc.reshape(n), n, counters.array(ZERO_DQ_NAME))
+    scale, scale_log2 = acc.type(prob.scale), acc.type(prob.scale * LOG2E)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True)
+    kv[(-(-Nk // Bc), BH), NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, scale, scale_log2,
+                              counters.array(BACKWARD_KVQ_NAME))
+    if dt == acc:
+        return dq_acc, dk, dv
+    dq = _inputs.empty((BH, Nq, d), dt)
+    cast = cast_kernel(acc.name, dt.name, count)
+    cast[-(-n // _ELEMWISE_THREADS), _ELEMWISE_THREADS](dq_acc.reshape(n), dq.reshape(n), n,
+                                                        counters.array(CAST_DQ_NAME))
     return dq, dk, dv
 
 
@@ -803,7 +932,8 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
         fwd_sig = (X3, X3, X3, X3, A2, I64, I64, ACC, COUNTER_TYPE)
-        kv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, I64, I64, ACC, ACC, COUNTER_TYPE)
+        A3 = array_type(_inputs.acc_dtype(dt), 3)
+        kv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, A3, I64, I64, ACC, ACC, COUNTER_TYPE)
         q_sig = (X3, X3, X3, X3, A2, A2, X3, I64, I64, ACC, ACC, COUNTER_TYPE)
         for d in ds:
             Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
@@ -820,7 +950,18 @@ def compile_all(ccs, dtypes, ds):
                              dkdv_kernel(d, bBc // TY, bBr // TX, dt.name, causal, count)[0], kv_sig),
                             (f"{BACKWARD_Q_NAME} d={d} Br={bBr} Bc={bBc}{tag}",
                              dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count)[0], q_sig),
+                            (f"{BACKWARD_KVQ_NAME} d={d} Br={bBr} Bc={bBc}{tag}",
+                             dkdv_kernel(d, bBc // TY, bBr // TX, dt.name, causal, count, atomic_dq=True)[0],
+                             kv_sig),
                         ]
+                    if fast_bwd and causal and d == ds[0]:  # the atomic path's element-wise kernels, once
+                        A1, X1 = array_type(_inputs.acc_dtype(dt), 1), array_type(dt, 1)
+                        specs.append((f"{ZERO_DQ_NAME} {dt}{' count' * count}",
+                                      zero_kernel(_inputs.acc_dtype(dt).name, count)[0], (A1, I64, COUNTER_TYPE)))
+                        if dt != _inputs.acc_dtype(dt):
+                            specs.append((f"{CAST_DQ_NAME} {dt}{' count' * count}",
+                                          cast_kernel(_inputs.acc_dtype(dt).name, dt.name, count),
+                                          (A1, X1, I64, COUNTER_TYPE)))
                     for label, kernel, sig in specs:
                         for cc in ccs:
                             out.append((f"{label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
