@@ -17,7 +17,9 @@ It works in three steps, in the manner of llm.c's ``dev/cuda`` benchmarks:
    once per run, or ``--peak``), the HBM bytes the kernels' code moves and the
    device memory the call allocates; ``--csv`` and ``--plot`` save them.
 
-Implementations: every kernel module in :data:`flash_numba.kernels.NAMES`, and,
+Implementations: every kernel module in :data:`flash_numba.kernels.NAMES`, the
+:data:`VARIANTS` (``flash2_fast-atomic``: flash2_fast's backward with
+``deterministic=False``, dQ by atomics), and,
 when PyTorch is importable and a GPU is present, PyTorch's
 ``scaled_dot_product_attention`` pinned to one backend with
 ``torch.nn.attention.sdpa_kernel`` (:func:`torch_backends`).  The inputs are
@@ -251,19 +253,30 @@ class Impl:
     is_torch: bool = False
 
 
+#: Implementations that are one of our kernels called with an option: name -> (kernel, backward options).
+VARIANTS = {"flash2_fast-atomic": ("flash2_fast", {"deterministic": False})}
+
+
+def kernel_of(name: str) -> tuple[str, dict]:
+    """The kernel module and backward options behind an implementation name."""
+    return VARIANTS.get(name, (name, {}))
+
+
 def flash_numba_impl(name: str) -> Impl:
-    """One of our kernel modules, called through the public API."""
-    standard = name == "standard"
+    """One of our kernel modules (or a :data:`VARIANTS` entry), called through the public API."""
+    kernel, bwd_options = kernel_of(name)
+    standard = kernel == "standard"
     forward = standard_attention_forward if standard else flash_attention_forward
     backward = standard_attention_backward if standard else flash_attention_backward
-    which = {} if standard else {"kernel": name}
+    which = {} if standard else {"kernel": kernel}
 
     def call(inp: Inputs, cfg: Config, count_hbm: bool = False):
         q, k, v, do = inp.q, inp.k, inp.v, inp.do
         fwd = forward(q, k, v, causal=cfg.causal, count_hbm=count_hbm, **which)
         out, hbm = {"o": fwd.o, "lse": fwd.lse}, fwd.hbm
         if cfg.pass_ == "fwd+bwd":
-            bwd = backward(q, k, v, fwd.o, fwd.lse, do, causal=cfg.causal, count_hbm=count_hbm, **which)
+            bwd = backward(q, k, v, fwd.o, fwd.lse, do, causal=cfg.causal, count_hbm=count_hbm, **which,
+                           **bwd_options)
             out.update(dq=bwd.dq, dk=bwd.dk, dv=bwd.dv)
             hbm = hbm + bwd.hbm if count_hbm else None
         return out, hbm
@@ -294,7 +307,7 @@ def torch_impl(name: str, torch) -> Impl:
 def implementation_names(dtype: str, torch=None) -> list[str]:
     """Every implementation that can run here: our kernels, then the PyTorch backends
     for ``dtype`` that this PyTorch has (none without ``torch``)."""
-    names = list(kernels.NAMES)
+    names = list(kernels.NAMES) + list(VARIANTS)
     if torch is not None:
         from torch.nn.attention import SDPBackend
 
@@ -460,9 +473,11 @@ def hbm_bytes(impl: Impl, inp: Inputs, cfg: Config) -> tuple[int | None, str]:
         return None, "n/a"
     if cfg.BH * cfg.N * cfg.N > COUNT_LIMIT:
         try:
-            model = iomodel.forward(impl.name, cfg.BH, cfg.N, cfg.N, cfg.d, cfg.dtype, cfg.causal)
+            kernel, options = kernel_of(impl.name)
+            model = iomodel.forward(kernel, cfg.BH, cfg.N, cfg.N, cfg.d, cfg.dtype, cfg.causal)
             if cfg.pass_ == "fwd+bwd":
-                model = model + iomodel.backward(impl.name, cfg.BH, cfg.N, cfg.N, cfg.d, cfg.dtype, cfg.causal)
+                model = model + iomodel.backward(kernel, cfg.BH, cfg.N, cfg.N, cfg.d, cfg.dtype, cfg.causal,
+                                                 **options)
             return model.total, "model"
         except ModuleNotFoundError:
             if SIMULATOR:
@@ -579,7 +594,7 @@ def _fmt_bytes(n) -> str:
 
 
 COLUMNS = (
-    ("implementation", 16),
+    ("implementation", 19),
     ("N", 6),
     ("d", 4),
     ("causal", 6),
@@ -772,7 +787,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--d: flash_numba supports head dims up to 128")
     if args.peak is not None and not args.peak > 0:
         parser.error("--peak: expected a positive number of TFLOP/s")
-    known = list(kernels.NAMES) + list(TORCH_BACKENDS)
+    known = list(kernels.NAMES) + list(VARIANTS) + list(TORCH_BACKENDS)
     for name in args.kernels or ():
         if name not in known:
             parser.error(f"--kernels: unknown implementation {name!r}; choose from {', '.join(known)}")

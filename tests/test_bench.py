@@ -63,23 +63,24 @@ def test_main_validates_then_prints_a_table_and_a_csv(tmp_path, capsys):
     assert (
         lines[head].split() == "implementation N d causal pass ms TFLOP/s % fp32 peak HBM bytes HBM by peak mem".split()
     )
-    table = lines[head + 2 : head + 2 + len(kernels.NAMES)]
-    assert [row.split()[0] for row in table] == list(kernels.NAMES)
+    ours = list(kernels.NAMES) + list(bench.VARIANTS)  # every kernel, then flash2_fast-atomic
+    table = lines[head + 2 : head + 2 + len(ours)]
+    assert [row.split()[0] for row in table] == ours
     for row in table:
         assert "n/a (simulator)" in row
         assert len(row) == len(lines[head])  # fixed width
     assert "FlashAttention-2's convention" in out
 
     # A progress line per validation and per row, on stderr.
-    n = len(kernels.NAMES)
+    n = len(ours)
     assert f"[validate {n}/{n}]" in err
-    assert f"[{n}/{n}] {kernels.NAMES[-1]} N=8 d=4 causal=True fwd+bwd" in err
+    assert f"[{n}/{n}] {ours[-1]} N=8 d=4 causal=True fwd+bwd" in err
 
     header, rows = bench.read_csv(str(path))
     assert header[0].startswith("device: simulator")
     assert header[1].startswith("date: ")
     assert header[2] == "command: flash-numba bench " + " ".join(TINY + ["--pass", "fwd+bwd", "--csv", str(path)])
-    assert [r["implementation"] for r in rows] == list(kernels.NAMES)
+    assert [r["implementation"] for r in rows] == ours
     flops = bench.attention_flops(1, 8, 4, True, "fwd+bwd")
     for r in rows:
         assert (r["B"], r["H"], r["N"], r["d"], r["dtype"], r["causal"], r["pass"]) == (
@@ -358,7 +359,7 @@ _NO_TORCH_NO_MATPLOTLIB = textwrap.dedent(
 def test_bench_imports_without_torch_and_matplotlib():
     proc = subprocess.run([sys.executable, "-c", _NO_TORCH_NO_MATPLOTLIB], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == str(len(kernels.NAMES))
+    assert proc.stdout.strip() == str(len(kernels.NAMES) + len(bench.VARIANTS))
 
 
 def test_benchmarks_script_runs_the_harness():
