@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KERNELS = ("standard", "flash1", "flash2", "flash2_fast")
+KERNELS = ("standard", "flash1", "flash2", "flash2_fast", "flash2_fast-atomic")  # the last: deterministic=False
 TOOLS = ("memcheck", "racecheck", "synccheck")
 LEAD = (1, 2)  # (B, H): B*H = 2
 OK = "ok"  # first word of a workload line for a case that passed
@@ -114,8 +114,9 @@ def run_case(case: Case, seed: int = 0) -> str:
         f = fn.standard_attention_forward(q, k, v, **kw)
         b = fn.standard_attention_backward(q, k, v, f.o, f.lse, do, **kw)
     else:
-        f = fn.flash_attention_forward(q, k, v, kernel=case.kernel, **kw)
-        b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, kernel=case.kernel, **kw)
+        kernel, atomic = case.kernel.removesuffix("-atomic"), case.kernel.endswith("-atomic")
+        f = fn.flash_attention_forward(q, k, v, kernel=kernel, **kw)
+        b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, deterministic=not atomic, **kw)
     bad = [name for name, x in (("o", f.o), ("dq", b.dq), ("dk", b.dk), ("dv", b.dv)) if not np.isfinite(x).all()]
     return f"non-finite {', '.join(bad)}" if bad else ""
 
