@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh B OUTDIR   # leaks, bench, figures; then GPU tests, ncu profile, lessons side by side
 #   bash benchmarks/gpu_session.sh C OUTDIR   # correctness only: the whole GPU test tier, lessons, sanitizer, side by side
 #   bash benchmarks/gpu_session.sh D OUTDIR   # timing only, one step after another: bench, figures 5 and 6, ncu profile
+#   bash benchmarks/gpu_session.sh E OUTDIR   # after a flash2_fast / input-handling change: its GPU tests and sanitizer
 # (pytest runs with -v so that a run cut by its time limit still names every test that reported)
 #
 # Used for the committed H200 results (benchmarks/results/, figures/out/); see
@@ -92,16 +93,33 @@ if [ "$mode" = C ]; then
   grep -h "ERROR SUMMARY" "$out"/sanitize_*/*.log 2>/dev/null | sort | uniq -c
 fi
 
+if [ "$mode" = E ]; then
+  t0=$(date +%s)
+  (timeout 330 python3 -m pytest -m gpu -v -n 6 -p no:cacheprovider -o addopts="" -rfE --durations=10 \
+      tests/test_flash2_fast.py tests/test_inputs.py tests/test_bench.py tests/test_device.py tests/test_reliability.py \
+      > "$out/gpu_tests.log" 2>&1; echo "gpu tests rc=$?" >> "$out/gpu_tests.log") &
+  for tool in memcheck racecheck synccheck; do
+    (timeout 330 python3 benchmarks/sanitize.py --matrix "$out/sanitize_$tool" --quick --tools $tool --timeout 320 \
+        --kernels flash2_fast flash2_fast-atomic > "$out/sanitize_$tool.txt" 2>&1) &
+  done
+  (timeout 200 python3 benchmarks/reliability.py determinism "$out/reliability" > "$out/determinism.txt" 2>&1) &
+  wait
+  echo "parallel part $(( $(date +%s) - t0 ))s"
+  tail -n 3 "$out/gpu_tests.log"
+  grep -h "^== " "$out"/sanitize_*.txt
+fi
+
 if [ "$mode" = D ]; then
   t0=$(date +%s)
-  timeout 200 python3 benchmarks/bench.py --n 1024 4096 8192 --kernels standard flash2 flash2_fast torch-math torch-efficient \
+  timeout 260 python3 benchmarks/bench.py --n 1024 4096 8192 \
+    --kernels standard flash2 flash2_fast flash2_fast-atomic torch-math torch-efficient \
     --csv "$out/bench.csv" --plot "$out/bench.png" > "$out/bench.txt" 2> "$out/bench.err"
   echo "bench rc=$? $(( $(date +%s) - t0 ))s"
   t0=$(date +%s)
-  timeout 200 python3 figures/make_all.py --quick --only 5 6 --out "$out/figures" > "$out/figures.txt" 2>&1
+  timeout 150 python3 figures/make_all.py --quick --only 5 6 --out "$out/figures" > "$out/figures.txt" 2>&1
   echo "figures rc=$? $(( $(date +%s) - t0 ))s"
   t0=$(date +%s)
-  timeout 120 python3 -m flash_numba.profile --out "$out/profile" > "$out/profile.txt" 2>&1
+  timeout 90 python3 -m flash_numba.profile --out "$out/profile" > "$out/profile.txt" 2>&1
   echo "profile rc=$? $(( $(date +%s) - t0 ))s"
   tail -n 30 "$out/bench.txt"; tail -n 5 "$out/figures.txt"
 fi

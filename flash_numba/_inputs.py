@@ -49,7 +49,14 @@ def _is_device_array(x) -> bool:
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         return isinstance(x, FakeCUDAArray)
-    return hasattr(x, "__cuda_array_interface__")
+    # A CUDA torch tensor is recognised without reading __cuda_array_interface__: hasattr()
+    # would build the whole description (microseconds), and raise for a tensor that requires grad.
+    return _is_torch_cuda(x) or hasattr(x, "__cuda_array_interface__")
+
+
+def _is_torch_cuda(x) -> bool:
+    """A CUDA torch tensor with ordinary (strided) storage; sparse ones take the generic path."""
+    return torch_device_of(x) is not None and str(x.layout) == "torch.strided"
 
 
 def _as_array(x, name: str):
@@ -98,6 +105,37 @@ def _current_device() -> int:
     from numba import cuda
 
     return cuda.get_current_device().id
+
+
+def _numba_context():
+    """A ``with`` block in which Numba looks its CUDA context up once.
+
+    Every Numba call that needs the context (``cuda.as_cuda_array``, ``cuda.to_device``,
+    ``cuda.get_current_device``, each kernel launch) otherwise asks the driver for it
+    again, two driver calls each time.  This is the context manager behind Numba's own
+    ``require_context`` decorator: it asks once and attaches the answer to the thread
+    until the block ends.  Host overhead per call, nothing else changes.
+    """
+    if SIMULATOR:
+        return _contextlib.nullcontext()
+    from numba.cuda.cudadrv import devices
+
+    ensure = getattr(getattr(devices, "_runtime", None), "ensure_context", None)
+    return ensure() if ensure is not None else _contextlib.nullcontext()  # other Numba versions: just slower
+
+
+#: NumPy dtypes of the torch dtypes flash_numba supports, by ``str(tensor.dtype)``.
+_TORCH_FLOATS = {f"torch.{np.dtype(t).name}": np.dtype(t) for t in SUPPORTED_DTYPES}
+
+
+def _torch_dtype(t) -> np.dtype:
+    """The NumPy dtype of a CUDA torch tensor, without building its ``__cuda_array_interface__``.
+
+    Any other dtype is read from that interface, as Numba would read it, so that the
+    error message about it stays the one Numba's array would give.
+    """
+    dt = _TORCH_FLOATS.get(str(t.dtype))
+    return dt if dt is not None else np.dtype(t.__cuda_array_interface__["typestr"])
 
 
 def _check_dtype(arr, name: str) -> np.dtype:
@@ -160,44 +198,77 @@ def _to_device(arr, on_device: bool, shape3, name: str):
     if on_device:
         if not _is_c_contiguous(arr):
             raise ValueError(f"{name}: device array is not C-contiguous; make it contiguous first")
+        if tuple(int(s) for s in arr.shape) == tuple(shape3):
+            return arr  # already (BH, N, d): a Numba reshape would only build another array object
         return arr.reshape(shape3)
     host = np.ascontiguousarray(arr).reshape(shape3)
     return cuda.to_device(host)
 
 
-def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> tuple[Problem, dict]:
-    """Validate q, k, v (and, for the backward, o, lse, do) and move them to the device.
+def _tensor_to_device(t, shape3, name: str):
+    """A CUDA torch tensor as a Numba array of shape ``shape3``, zero-copy.
 
-    ``named`` maps argument names to arrays and must start with q, k, v.
-    ``extra`` may hold ``o``, ``do`` (same shape and dtype as q) and ``lse``
-    (shape ``lead + (Nq,)``, float32 / float64).
-    Returns the :class:`Problem` and a dict of name -> :class:`Operand`.
+    The reshape is done on the torch side (a view) so that the tensor is converted
+    once; converting first and reshaping in Numba builds three Numba array objects
+    instead of one (host overhead per call).
     """
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal: expected True or False, got {causal!r}")
-    arrays = {}
-    for name, x in list(named.items()) + list((extra or {}).items()):
-        arrays[name] = _as_array(x, name)
-    # Plain tuples: the simulator's device arrays refuse negative indices into .shape.
-    shapes = {n: tuple(int(s) for s in arr.shape) for n, (arr, _) in arrays.items()}
-    qs, ks, vs = shapes["q"], shapes["k"], shapes["v"]
-    places = {n: on for n, (_, on) in arrays.items()}
-    if len(set(places.values())) > 1:
-        host = [n for n, on in places.items() if not on]
-        dev = [n for n, on in places.items() if on]
-        raise TypeError(
-            f"{', '.join(host)} on the host but {', '.join(dev)} on the device: "
-            "give all arrays as NumPy arrays or all as CUDA arrays"
-        )
-    on_device = places["q"]
-    for name, (arr, on) in arrays.items():  # device arrays: all on the GPU the kernels launch on
-        gpu = _device_ordinal(arr) if on else None
-        if gpu is not None and gpu != (here := _current_device()):
+    from numba import cuda
+
+    if not t.is_contiguous():  # torch's C-contiguity: the same rule as Numba's
+        raise ValueError(f"{name}: device array is not C-contiguous; make it contiguous first")
+    return cuda.as_cuda_array(t.view(tuple(shape3)))
+
+
+@dataclass
+class _Arg:
+    """One argument as :func:`prepare` checks it, before it is reshaped and moved."""
+
+    arr: object  # NumPy array, Numba device array, or CUDA torch tensor (detached)
+    on_device: bool
+    shape: tuple  # plain ints: the simulator's device arrays refuse negative indices into .shape
+    dtype: object
+    torch: bool = False  # arr is a CUDA torch tensor, not converted yet
+
+
+def _gather(x, name: str) -> _Arg:
+    """Shape, dtype and place of one argument (TypeError if it is not an array)."""
+    if not SIMULATOR and _is_torch_cuda(x):
+        # A CUDA torch tensor: what prepare checks is read from the tensor itself, and it is
+        # converted once, already reshaped, by _tensor_to_device (host overhead per call).
+        if x.requires_grad:
+            x = x.detach()  # a tensor that requires grad refuses __cuda_array_interface__
+        return _Arg(x, True, tuple(x.shape), _torch_dtype(x), torch=True)
+    arr, on = _as_array(x, name)
+    return _Arg(arr, on, tuple(int(s) for s in arr.shape), arr.dtype)
+
+
+def _check_gpus(args: dict) -> None:
+    """Refuse a device array that is not on the GPU the kernels launch on.
+
+    Host overhead per call: a torch tensor names its GPU itself (``x.device.index``); other
+    device arrays (Numba, CuPy) cost one driver query each; Numba's current device is
+    asked once, and only if some array's GPU is known.
+    """
+    here = None
+    for name, a in args.items():
+        if not a.on_device:
+            continue
+        gpu = a.arr.device.index if a.torch else _device_ordinal(a.arr)
+        if gpu is None:
+            continue
+        if here is None:
+            here = _current_device()
+        if gpu != here:
             raise ValueError(
                 f"{name}: on GPU {gpu} but flash_numba runs on GPU {here} (Numba's current device); "
                 f"move every array to GPU {here}, or call numba.cuda.select_device({gpu}) first"
             )
 
+
+def _problem(args: dict, causal: bool, scale, torch_device) -> Problem:
+    """Check the shapes and dtypes of the gathered arguments; return the :class:`Problem`."""
+    shapes = {n: a.shape for n, a in args.items()}
+    qs, ks, vs = shapes["q"], shapes["k"], shapes["v"]
     if len(qs) not in (2, 3, 4):
         raise ValueError(f"q: expected shape (N, d), (H, N, d) or (B, H, N, d), got {qs}")
     for name, xs in (("k", ks), ("v", vs)):
@@ -223,18 +294,18 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
         raise ValueError("k: empty sequence (Nk = 0); need at least one key")
     if any(int(s) == 0 for s in lead):
         raise ValueError(f"q: a batch or head dim is zero {qs}")
-    dtype = _check_dtype(arrays["q"][0], "q")
-    for name in arrays:
+    dtype = _check_dtype(args["q"], "q")
+    for name in args:
         if name == "lse":
             continue
-        dt = _check_dtype(arrays[name][0], name)
+        dt = _check_dtype(args[name], name)
         if dt != dtype:
             raise TypeError(f"{name}: dtype {dt} differs from q's {dtype}; give all arrays one dtype")
     for name in ("o", "do"):
         if name in shapes and shapes[name] != qs:
             raise ValueError(f"{name}: shape {shapes[name]} differs from q's {qs}")
-    if "lse" in arrays:
-        lse = arrays["lse"][0]
+    if "lse" in args:
+        lse = args["lse"]
         want = lead + (Nq,)
         if shapes["lse"] != want:
             raise ValueError(f"lse: expected shape {want} (q's leading dims and Nq), got {shapes['lse']}")
@@ -244,14 +315,56 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
 
     BH = int(np.prod(lead)) if lead else 1
     scale = check_scale(scale, d)
-    prob = Problem(lead, BH, Nq, Nk, d, dtype, on_device, scale, bool(causal), torch_device_of(named["q"]))
-    ops = {}
-    for name, (arr, on) in arrays.items():
-        if name == "lse":
-            shape3 = (BH, Nq)
-        else:
-            shape3 = (BH, Nk if name in ("k", "v") else Nq, d)
-        ops[name] = Operand(_to_device(arr, on, shape3, name), on)
+    on_device = args["q"].on_device
+    return Problem(lead, BH, Nq, Nk, d, dtype, on_device, scale, bool(causal), torch_device)
+
+
+def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> tuple[Problem, dict]:
+    """Validate q, k, v (and, for the backward, o, lse, do) and move them to the device.
+
+    ``named`` maps argument names to arrays and must start with q, k, v.
+    ``extra`` may hold ``o``, ``do`` (same shape and dtype as q) and ``lse``
+    (shape ``lead + (Nq,)``, float32 / float64).
+    Returns the :class:`Problem` and a dict of name -> :class:`Operand`.
+
+    Shapes, dtypes and GPUs are checked on the arguments as given (torch tensors are
+    not converted yet); then each array is reshaped to ``(BH, N, d)`` and moved.
+    """
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True or False, got {causal!r}")
+    args = {}
+    for name, x in list(named.items()) + list((extra or {}).items()):
+        args[name] = _gather(x, name)
+    places = {n: a.on_device for n, a in args.items()}
+    if len(set(places.values())) > 1:
+        host = [n for n, on in places.items() if not on]
+        dev = [n for n, on in places.items() if on]
+        raise TypeError(
+            f"{', '.join(host)} on the host but {', '.join(dev)} on the device: "
+            "give all arrays as NumPy arrays or all as CUDA arrays"
+        )
+    on_device = places["q"]
+    with _contextlib.ExitStack() as numba_context:
+        # One CUDA-context look-up for the Numba calls below (see _numba_context): for
+        # device arrays from here on; for NumPy arrays only once the call is known to be
+        # valid, so that a bad call with host arrays touches no GPU.
+        if on_device:
+            numba_context.enter_context(_numba_context())
+        _check_gpus(args)  # device arrays: all on the GPU the kernels launch on
+        prob = _problem(args, causal, scale, torch_device_of(named["q"]))
+        if not on_device:
+            numba_context.enter_context(_numba_context())
+        ops = {}
+        for name, a in args.items():
+            if name == "lse":
+                shape3 = (prob.BH, prob.Nq)
+            else:
+                shape3 = (prob.BH, prob.Nk if name in ("k", "v") else prob.Nq, prob.d)
+            if a.torch:
+                dev = _tensor_to_device(a.arr, shape3, name)
+            else:
+                dev = _to_device(a.arr, a.on_device, shape3, name)
+            ops[name] = Operand(dev, a.on_device)
     return prob, ops
 
 
@@ -259,10 +372,15 @@ def finish(prob: Problem, dev, shape_tail):
     """Reshape a device result to the caller's leading dims; copy to host if the inputs were."""
     shape = prob.lead + tuple(shape_tail)
     if prob.torch_device is not None:
+        t = getattr(dev, _TENSOR_ATTR, None)
+        if t is not None:  # a buffer from _torch_buffer: hand its tensor back, no conversion
+            return t.view(shape)
         import torch
 
         return torch.as_tensor(dev.reshape(shape), device=prob.torch_device)
     if prob.on_device:
+        if tuple(int(s) for s in dev.shape) == shape:
+            return dev  # (H, N, d) inputs: already the caller's shape, no new Numba array needed
         return dev.reshape(shape)
     return dev.copy_to_host().reshape(shape)
 
@@ -288,12 +406,21 @@ def torch_device_of(x):
 
 @_contextlib.contextmanager
 def allocate_like(prob: "Problem"):
-    """Route :func:`empty`, :func:`zeros`, :func:`full` to PyTorch for a call on torch tensors."""
+    """Route :func:`empty`, :func:`zeros`, :func:`full` to PyTorch for a call on torch tensors.
+
+    The block also looks Numba's CUDA context up once (:func:`_numba_context`) for the
+    buffers and kernel launches of the call, instead of once per buffer and per launch.
+    """
     token = _TORCH_DEVICE.set(prob.torch_device)
     try:
-        yield
+        with _numba_context():
+            yield
     finally:
         _TORCH_DEVICE.reset(token)
+
+
+#: The attribute by which a buffer from :func:`_torch_buffer` remembers its torch tensor.
+_TENSOR_ATTR = "_flash_numba_tensor"
 
 
 def _torch_buffer(shape, dtype, value):
@@ -303,7 +430,11 @@ def _torch_buffer(shape, dtype, value):
     tdt = getattr(torch, np.dtype(dtype).name)
     dev = _TORCH_DEVICE.get()
     t = torch.empty(shape, dtype=tdt, device=dev) if value is None else torch.full(shape, value, dtype=tdt, device=dev)
-    return cuda.as_cuda_array(t, sync=False)  # keeps t alive as its owner; nothing to wait for
+    arr = cuda.as_cuda_array(t, sync=False)  # keeps t alive as its owner; nothing to wait for
+    # finish() returns t itself (a view in the caller's shape) instead of converting the
+    # Numba array back with torch.as_tensor (host overhead per call).
+    setattr(arr, _TENSOR_ATTR, t)
+    return arr
 
 
 def empty(shape, dtype):

@@ -290,3 +290,128 @@ def test_accepted_ranks_and_the_largest_head_dim(rng, lead):
         res = call("flash_attention_forward", args, kernel="flash1", block=(1, 1))
         assert res.o.shape == lead + (2, d) and res.lse.shape == lead + (2,)
         _assert_forward_matches_reference(args, res)
+
+
+# ------------------------------------------------------------------------ host overhead per call
+#
+# What ``_inputs`` does to keep the host time of a call small (one Numba array per input,
+# the current GPU asked once, a torch buffer handed back as is).  The torch paths are
+# exercised here with small stand-ins for CUDA tensors; the real thing is the gpu test below.
+
+from flash_numba import _inputs  # noqa: E402
+
+
+class _FakeDevice:
+    def __init__(self, index):
+        self.type, self.index = "cuda", index
+
+
+class _FakeCudaTensor:
+    """Just enough of a CUDA torch tensor for ``_inputs``: shape, dtype, device, view, detach."""
+
+    __module__ = "torch.fake"  # what torch_device_of looks at
+
+    def __init__(self, x, index=0, requires_grad=False, contiguous=True):
+        self.x, self.shape, self.is_cuda, self.layout = x, tuple(x.shape), True, "torch.strided"
+        self.dtype = f"torch.{x.dtype.name}"  # str(torch.float32) == "torch.float32"
+        self.device, self.requires_grad, self._contiguous = _FakeDevice(index), requires_grad, contiguous
+        self.detached = False
+
+    def detach(self):
+        t = _FakeCudaTensor(self.x, self.device.index, False, self._contiguous)
+        t.detached = True
+        return t
+
+    def is_contiguous(self):
+        return self._contiguous
+
+    def view(self, shape):
+        return ("view", self, tuple(shape))
+
+
+@pytest.fixture
+def as_on_gpu(monkeypatch):
+    """Let ``_inputs`` take its non-simulator paths for the fake tensors; count the device look-ups."""
+    monkeypatch.setattr(_inputs, "SIMULATOR", False)
+    asked = []
+    monkeypatch.setattr(_inputs, "_current_device", lambda: asked.append(1) or 0)
+    monkeypatch.setattr(_inputs, "_device_ordinal", lambda arr: pytest.fail("a driver query for a torch tensor"))
+    return asked
+
+
+def test_a_torch_tensor_is_checked_from_itself(as_on_gpu):
+    x = np.zeros((2, 3, 5, 4), np.float16)
+    a = _inputs._gather(_FakeCudaTensor(x, requires_grad=True), "q")
+    assert a.torch and a.on_device and a.shape == (2, 3, 5, 4) and a.dtype == np.float16
+    assert a.arr.detached  # a tensor that requires grad is detached before anything reads it
+    assert _inputs._is_device_array(_FakeCudaTensor(x))  # without reading __cuda_array_interface__
+
+
+def test_the_current_gpu_is_asked_once_and_only_for_device_arrays(as_on_gpu):
+    x = np.zeros((5, 4), np.float32)
+    args = {n: _inputs._gather(_FakeCudaTensor(x), n) for n in ("q", "k", "v")}
+    _inputs._check_gpus(args)
+    assert len(as_on_gpu) == 1
+    _inputs._check_gpus({n: _inputs._gather(x, n) for n in ("q", "k", "v")})
+    assert len(as_on_gpu) == 1  # NumPy arrays: no device to ask about
+    args["v"] = _inputs._gather(_FakeCudaTensor(x, index=1), "v")
+    with pytest.raises(ValueError, match=r"^v: on GPU 1 but flash_numba runs on GPU 0"):
+        _inputs._check_gpus(args)
+
+
+def test_a_torch_tensor_is_reshaped_on_the_torch_side(as_on_gpu, monkeypatch):
+    from numba import cuda as numba_cuda
+
+    monkeypatch.setattr(numba_cuda, "as_cuda_array", lambda t, sync=True: ("numba", t), raising=False)
+    t = _FakeCudaTensor(np.zeros((2, 3, 5, 4), np.float32))
+    assert _inputs._tensor_to_device(t, (6, 5, 4), "q") == ("numba", ("view", t, (6, 5, 4)))
+    with pytest.raises(ValueError, match=r"^q: device array is not C-contiguous; make it contiguous first"):
+        _inputs._tensor_to_device(_FakeCudaTensor(np.zeros((5, 4), np.float32), contiguous=False), (1, 5, 4), "q")
+
+
+def test_finish_hands_back_the_buffer_tensor():
+    class Buffer:  # a Numba array from _torch_buffer, remembering its tensor
+        def reshape(self, shape):
+            pytest.fail("converted back through Numba")
+
+    buf, t = Buffer(), _FakeCudaTensor(np.zeros((6, 5, 4), np.float32))
+    setattr(buf, _inputs._TENSOR_ATTR, t)
+    prob = _inputs.Problem((2, 3), 6, 5, 7, 4, np.dtype(np.float32), True, 0.5, False, torch_device="cuda:0")
+    assert _inputs.finish(prob, buf, (5, 4)) == ("view", t, (2, 3, 5, 4))
+
+
+def test_device_arrays_already_in_shape_are_not_rewrapped(rng):
+    args = on_device(make_args(rng, lead=(3,)))
+    prob, ops = _inputs.prepare({n: args[n] for n in ("q", "k", "v")}, causal=False, scale=None)
+    assert all(ops[n].dev is args[n] for n in ("q", "k", "v"))  # (H, N, d) is already (BH, N, d)
+    out = cuda.to_device(np.zeros((3, NQ, D), np.float32))
+    assert _inputs.finish(prob, out, (NQ, D)) is out
+    prob4, ops4 = _inputs.prepare(on_device(make_args(rng, lead=(1, 3))), causal=False, scale=None)
+    assert ops4["q"].dev.shape == (3, NQ, D)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)], ids=["N,d", "H,N,d", "B,H,N,d"])
+def test_torch_inputs_give_torch_results_in_the_callers_shape(rng, lead):
+    torch = pytest.importorskip("torch")
+    args = make_args(rng, lead=lead, Nq=64, Nk=48, d=64)
+    dev = torch.device("cuda", cuda.get_current_device().id)
+    t = {n: torch.as_tensor(x, device=dev) for n, x in args.items()}
+    t["q"].requires_grad_(True)  # detached inside, as the caller's graph is not ours
+    host = call("flash_attention_forward", args, kernel="flash2_fast")
+    for _ in range(2):  # the second call reuses PyTorch's cached blocks
+        res = call("flash_attention_forward", t, kernel="flash2_fast")
+        for name in ("o", "lse"):
+            got = getattr(res, name)
+            assert isinstance(got, torch.Tensor) and got.device == dev, name
+            assert tuple(got.shape) == getattr(host, name).shape, name
+            np.testing.assert_allclose(got.cpu().numpy(), getattr(host, name), rtol=1e-5, atol=1e-5, err_msg=name)
+    t["q"] = t["q"].detach()
+    back, want = call("flash_attention_backward", t, kernel="flash2"), call("flash_attention_backward", args)
+    for name in ("dq", "dk", "dv"):
+        got = getattr(back, name)
+        assert isinstance(got, torch.Tensor) and got.device == dev and tuple(got.shape) == getattr(want, name).shape
+        np.testing.assert_allclose(got.cpu().numpy(), getattr(want, name), rtol=1e-4, atol=1e-5, err_msg=name)
+    bad = dict(t, q=t["q"].transpose(-1, -2).contiguous().transpose(-1, -2))
+    with pytest.raises(ValueError, match=r"^q: device array is not C-contiguous"):
+        call("flash_attention_forward", bad)
