@@ -119,6 +119,7 @@ def test_numba_device_bytes_is_none_in_the_simulator():
 @pytest.mark.gpu
 def test_numba_device_bytes_counts_this_process_allocations_exactly():
     # what the bench harness and figure 4 read; other processes on the GPU must not move it
+    cuda.current_context().memory_manager.deallocations.clear()  # earlier tests' garbage out of the count
     before = device.numba_device_bytes()
     with cuda.defer_cleanup():
         a = cuda.device_array(1 << 20, dtype=np.uint8)
