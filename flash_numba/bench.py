@@ -662,8 +662,8 @@ def footnotes(repeats: int, peak_line: str) -> list[str]:
         "HBM bytes: bytes the kernels' code reads + writes in global memory, from a count_hbm=True run at this "
         "size (count) or flash_numba.iomodel (model); not counted for PyTorch.",
         "peak mem: device memory one call allocates beyond its inputs (outputs and workspace): Numba's allocations "
-        "from Numba's memory manager before and after the call (this process only), PyTorch's (its own calls, and ours on torch "
-        "tensors) from torch.cuda.max_memory_allocated.",
+        "from Numba's memory manager before and after the call (this process only), PyTorch's (its own calls, "
+        "and ours on torch tensors) from torch.cuda.max_memory_allocated.",
     ]
 
 

@@ -811,7 +811,6 @@ _ELEMWISE_THREADS = 256
 @lru_cache(maxsize=None)
 def zero_kernel(acc_name: str, count: bool):
     """Fill a flat buffer with zeros (the atomic dQ accumulator)."""
-    ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = _typed(np.dtype(acc_name))[2]
     AB, COUNT = np.dtype(acc_name).itemsize, count
 
@@ -822,7 +821,7 @@ def zero_kernel(acc_name: str, count: bool):
             if COUNT:
                 cuda.atomic.add(counter, 1, AB)
 
-    return jit()(kernel), ACC
+    return jit()(kernel)
 
 
 @lru_cache(maxsize=None)
@@ -907,7 +906,7 @@ def _backward_atomic(prob, q, k, v, do, lse, D, dk, dv, block, counters):
     count = counters.enabled
     n = BH * Nq * d
     dq_acc = _inputs.empty((BH, Nq, d), acc)  # float32 (float64) even for float16 inputs: atomics add there
-    zero, _ = zero_kernel(acc.name, count)
+    zero = zero_kernel(acc.name, count)
     zero[-(-n // _ELEMWISE_THREADS), _ELEMWISE_THREADS](dq_acc.reshape(n), n, counters.array(ZERO_DQ_NAME))
     scale, scale_log2 = acc.type(prob.scale), acc.type(prob.scale * LOG2E)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True)
@@ -957,7 +956,7 @@ def compile_all(ccs, dtypes, ds):
                     if fast_bwd and causal and d == ds[0]:  # the atomic path's element-wise kernels, once
                         A1, X1 = array_type(_inputs.acc_dtype(dt), 1), array_type(dt, 1)
                         specs.append((f"{ZERO_DQ_NAME} {dt}{' count' * count}",
-                                      zero_kernel(_inputs.acc_dtype(dt).name, count)[0], (A1, I64, COUNTER_TYPE)))
+                                      zero_kernel(_inputs.acc_dtype(dt).name, count), (A1, I64, COUNTER_TYPE)))
                         if dt != _inputs.acc_dtype(dt):
                             specs.append((f"{CAST_DQ_NAME} {dt}{' count' * count}",
                                           cast_kernel(_inputs.acc_dtype(dt).name, dt.name, count),
