@@ -156,6 +156,11 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
     raise ValueError(f"no micro-tile fits d = {d} ({np.dtype(dtype)}) in {budget} bytes of shared memory")
 
 
+#: Register cap of the forward: with the unrolled K/V loads ptxas takes 137 registers at d = 64
+#: (3 blocks of 128 threads per SM); capped at 128 it spills nothing and 4 blocks fit.
+FORWARD_MAX_REGISTERS = 128
+
+
 def _typed(dtype):
     """-inf, +inf, 0 and log2(e) as scalars of the accumulation dtype (closure constants of a kernel)."""
     f = np.float64 if np.dtype(dtype) == np.float64 else np.float32
@@ -179,6 +184,11 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     PAD = DP - d
     QT_SIZE, KT_SIZE, V_SIZE, PT_SIZE = DP * QS, DP * KS, Bc * DP, Bc * PS
     DP_U, BC_U, QS_U, KS_U, PS_U, ONE_U = (np.uint32(x) for x in (DP, Bc, QS, KS, PS, 1))
+    # When d divides the 128 threads, each thread loads one fixed column of K_j and V_j, rows
+    # ROWSTEP apart, in a loop of constant length that NVVM unrolls (no per-element index math)
+    FIXED_COL = NT % d == 0 and (Bc * d) % NT == 0
+    ROWSTEP = NT // d if FIXED_COL else 1
+    NLOAD = (Bc * d) // NT if FIXED_COL else 1
 
     def kernel(q, k, v, o, lse, Nq, Nk, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
@@ -215,7 +225,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             kk = e % DP
             val = ZERO
             if kk < d and row0 + r < Nq:
-                val = ACC(q[bh, row0 + r, kk])
+                val = ACC(q[bh, row0 + r, kk]) * scale_log2  # the scale once here, not on every S_ij
                 if COUNT:
                     nr += STORE_BYTES
             QT[kk * QS + r] = val
@@ -233,18 +243,33 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         for j in range(n_j):
             col0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous KT, Vs, PT
-            for e in range(tid, Bc * d, NT):
-                c = e // d
-                kk = e % d
-                kval = ZERO
-                vval = ZERO
-                if col0 + c < Nk:
-                    kval = ACC(k[bh, col0 + c, kk])
-                    vval = ACC(v[bh, col0 + c, kk])
-                    if COUNT:
-                        nr += 2 * STORE_BYTES
-                KT[kk * KS + c] = kval
-                Vs[c * DP + kk] = vval
+            if FIXED_COL:
+                kk = tid % d
+                c = tid // d
+                for _ in range(NLOAD):
+                    kval = ZERO
+                    vval = ZERO
+                    if col0 + c < Nk:
+                        kval = ACC(k[bh, col0 + c, kk])
+                        vval = ACC(v[bh, col0 + c, kk])
+                        if COUNT:
+                            nr += 2 * STORE_BYTES
+                    KT[kk * KS + c] = kval
+                    Vs[c * DP + kk] = vval
+                    c += ROWSTEP
+            else:
+                for e in range(tid, Bc * d, NT):
+                    c = e // d
+                    kk = e % d
+                    kval = ZERO
+                    vval = ZERO
+                    if col0 + c < Nk:
+                        kval = ACC(k[bh, col0 + c, kk])
+                        vval = ACC(v[bh, col0 + c, kk])
+                        if COUNT:
+                            nr += 2 * STORE_BYTES
+                    KT[kk * KS + c] = kval
+                    Vs[c * DP + kk] = vval
             cuda.syncthreads()
 
             # S_ij = Q_i K_j^T, one TM x TN micro-tile per thread
@@ -270,10 +295,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                 ki += KS_U
                 kk += ONE_U
 
-            # online softmax in base 2 (log2(e) folded into the scale)
-            for a in range(TM):
-                for b in range(TN):
-                    s[a, b] *= scale_log2
+            # online softmax in base 2 (log2(e) folded into the scale, applied to Q_i when loaded)
             # only the last block (past Nk) and, when causal, blocks that cross the
             # diagonal need a mask; the test is uniform over the block
             if col0 + Bc > Nk or (CAUSAL and col0 + Bc - 1 > row0 + off):
@@ -347,7 +369,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             cuda.atomic.add(counter, 1, nw)
 
     kernel._fastmath = FASTMATH  # read by compile_check.compile_ptx
-    return cuda.jit(fastmath=FASTMATH)(kernel), g
+    return jit(fastmath=FASTMATH, max_registers=FORWARD_MAX_REGISTERS)(kernel), g
 
 
 
@@ -436,6 +458,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     RW = Br // (NT // 32)
     NX = -(-DP // 32)
     BC_U, FOUR_U, DP_MAX = np.uint32(Bc), np.uint32(4), np.uint32(DP)
+    FIXED_COL = NT % d == 0 and (Br * d) % NT == 0  # Q_i, dO_i loads: see the forward
+    ROWSTEP = NT // d if FIXED_COL else 1
+    NLOAD = (Br * d) // NT if FIXED_COL else 1
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, scale, scale_log2, counter):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
@@ -500,18 +525,33 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         for i in range(i0, Tr):
             r0 = i * Br
             cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
-            for e in range(tid, Br * d, NT):
-                r = e // d
-                x = e % d
-                qval = ZERO
-                doval = ZERO
-                if r0 + r < Nq:
-                    qval = ACC(q[bh, r0 + r, x])
-                    doval = ACC(do[bh, r0 + r, x])
-                    if COUNT:
-                        nr += 2 * SB
-                QT[x * QS + r] = qval
-                dOT[x * QS + r] = doval
+            if FIXED_COL:  # as in the forward: one column per thread, an unrolled loop over rows
+                x = tid % d
+                r = tid // d
+                for _ in range(NLOAD):
+                    qval = ZERO
+                    doval = ZERO
+                    if r0 + r < Nq:
+                        qval = ACC(q[bh, r0 + r, x])
+                        doval = ACC(do[bh, r0 + r, x])
+                        if COUNT:
+                            nr += 2 * SB
+                    QT[x * QS + r] = qval
+                    dOT[x * QS + r] = doval
+                    r += ROWSTEP
+            else:
+                for e in range(tid, Br * d, NT):
+                    r = e // d
+                    x = e % d
+                    qval = ZERO
+                    doval = ZERO
+                    if r0 + r < Nq:
+                        qval = ACC(q[bh, r0 + r, x])
+                        doval = ACC(do[bh, r0 + r, x])
+                        if COUNT:
+                            nr += 2 * SB
+                    QT[x * QS + r] = qval
+                    dOT[x * QS + r] = doval
             for r in range(tid, Br, NT):
                 Lr = POS_INF
                 Dr = ZERO
@@ -646,6 +686,9 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     NEG_INF, POS_INF, ZERO, LOG2E_ACC = _typed(dtype)
     QT_SIZE, KT_SIZE, P_SIZE = DP * QS, DP * KS, Bc * PS
     DP_U, BC_U, KS_U, QS_U, PS_U, ONE_U = (np.uint32(x) for x in (DP, Bc, KS, QS, PS, 1))
+    FIXED_COL = NT % d == 0 and (Bc * d) % NT == 0  # K_j, V_j loads: see the forward
+    ROWSTEP = NT // d if FIXED_COL else 1
+    NLOAD = (Bc * d) // NT if FIXED_COL else 1
 
     def kernel(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
@@ -718,18 +761,33 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         for j in range(n_j):
             c0 = j * Bc
             cuda.syncthreads()  # previous step is done with KT, VT, dST
-            for e in range(tid, Bc * d, NT):
-                c = e // d
-                x = e % d
-                kval = ZERO
-                vval = ZERO
-                if c0 + c < Nk:
-                    kval = ACC(k[bh, c0 + c, x])
-                    vval = ACC(v[bh, c0 + c, x])
-                    if COUNT:
-                        nr += 2 * SB
-                KT[x * KS + c] = kval
-                VT[x * KS + c] = vval
+            if FIXED_COL:  # as in the forward: one column per thread, an unrolled loop over rows
+                x = tid % d
+                c = tid // d
+                for _ in range(NLOAD):
+                    kval = ZERO
+                    vval = ZERO
+                    if c0 + c < Nk:
+                        kval = ACC(k[bh, c0 + c, x])
+                        vval = ACC(v[bh, c0 + c, x])
+                        if COUNT:
+                            nr += 2 * SB
+                    KT[x * KS + c] = kval
+                    VT[x * KS + c] = vval
+                    c += ROWSTEP
+            else:
+                for e in range(tid, Bc * d, NT):
+                    c = e // d
+                    x = e % d
+                    kval = ZERO
+                    vval = ZERO
+                    if c0 + c < Nk:
+                        kval = ACC(k[bh, c0 + c, x])
+                        vval = ACC(v[bh, c0 + c, x])
+                        if COUNT:
+                            nr += 2 * SB
+                    KT[x * KS + c] = kval
+                    VT[x * KS + c] = vval
             cuda.syncthreads()
 
             # S = Q_i K_j^T and dP = dO_i V_j^T
