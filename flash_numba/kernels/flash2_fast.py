@@ -38,10 +38,16 @@ time on multiply-adds:
 Measured on an NVIDIA H200 (fp32, B*H = 32, N = 4096, d = 64, forward,
 2026-11-30): see ``benchmarks/results/``.  The steps, each checked on the GPU:
 flash2-style 8x2 micro-tile with scalar loads and Python-float -inf 9.9 ms
-(13.9 TFLOP/s); typed constants + unrolled while loops 6.4 ms (21.4 TFLOP/s).
+(13.9 TFLOP/s); typed constants + unrolled while loops 6.4 ms (21.4 TFLOP/s);
+fixed-column K/V loads in unrolled loops + Q pre-scaled + a 128-register cap
+5.9 ms (23.4 TFLOP/s).  Not kept: K_j row-major with 16-byte loads along d to
+remove the 8-way bank conflict of the transposed K store (6.9 ms: the limit is
+instruction issue, not shared-memory banks; docs/PERFORMANCE.md).
 
 Backward: D = rowsum(dO * O), then dK/dV per key block and dQ per query block, in the
-same style (see the comment above :func:`dkdv_kernel`).
+same style (see the comment above :func:`dkdv_kernel`); with ``deterministic=False``
+one pass instead, the dK/dV kernel adding dS K_j into dQ with atomics (FlashAttention-2's
+way): 15.8 ms instead of 12.2 + 8.7 ms at N = 4096 on the H200.
 
 Counters.  The instrumented forward counts, per thread, every element it loads
 from q, k, v and stores to o and lse (one name: "flash2_fast forward").
