@@ -40,7 +40,9 @@ Measured on an NVIDIA H200 (fp32, B*H = 32, N = 4096, d = 64, forward,
 flash2-style 8x2 micro-tile with scalar loads and Python-float -inf 9.9 ms
 (13.9 TFLOP/s); typed constants + unrolled while loops 6.4 ms (21.4 TFLOP/s);
 fixed-column K/V loads in unrolled loops + Q pre-scaled + a 128-register cap
-5.9 ms (23.4 TFLOP/s).  Not kept: K_j row-major with 16-byte loads along d to
+5.9 ms (23.4 TFLOP/s); the Q pre-scaling was then taken out again (it made the
+forward's S differ from the backward's recomputed S at scores of 1e4: see the
+softmax comment), so the kernel as it stands was not timed on its own.  Not kept: K_j row-major with 16-byte loads along d to
 remove the 8-way bank conflict of the transposed K store (6.9 ms: the limit is
 instruction issue, not shared-memory banks; docs/PERFORMANCE.md).
 
@@ -231,7 +233,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             kk = e % DP
             val = ZERO
             if kk < d and row0 + r < Nq:
-                val = ACC(q[bh, row0 + r, kk]) * scale_log2  # the scale once here, not on every S_ij
+                val = ACC(q[bh, row0 + r, kk])
                 if COUNT:
                     nr += STORE_BYTES
             QT[kk * QS + r] = val
@@ -301,7 +303,13 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                 ki += KS_U
                 kk += ONE_U
 
-            # online softmax in base 2 (log2(e) folded into the scale, applied to Q_i when loaded)
+            # online softmax in base 2 (log2(e) folded into the scale).  The scale is applied to
+            # S_ij, not to Q_i once at load time: the backward recomputes S = (Q K^T) * scale in
+            # this order, and with scores of 1e4 the two roundings of a pre-scaled Q would differ
+            # from it by ~1e-3 in the exponent, enough to spoil dQ (test_large_scores_backward).
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] *= scale_log2
             # only the last block (past Nk) and, when causal, blocks that cross the
             # diagonal need a mask; the test is uniform over the block
             if col0 + Bc > Nk or (CAUSAL and col0 + Bc - 1 > row0 + off):
