@@ -42,9 +42,10 @@ flash2-style 8x2 micro-tile with scalar loads and Python-float -inf 9.9 ms
 fixed-column K/V loads in unrolled loops + Q pre-scaled + a 128-register cap
 5.9 ms (23.4 TFLOP/s); the Q pre-scaling was then taken out again (it made the
 forward's S differ from the backward's recomputed S at scores of 1e4: see the
-softmax comment), so the kernel as it stands was not timed on its own.  Not kept: K_j row-major with 16-byte loads along d to
-remove the 8-way bank conflict of the transposed K store (6.9 ms: the limit is
-instruction issue, not shared-memory banks; docs/PERFORMANCE.md).
+softmax comment), so the kernel as it stands was not timed on its own.
+Not kept: K_j row-major with 16-byte loads along d to remove the 8-way bank
+conflict of the transposed K store (6.9 ms: the limit is instruction issue, not
+shared-memory banks; docs/PERFORMANCE.md).
 
 Backward: D = rowsum(dO * O), then dK/dV per key block and dQ per query block, in the
 same style (see the comment above :func:`dkdv_kernel`); with ``deterministic=False``
