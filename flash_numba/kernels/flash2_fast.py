@@ -68,7 +68,7 @@ from .. import _inputs, blocks
 from ..compile_check import compile_ptx
 from ..device import SIMULATOR, STATIC_SHARED_LIMIT, jit
 from . import flash2 as _flash2
-from ._common import COUNTER_TYPE, acc_nb_type, array_type
+from ._common import COUNTER_TYPE, acc_nb_type, array_type, nb_type
 
 TY, TX = 8, 16
 NT = TY * TX
@@ -900,7 +900,7 @@ def zero_kernel(acc_name: str, count: bool):
 @lru_cache(maxsize=None)
 def cast_kernel(src_name: str, dst_name: str, count: bool):
     """dq = dq_acc, element by element, in the storage dtype (float16 calls)."""
-    DST = _inputs_nb_type(dst_name)
+    DST = nb_type(dst_name)
     SA, SB, COUNT = np.dtype(src_name).itemsize, np.dtype(dst_name).itemsize, count
 
     def kernel(src, dst, n, counter):
@@ -912,12 +912,6 @@ def cast_kernel(src_name: str, dst_name: str, count: bool):
                 cuda.atomic.add(counter, 1, SB)
 
     return jit()(kernel)
-
-
-def _inputs_nb_type(name: str):
-    from numba import from_dtype
-
-    return from_dtype(np.dtype(name))
 
 
 def forward(prob, ops, block, counters):
