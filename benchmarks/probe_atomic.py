@@ -46,9 +46,9 @@ for causal in (False, True):
     Br, Bc = 32, 32
     unused = F._unused_dq(np.dtype("float32"))
     kv, _ = F.dkdv_kernel(d, Bc // 8, Br // 16, "float32", causal, False)
-    ms_kv = tm(lambda: kv[(N // Bc, BH), F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dk"], nb["dv"], unused, N, N, sc, sl2, cnt))
+    ms_kv = tm(lambda: kv[(N // Bc) * BH, F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dk"], nb["dv"], unused, N, N, sc, sl2, cnt))
     qk, _ = F.dq_kernel(d, Br // 8, Bc // 16, "float32", causal, False)
-    ms_q = tm(lambda: qk[(N // Br, BH), F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dq"], N, N, sc, sl2, cnt))
+    ms_q = tm(lambda: qk[(N // Br) * BH, F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dq"], N, N, sc, sl2, cnt))
     print(f"causal={causal} deterministic: dK/dV {ms_kv:.3f} ms + dQ {ms_q:.3f} ms = {ms_kv + ms_q:.3f} ms", flush=True)
     zero = F.zero_kernel("float32", False)
     n = BH * N * d
@@ -57,7 +57,7 @@ for causal in (False, True):
     for maxreg in (None, 128, 168):
         F.dkdv_kernel.cache_clear()
         kva, _ = F.dkdv_kernel(d, Bc // 8, Br // 16, "float32", causal, False, maxreg, atomic_dq=True)
-        run = lambda: (zero[-(-n // 256), 256](flat, n, cnt), kva[(N // Bc, BH), F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dk"], nb["dv"], nb["dq"], N, N, sc, sl2, cnt))
+        run = lambda: (zero[-(-n // 256), 256](flat, n, cnt), kva[(N // Bc) * BH, F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dk"], nb["dv"], nb["dq"], N, N, sc, sl2, cnt))
         ms = tm(run)
         regs = list(kva.get_regs_per_thread().values())[0]
         lm = list(kva.get_local_mem_per_thread().values())[0]

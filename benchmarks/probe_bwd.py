@@ -39,7 +39,7 @@ for causal in (False, True):
     div = 2 if causal else 1
     for TM, TN in ((8, 2),):
         kern, g = F.forward_kernel(d, TM, TN, "float32", causal, False)
-        ms = tm(lambda: kern[(N // g["Br"], BH), F.NT](nb["q"], nb["k"], nb["v"], nb["o"], nb["lse"], N, N, sl2, cnt))
+        ms = tm(lambda: kern[(N // g["Br"]) * BH, F.NT](nb["q"], nb["k"], nb["v"], nb["o"], nb["lse"], N, N, sl2, cnt))
         print(f"fwd causal={causal} {TM}x{TN}: {ms:.3f} ms {fl / div / ms / 1e9:.1f} TFLOP/s", flush=True)
     rs = F2._rowsum_kernel(d, np.dtype("float32"), False)
     ms = tm(lambda: rs[(N // F2.TY, BH), F2.NT](nb["o"], nb["do"], nb["D"], cnt, N))
@@ -51,7 +51,7 @@ for causal in (False, True):
                 if g["smem"] > 48 * 1024:
                     continue
                 ms = tm(
-                    lambda: kv[(N // Bc, BH), F.NT](
+                    lambda: kv[(N // Bc) * BH, F.NT](
                         nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dk"], nb["dv"], N, N, sc, sl2, cnt
                     )
                 )
@@ -67,7 +67,7 @@ for causal in (False, True):
             if g["smem"] > 48 * 1024:
                 continue
             ms = tm(
-                lambda: qk[(N // Br, BH), F.NT](
+                lambda: qk[(N // Br) * BH, F.NT](
                     nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dq"], N, N, sc, sl2, cnt
                 )
             )

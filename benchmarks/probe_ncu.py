@@ -18,10 +18,10 @@ nb = {n: cuda.as_cuda_array(t) for n, t in dict(q=q, k=k, v=v, do=do, o=o, lse=l
 cnt = cuda.to_device(np.zeros(2, np.int64))
 sc, sl2 = np.float32(1 / 8), np.float32(F.LOG2E / 8)
 fwd, g = F.forward_kernel(d, 8, 2, "float32", False, False)
-fwd[(N // g["Br"], BH), F.NT](nb["q"], nb["k"], nb["v"], nb["o"], nb["lse"], N, N, sl2, cnt)
+fwd[(N // g["Br"]) * BH, F.NT](nb["q"], nb["k"], nb["v"], nb["o"], nb["lse"], N, N, sl2, cnt)
 F2._rowsum_kernel(d, np.dtype("float32"), False)[(N // F2.TY, BH), F2.NT](nb["o"], nb["do"], nb["D"], cnt, N)
 kv, _ = F.dkdv_kernel(d, 4, 2, "float32", False, False, atomic_dq=True)
-kv[(N // 32, BH), F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dk"], nb["dv"], nb["dq"],
+kv[(N // 32) * BH, F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"], nb["dk"], nb["dv"], nb["dq"],
                         N, N, sc, sl2, cnt)
 cuda.synchronize()
 print("done")

@@ -198,6 +198,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     FIXED_COL = NT % d == 0 and (Bc * d) % NT == 0
     ROWSTEP = NT // d if FIXED_COL else 1
     NLOAD = (Bc * d) // NT if FIXED_COL else 1
+    D_U = np.uint32(d)
 
     def kernel(q, k, v, o, lse, Nq, Nk, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
@@ -211,12 +212,21 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         qv = cuda.local.array(TM, ACC)
         kv = cuda.local.array(TN, ACC)
         vv = cuda.local.array(TD, ACC)
+        kreg = cuda.local.array(NLOAD, ACC)
+        vreg = cuda.local.array(NLOAD, ACC)
 
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
-        bh = cuda.blockIdx.y
-        i_blk = cuda.gridDim.x - 1 - cuda.blockIdx.x  # longest (causal) rows first
+        # a 1-D grid of Tr * B*H blocks, row tile after row tile, each for every head, the last
+        # (longest when causal) row tile first: the heavy blocks start first and the light
+        # ones fill the tail (a (Tr, B*H) grid started each head's light blocks before the
+        # next head's heavy ones; no grid-dimension limit either)
+        Tr = (Nq + Br - 1) // Br
+        BH = cuda.gridDim.x // Tr
+        i_blk = Tr - 1 - cuda.blockIdx.x // BH
+        bh = cuda.blockIdx.x % BH
+        bh_u = uint32(bh)
         row0 = i_blk * Br
         off = Nk - Nq
         nr = 0
@@ -252,21 +262,22 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         for j in range(n_j):
             col0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous KT, Vs, PT
-            if FIXED_COL:
-                kk = tid % d
-                c = tid // d
-                for _ in range(NLOAD):
-                    kval = ZERO
-                    vval = ZERO
-                    if col0 + c < Nk:
-                        kval = ACC(k[bh, col0 + c, kk])
-                        vval = ACC(v[bh, col0 + c, kk])
-                        if COUNT:
-                            nr += 2 * STORE_BYTES
-                    KT[kk * KS + c] = kval
-                    Vs[c * DP + kk] = vval
-                    c += ROWSTEP
-            else:
+            if FIXED_COL and col0 + Bc <= Nk:
+                # a whole tile: NLOAD loads of K and of V per thread, all issued before the
+                # first shared store, with unsigned indices (a signed index costs the code of
+                # Python's negative-index wraparound at every access: ~30 instructions a load)
+                kk = uint32(tid) % D_U
+                c = uint32(tid) // D_U
+                rk = uint32(col0) + c
+                for t in range(NLOAD):
+                    kreg[t] = ACC(k[bh_u, rk + uint32(t * ROWSTEP), kk])
+                    vreg[t] = ACC(v[bh_u, rk + uint32(t * ROWSTEP), kk])
+                for t in range(NLOAD):
+                    KT[kk * KS_U + c + uint32(t * ROWSTEP)] = kreg[t]
+                    Vs[(c + uint32(t * ROWSTEP)) * DP_U + kk] = vreg[t]
+                if COUNT:
+                    nr += 2 * NLOAD * STORE_BYTES
+            else:  # the last tile (rows past Nk are zeros), or d does not divide the 128 threads
                 for e in range(tid, Bc * d, NT):
                     c = e // d
                     kk = e % d
@@ -476,6 +487,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     FIXED_COL = NT % d == 0 and (Br * d) % NT == 0  # Q_i, dO_i loads: see the forward
     ROWSTEP = NT // d if FIXED_COL else 1
     NLOAD = (Br * d) // NT if FIXED_COL else 1
+    D_U = np.uint32(d)
+    NX_FULL = d == 32 * NX  # every lane's dQ columns exist: no column test
+    assert Br <= NT  # one thread per row loads L_i and D_i
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, scale, scale_log2, counter):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
@@ -499,14 +513,22 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         dqp = cuda.local.array((RW, NX), ACC)  # atomic dQ: this step's partial sums
         kq = cuda.local.array((NX, 4), ACC)
         ds4 = cuda.local.array(4, ACC)
+        qreg = cuda.local.array(NLOAD, ACC)
+        doreg = cuda.local.array(NLOAD, ACC)
 
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
         lane = uint32(tid % 32)
         warp = uint32(tid // 32)
-        bh = cuda.blockIdx.y
-        c0 = cuda.blockIdx.x * Bc
+        # 1-D grid, key tile after key tile, each for every head; the first key tiles are the
+        # longest when causal (they see every query block), so they start first
+        Tc = (Nk + Bc - 1) // Bc
+        BH = cuda.gridDim.x // Tc
+        bh = cuda.blockIdx.x % BH
+        bh_u = uint32(bh)
+        nq_u = uint32(Nq)  # unsigned compares: uint32 < int64 would compare as float64
+        c0 = (cuda.blockIdx.x // BH) * Bc
         off = Nk - Nq
         nr = 0
         nw = 0
@@ -540,20 +562,18 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         for i in range(i0, Tr):
             r0 = i * Br
             cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
-            if FIXED_COL:  # as in the forward: one column per thread, an unrolled loop over rows
-                x = tid % d
-                r = tid // d
-                for _ in range(NLOAD):
-                    qval = ZERO
-                    doval = ZERO
-                    if r0 + r < Nq:
-                        qval = ACC(q[bh, r0 + r, x])
-                        doval = ACC(do[bh, r0 + r, x])
-                        if COUNT:
-                            nr += 2 * SB
-                    QT[x * QS + r] = qval
-                    dOT[x * QS + r] = doval
-                    r += ROWSTEP
+            if FIXED_COL and r0 + Br <= Nq:  # a whole tile: batched unsigned loads, as in the forward
+                x = uint32(tid) % D_U
+                r = uint32(tid) // D_U
+                rq = uint32(r0) + r
+                for t in range(NLOAD):
+                    qreg[t] = ACC(q[bh_u, rq + uint32(t * ROWSTEP), x])
+                    doreg[t] = ACC(do[bh_u, rq + uint32(t * ROWSTEP), x])
+                for t in range(NLOAD):
+                    QT[x * QS_U + r + uint32(t * ROWSTEP)] = qreg[t]
+                    dOT[x * QS_U + r + uint32(t * ROWSTEP)] = doreg[t]
+                if COUNT:
+                    nr += 2 * NLOAD * SB
             else:
                 for e in range(tid, Br * d, NT):
                     r = e // d
@@ -567,18 +587,19 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                             nr += 2 * SB
                     QT[x * QS + r] = qval
                     dOT[x * QS + r] = doval
-            for r in range(tid, Br, NT):
+            if tid < Br:
                 Lr = POS_INF
                 Dr = ZERO
-                if r0 + r < Nq:
-                    Lv = lse[bh, r0 + r]
-                    Dr = D[bh, r0 + r]
+                r = uint32(r0) + uint32(tid)
+                if r < nq_u:
+                    Lv = lse[bh_u, r]
+                    Dr = D[bh_u, r]
                     if COUNT:
                         nr += 2 * AB
                     if Lv != NEG_INF:
                         Lr = Lv * LOG2E_ACC
-                Ls[r] = Lr
-                Ds[r] = Dr
+                Ls[tid] = Lr
+                Ds[tid] = Dr
             cuda.syncthreads()
 
             # S^T = K_j Q_i^T and dP^T = V_j dO_i^T, one TM x TN micro-tile each
@@ -644,26 +665,31 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 for a in range(RW):
                     for u in range(NX):
                         dqp[a, u] = ZERO
+                kqi = lane * KS_U  # K_j^T[lane, c]
+                dsi = warp * uint32(RW * PS)  # dS_ij[warp * RW, c]
                 c = uint32(0)
                 while c < BC_U:
                     for u in range(NX):
-                        x = lane + uint32(32 * u)
                         for t in range(4):
-                            kq[u, t] = KT[x * KS_U + c + uint32(t)] if x < DP_MAX else ZERO
+                            kq[u, t] = ZERO
+                            if NX_FULL or lane + uint32(32 * u) < DP_MAX:
+                                kq[u, t] = KT[kqi + uint32(32 * u * KS + t)]
                     for a in range(RW):
                         for t in range(4):
-                            ds4[t] = dSs[(warp * uint32(RW) + uint32(a)) * PS_U + c + uint32(t)]
+                            ds4[t] = dSs[dsi + uint32(a * PS + t)]
                         for u in range(NX):
                             for t in range(4):
                                 dqp[a, u] += ds4[t] * kq[u, t]
+                    kqi += FOUR_U
+                    dsi += FOUR_U
                     c += FOUR_U
                 for a in range(RW):
-                    row = r0 + warp * RW + a
-                    if row < Nq:
+                    row = uint32(r0) + warp * uint32(RW) + uint32(a)
+                    if row < nq_u:
                         for u in range(NX):
-                            x = lane + 32 * u
-                            if x < d:
-                                cuda.atomic.add(dq, (bh, row, x), dqp[a, u] * scale)
+                            x = lane + uint32(32 * u)
+                            if NX_FULL or x < D_U:
+                                cuda.atomic.add(dq, (bh_u, row, x), dqp[a, u] * scale)
                                 if COUNT:
                                     nr += AB
                                     nw += AB
@@ -704,6 +730,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     FIXED_COL = NT % d == 0 and (Bc * d) % NT == 0  # K_j, V_j loads: see the forward
     ROWSTEP = NT // d if FIXED_COL else 1
     NLOAD = (Bc * d) // NT if FIXED_COL else 1
+    D_U = np.uint32(d)
 
     def kernel(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
@@ -723,12 +750,17 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         xv = cuda.local.array(TN, ACC)
         yv = cuda.local.array(TN, ACC)
         uv = cuda.local.array(TD, ACC)
+        kreg = cuda.local.array(NLOAD, ACC)
+        vreg = cuda.local.array(NLOAD, ACC)
 
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
-        bh = cuda.blockIdx.y
-        i_blk = cuda.gridDim.x - 1 - cuda.blockIdx.x  # longest (causal) rows first
+        Tr = (Nq + Br - 1) // Br  # 1-D grid, longest (causal) row tiles first: see the forward
+        BH = cuda.gridDim.x // Tr
+        i_blk = Tr - 1 - cuda.blockIdx.x // BH
+        bh = cuda.blockIdx.x % BH
+        bh_u = uint32(bh)
         r0 = i_blk * Br
         off = Nk - Nq
         nr = 0
@@ -776,20 +808,18 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         for j in range(n_j):
             c0 = j * Bc
             cuda.syncthreads()  # previous step is done with KT, VT, dST
-            if FIXED_COL:  # as in the forward: one column per thread, an unrolled loop over rows
-                x = tid % d
-                c = tid // d
-                for _ in range(NLOAD):
-                    kval = ZERO
-                    vval = ZERO
-                    if c0 + c < Nk:
-                        kval = ACC(k[bh, c0 + c, x])
-                        vval = ACC(v[bh, c0 + c, x])
-                        if COUNT:
-                            nr += 2 * SB
-                    KT[x * KS + c] = kval
-                    VT[x * KS + c] = vval
-                    c += ROWSTEP
+            if FIXED_COL and c0 + Bc <= Nk:  # a whole tile: batched unsigned loads, as in the forward
+                x = uint32(tid) % D_U
+                c = uint32(tid) // D_U
+                rk = uint32(c0) + c
+                for t in range(NLOAD):
+                    kreg[t] = ACC(k[bh_u, rk + uint32(t * ROWSTEP), x])
+                    vreg[t] = ACC(v[bh_u, rk + uint32(t * ROWSTEP), x])
+                for t in range(NLOAD):
+                    KT[x * KS_U + c + uint32(t * ROWSTEP)] = kreg[t]
+                    VT[x * KS_U + c + uint32(t * ROWSTEP)] = vreg[t]
+                if COUNT:
+                    nr += 2 * NLOAD * SB
             else:
                 for e in range(tid, Bc * d, NT):
                     c = e // d
@@ -921,7 +951,7 @@ def forward(prob, ops, block, counters):
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
-    grid = (-(-prob.Nq // Br), prob.BH)
+    grid = -(-prob.Nq // Br) * prob.BH
     kernel[grid, NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME))
     return o, lse
 
@@ -947,11 +977,11 @@ def backward(prob, ops, block, counters):
     if not getattr(prob, "deterministic", True):
         return _backward_atomic(prob, q, k, v, do, lse, D, dk, dv, block, counters)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count)
-    kv[(-(-Nk // Bc), BH), NT](q, k, v, do, lse, D, dk, dv, _unused_dq(acc), Nq, Nk, scale, scale_log2,
+    kv[-(-Nk // Bc) * BH, NT](q, k, v, do, lse, D, dk, dv, _unused_dq(acc), Nq, Nk, scale, scale_log2,
                               counters.array(BACKWARD_KV_NAME))
     dq = _inputs.empty((BH, Nq, d), dt)
     qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count)
-    qk[(-(-Nq // Br), BH), NT](q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counters.array(BACKWARD_Q_NAME))
+    qk[-(-Nq // Br) * BH, NT](q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counters.array(BACKWARD_Q_NAME))
     return dq, dk, dv
 
 
@@ -977,7 +1007,7 @@ def _backward_atomic(prob, q, k, v, do, lse, D, dk, dv, block, counters):
     zero[-(-n // _ELEMWISE_THREADS), _ELEMWISE_THREADS](dq_acc.reshape(n), n, counters.array(ZERO_DQ_NAME))
     scale, scale_log2 = acc.type(prob.scale), acc.type(prob.scale * LOG2E)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True)
-    kv[(-(-Nk // Bc), BH), NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, scale, scale_log2,
+    kv[-(-Nk // Bc) * BH, NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, scale, scale_log2,
                               counters.array(BACKWARD_KVQ_NAME))
     if dt == acc:
         return dq_acc, dk, dv
