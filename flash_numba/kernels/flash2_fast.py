@@ -422,7 +422,7 @@ def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
     TD = -(-d // TX)
     DP = TD * TX
     Bc, Br = TY * TM, TX * TN
-    KS, QS, PS = Bc + vec, Br + vec, Bc + vec
+    KS, QS, PS = Bc + vec, Br + 1, Bc + vec
     smem = a * (2 * DP * KS + 2 * DP * QS + 2 * Br * PS + 2 * Br)
     return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, smem=smem)
 
@@ -434,7 +434,7 @@ def geometry_q(d: int, TM: int, TN: int, dtype) -> dict:
     TD = -(-d // TX)
     DP = TD * TX
     Br, Bc = TY * TM, TX * TN
-    QS, KS, PS = Br + vec, Bc + vec, Br + vec
+    QS, KS, PS = Br + vec, Bc + 1, Br + vec
     smem = a * (2 * DP * QS + 2 * DP * KS + Bc * PS)
     return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, smem=smem)
 
@@ -488,9 +488,6 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     ROWSTEP = NT // d if FIXED_COL else 1
     NLOAD = (Br * d) // NT if FIXED_COL else 1
     D_U = np.uint32(d)
-    CH = QS - Br  # queries per step of the dV/dK product (one 16-byte vector)
-    CH_U, CHPS_U = np.uint32(CH), np.uint32(CH * PS)
-    assert Br % CH == 0
     NX_FULL = d == 32 * NX  # every lane's dQ columns exist: no column test
     assert Br <= NT  # one thread per row loads L_i and D_i
 
@@ -511,8 +508,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         bv = cuda.local.array(TM, ACC)
         xv = cuda.local.array(TN, ACC)
         yv = cuda.local.array(TN, ACC)
-        uv4 = cuda.local.array((TD, CH), ACC)
-        wv4 = cuda.local.array((TD, CH), ACC)
+        uv = cuda.local.array(TD, ACC)
+        wv = cuda.local.array(TD, ACC)
         dqp = cuda.local.array((RW, NX), ACC)  # atomic dQ: this step's partial sums
         kq = cuda.local.array((NX, 4), ACC)
         ds4 = cuda.local.array(4, ACC)
@@ -643,29 +640,24 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     dSs[rl * PS + ty * TM + a] = p * (dpT[a, b] - Dv)
             cuda.syncthreads()
 
-            # dV_j += P^T dO_i, dK_j += dS^T Q_i (the scale is applied once, at the end).  The
-            # thread's columns x = tx + 16 u of dO_i and Q_i are rows of dO_i^T and Q_i^T: CH
-            # queries at a time, one 16-byte load per column (QS = Br + CH keeps them aligned
-            # and a quarter-warp's 8 loads on distinct banks), then CH steps of FMAs.
+            # dV_j += P^T dO_i, dK_j += dS^T Q_i (the scale is applied once, at the end)
             pi = uint32(ty * TM)
             xi = uint32(tx * QS)
             r = uint32(0)
             while r < BR_U:
+                for a in range(TM):
+                    av[a] = Ps[pi + uint32(a)]
+                    bv[a] = dSs[pi + uint32(a)]
                 for u in range(TD):
-                    for t in range(CH):
-                        uv4[u, t] = dOT[xi + uint32(u * TX * QS + t)]
-                        wv4[u, t] = QT[xi + uint32(u * TX * QS + t)]
-                for t in range(CH):
-                    for a in range(TM):
-                        av[a] = Ps[pi + uint32(t * PS + a)]
-                        bv[a] = dSs[pi + uint32(t * PS + a)]
-                    for a in range(TM):
-                        for u in range(TD):
-                            dv_acc[a, u] += av[a] * uv4[u, t]
-                            dk_acc[a, u] += bv[a] * wv4[u, t]
-                pi += CHPS_U
-                xi += CH_U
-                r += CH_U
+                    uv[u] = dOT[xi + uint32(u * TX * QS)]
+                    wv[u] = QT[xi + uint32(u * TX * QS)]
+                for a in range(TM):
+                    for u in range(TD):
+                        dv_acc[a, u] += av[a] * uv[u]
+                        dk_acc[a, u] += bv[a] * wv[u]
+                pi += PS_U
+                xi += ONE_U
+                r += ONE_U
 
             if ATOMIC_DQ:
                 # dQ_i += dS_ij K_j: per 4 keys, a 16-byte load of K_j^T per dQ column (KS = 4 mod 32
@@ -739,9 +731,6 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     ROWSTEP = NT // d if FIXED_COL else 1
     NLOAD = (Bc * d) // NT if FIXED_COL else 1
     D_U = np.uint32(d)
-    CH = KS - Bc  # keys per step of the dQ product (one 16-byte vector)
-    CH_U, CHPS_U = np.uint32(CH), np.uint32(CH * PS)
-    assert Bc % CH == 0
 
     def kernel(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
@@ -760,7 +749,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         bv = cuda.local.array(TM, ACC)
         xv = cuda.local.array(TN, ACC)
         yv = cuda.local.array(TN, ACC)
-        uv4 = cuda.local.array((TD, CH), ACC)
+        uv = cuda.local.array(TD, ACC)
         kreg = cuda.local.array(NLOAD, ACC)
         vreg = cuda.local.array(NLOAD, ACC)
 
@@ -883,24 +872,21 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
                     dST[(tx * TN + b) * PS + ty * TM + a] = p * (dp[a, b] - Dr[a])
             cuda.syncthreads()
 
-            # dQ_i += dS K_j (scale applied at the end): CH keys at a time, one 16-byte load per
-            # column x = tx + 16 u of K_j (a row of K_j^T), as in the dK/dV kernel's dV/dK product
+            # dQ_i += dS K_j (scale applied at the end)
             si = uint32(ty * TM)
             xi = uint32(tx * KS)
             c = uint32(0)
             while c < BC_U:
+                for a in range(TM):
+                    av[a] = dST[si + uint32(a)]
                 for u in range(TD):
-                    for t in range(CH):
-                        uv4[u, t] = KT[xi + uint32(u * TX * KS + t)]
-                for t in range(CH):
-                    for a in range(TM):
-                        av[a] = dST[si + uint32(t * PS + a)]
-                    for a in range(TM):
-                        for u in range(TD):
-                            dq_acc[a, u] += av[a] * uv4[u, t]
-                si += CHPS_U
-                xi += CH_U
-                c += CH_U
+                    uv[u] = KT[xi + uint32(u * TX * KS)]
+                for a in range(TM):
+                    for u in range(TD):
+                        dq_acc[a, u] += av[a] * uv[u]
+                si += PS_U
+                xi += ONE_U
+                c += ONE_U
 
         for a in range(TM):
             row = r0 + ty * TM + a
