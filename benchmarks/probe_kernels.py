@@ -57,3 +57,28 @@ for causal in (False, True):
     ms = np.median(time_ms(lambda: kva[(N // 32) * BH, F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], nb["D"],
                                                              nb["dk"], nb["dv"], nb["dq"], N, N, sc, sl2, cnt)))
     line("dK, dV, dQ (atomic)", causal, ms, 5, kva)
+
+# --sweep: other micro-tiles of the forward and other blocks / register caps of the atomic backward
+import sys  # noqa: E402
+
+if "--sweep" in sys.argv:
+    for causal in (False,):
+        f = flash_numba.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast")
+        nb = {n: cuda.as_cuda_array(t) for n, t in dict(q=q, k=k, v=v, do=do, o=f.o, lse=f.lse).items()}
+        D = cuda.as_cuda_array(torch.zeros(BH, N, device="cuda"))
+        dq, dk, dv = (cuda.as_cuda_array(torch.empty_like(q)) for _ in range(3))
+        for TM, TN in ((8, 2), (8, 1), (4, 2), (4, 3)):
+            o2 = cuda.as_cuda_array(torch.empty_like(q))
+            l2 = cuda.as_cuda_array(torch.empty(BH, N, device="cuda"))
+            fk, g = F.forward_kernel(d, TM, TN, "float32", causal, False)
+            ms = np.median(time_ms(lambda: fk[-(-N // g["Br"]) * BH, F.NT](nb["q"], nb["k"], nb["v"], o2, l2, N, N, sl2,
+                                                                            cnt)))
+            err = float(np.abs(o2.copy_to_host() - f.o.cpu().numpy()).max())
+            line(f"forward TM={TM} TN={TN} (max |diff| {err:.1e})", causal, ms, 2, fk)
+        for Br, Bc in ((32, 32), (32, 16), (16, 32)):
+            for maxreg in (None, 128, 96):
+                ka, _ = F.dkdv_kernel(d, Bc // 8, Br // 16, "float32", causal, False, maxreg, atomic_dq=True)
+                run = lambda: ka[-(-N // Bc) * BH, F.NT](nb["q"], nb["k"], nb["v"], nb["do"], nb["lse"], D, dk, dv, dq,  # noqa: E731
+                                                           N, N, sc, sl2, cnt)
+                ms = np.median(time_ms(run))
+                line(f"atomic Br={Br} Bc={Bc} maxreg={maxreg}", causal, ms, 5, ka)
