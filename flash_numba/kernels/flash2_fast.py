@@ -35,14 +35,21 @@ time on multiply-adds:
   row max takes four ``shfl_xor``; the row sum l_i stays per-thread (rescaled
   with the max) and is reduced once at the end.
 
-Measured on an NVIDIA H200 (fp32, B*H = 32, N = 4096, d = 64, forward,
-2026-11-30): see ``benchmarks/results/``.  The steps, each checked on the GPU:
+Measured on an NVIDIA H200 (fp32, B*H = 32, N = 4096, d = 64, forward, kernel
+alone, 2026-11-30): see ``benchmarks/results/``.  The steps, each run on the GPU:
 flash2-style 8x2 micro-tile with scalar loads and Python-float -inf 9.9 ms
 (13.9 TFLOP/s); typed constants + unrolled while loops 6.4 ms (21.4 TFLOP/s);
-fixed-column K/V loads in unrolled loops + Q pre-scaled + a 128-register cap
-5.9 ms (23.4 TFLOP/s); the Q pre-scaling was then taken out again (it made the
-forward's S differ from the backward's recomputed S at scores of 1e4: see the
-softmax comment), so the kernel as it stands was not timed on its own.
+fixed-column K/V loads in unrolled loops + a 128-register cap 5.9 ms (23.4);
+**full tiles loaded with unsigned indices, every load before the first shared
+store 4.5 ms (30.4 TFLOP/s)**.  That last step came from reading the SASS: a
+signed index into a global array costs the code of Python's negative-index
+wraparound (a compare and select per dimension, then 64-bit multiplies), about
+35 instructions per load, and the loads of a tile took a quarter of all the
+instructions of a K/V step (1140 of 4440); with uint32 indices a tile is 173
+instructions for its 32 loads and 32 stores.  Edge tiles (past Nk) keep the
+checked loop.  Causal: the grid is one-dimensional, the last (longest) row
+tile of every head first, so short blocks fill the tail: 0.51 of the
+non-causal time (a (Tr, B*H) grid, heavy-first only within a head, gave 0.64).
 Not kept: K_j row-major with 16-byte loads along d to remove the 8-way bank
 conflict of the transposed K store (6.9 ms: the limit is instruction issue, not
 shared-memory banks; docs/PERFORMANCE.md).
@@ -50,7 +57,8 @@ shared-memory banks; docs/PERFORMANCE.md).
 Backward: D = rowsum(dO * O), then dK/dV per key block and dQ per query block, in the
 same style (see the comment above :func:`dkdv_kernel`); with ``deterministic=False``
 one pass instead, the dK/dV kernel adding dS K_j into dQ with atomics (FlashAttention-2's
-way): 15.8 ms instead of 12.2 + 8.7 ms at N = 4096 on the H200.
+way).  At N = 4096 on the H200: 12.1 ms atomic, 9.6 + 7.3 ms deterministic (28-29
+TFLOP/s over their products; 15.8 and 12.2 + 8.7 ms before the unsigned-index loads).
 
 Counters.  The instrumented forward counts, per thread, every element it loads
 from q, k, v and stores to o and lse (one name: "flash2_fast forward").
@@ -82,7 +90,8 @@ BACKWARD_NAMES = _flash2.BACKWARD_NAMES
 USES_BLOCKS = True
 
 # (TM, TN) micro-tile shapes in order of preference (fastest first on the H200
-# at d = 64, fp32: 8x2 21.4, 8x1 19.3, 4x2 16.5, 4x3 15.8 TFLOP/s).
+# at d = 64, fp32: 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s with the current
+# loads, probe_sweep.txt; before them 21.4, 19.3, 16.5, 15.8).
 _PREFERENCE = ((8, 2), (8, 1), (4, 2), (4, 1), (2, 1), (1, 1))
 
 
@@ -452,11 +461,14 @@ def backward_smem(Br: int, Bc: int, d: int, dtype) -> int | None:
     return max(kv, q)
 
 
-#: Register cap of the dK/dV kernel.  Uncapped, ptxas takes 159-168 registers at
-#: d = 64 (2 blocks per SM); capped at 128 it spills 44 bytes but fits 3 blocks:
-#: 12.6 ms instead of 13.3 ms at N = 4096 non-causal on the H200 (same causal).
+#: Register cap of the dK/dV kernel.  Uncapped, ptxas took 159-168 registers at
+#: d = 64 (2 blocks per SM); capped at 128 it fit 3 blocks: 12.6 ms instead of 13.3 ms
+#: at N = 4096 non-causal on the H200 (same causal).  With the unsigned-index loads it
+#: needs 119 registers and no spills.
 DKDV_MAX_REGISTERS = 128
-#: The same for the kernel that also adds dQ with atomics (``deterministic=False``).
+#: The same for the kernel that also adds dQ with atomics (``deterministic=False``):
+#: 128 / none / 96 gave 12.3 / 11.9 / 12.1 ms in one run (``probe_sweep.txt``), within
+#: the run-to-run spread (about 3%), so the cap stays.
 DKDV_ATOMIC_MAX_REGISTERS = 128
 
 
