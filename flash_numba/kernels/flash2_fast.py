@@ -274,7 +274,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             if FIXED_COL and col0 + Bc <= Nk:
                 # a whole tile: NLOAD loads of K and of V per thread, all issued before the
                 # first shared store, with unsigned indices (a signed index costs the code of
-                # Python's negative-index wraparound at every access: ~30 instructions a load)
+                # Python's negative-index wraparound at every access: ~35 instructions a load)
                 kk = uint32(tid) % D_U
                 c = uint32(tid) // D_U
                 rk = uint32(col0) + c
