@@ -19,6 +19,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 python3 -c "import numpy, numba, numba_cuda; print('numpy', numpy.__version__, 'numba', numba.__version__)" > "$out/versions.txt" 2>&1
 python3 -m flash_numba info >> "$out/versions.txt" 2>&1
 
+# Each lesson's Python source, run as a script in three background groups (the device has no nbformat);
+# one line per lesson in $out/lessons.txt. $1: the time limit of one lesson, in seconds.
+lessons_in_background() {
+  for group in "00 01 02 03" "04 05 06 07" "08 09 10"; do
+    (for n in $group; do
+       f=$(ls lessons/_src/${n}_*.py); t1=$(date +%s)
+       (cd lessons && timeout "$1" python3 "_src/$(basename "$f")" > "$out/lesson_$n.log" 2>&1)
+       rc=$?
+       printf '%s rc=%s %ss %s\n' "$(basename "$f")" "$rc" "$(( $(date +%s) - t1 ))" \
+         "$(grep -c 'all checks passed' "$out/lesson_$n.log") check line(s)" >> "$out/lessons.txt"
+     done) &
+  done
+}
+
 if [ "$mode" = A ]; then
   t0=$(date +%s)
   timeout 240 python3 benchmarks/bench.py --n 1024 2048 4096 8192 --csv "$out/bench.csv" --plot "$out/bench.png" \
@@ -57,15 +71,7 @@ if [ "$mode" = B ]; then
       tests/test_inputs.py tests/test_microbench.py tests/test_device.py > "$out/gpu_tests.log" 2>&1;
    echo "gpu tests rc=$?" >> "$out/gpu_tests.log") &
   (timeout 150 python3 -m flash_numba.profile --out "$out/profile" > "$out/profile.txt" 2>&1) &
-  for group in "00 01 02 03" "04 05 06 07" "08 09 10"; do
-    (for n in $group; do
-       f=$(ls lessons/_src/${n}_*.py); t1=$(date +%s)
-       (cd lessons && timeout 100 python3 "_src/$(basename "$f")" > "$out/lesson_$n.log" 2>&1)
-       rc=$?
-       printf '%s rc=%s %ss %s\n' "$(basename "$f")" "$rc" "$(( $(date +%s) - t1 ))" \
-         "$(grep -c 'all checks passed' "$out/lesson_$n.log") check line(s)" >> "$out/lessons.txt"
-     done) &
-  done
+  lessons_in_background 100
   wait
   echo "parallel part $(( $(date +%s) - t0 ))s"
   sort "$out/lessons.txt"; tail -n 4 "$out/gpu_tests.log"; tail -n 3 "$out/profile.txt"
@@ -78,15 +84,7 @@ if [ "$mode" = C ]; then
     (timeout 420 python3 benchmarks/sanitize.py --matrix "$out/sanitize_$tool" --quick --tools $tool --timeout 400 \
         > "$out/sanitize_$tool.txt" 2>&1) &
   done
-  for group in "00 01 02 03" "04 05 06 07" "08 09 10"; do
-    (for n in $group; do
-       f=$(ls lessons/_src/${n}_*.py); t1=$(date +%s)
-       (cd lessons && timeout 150 python3 "_src/$(basename "$f")" > "$out/lesson_$n.log" 2>&1)
-       rc=$?
-       printf '%s rc=%s %ss %s\n' "$(basename "$f")" "$rc" "$(( $(date +%s) - t1 ))" \
-         "$(grep -c 'all checks passed' "$out/lesson_$n.log") check line(s)" >> "$out/lessons.txt"
-     done) &
-  done
+  lessons_in_background 150
   wait
   echo "parallel part $(( $(date +%s) - t0 ))s"
   sort "$out/lessons.txt"; tail -n 3 "$out/gpu_tests.log"
