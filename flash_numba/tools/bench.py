@@ -13,7 +13,7 @@ It works in three steps, in the manner of llm.c's ``dev/cuda`` benchmarks:
    ``--repeats`` calls.  The calls rotate among several input sets, together at
    least 3x the L2 cache, so that no call finds its inputs in L2.
 3. **Report.**  A fixed-width table per configuration (N, d, causal, pass):
-   time, TFLOP/s, the fraction of the fp32 peak (:func:`flash_numba.microbench.fp32_peak`,
+   time, TFLOP/s, the fraction of the fp32 peak (:func:`flash_numba.tools.microbench.fp32_peak`,
    once per run, or ``--peak``), the HBM bytes the kernels' code moves and the
    device memory the call allocates; ``--csv`` and ``--plot`` save them.
 
@@ -39,274 +39,53 @@ module imports neither PyTorch nor matplotlib until it needs them.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import itertools
 import math
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from . import device, iomodel, kernels, reference
-from .api import (
-    attention_backward,
-    attention_forward,
+from .. import device, iomodel, kernels, reference
+from ..device import SIMULATOR
+from . import timing
+from .bench_cases import (
+    COUNT_LIMIT,
+    DEFAULT_BH,
+    DEFAULT_D,
+    DEFAULT_N,
+    DEFAULT_REPEATS,
+    DTYPES,
+    PASSES,
+    QUICK_N,
+    QUICK_REPEATS,
+    REFERENCE_MAX_N,
+    SIMULATOR_BH,
+    SIMULATOR_D,
+    SIMULATOR_N,
+    SMALL_PROBLEM,
+    TOLERANCE,
+    TORCH_BACKENDS,
+    VARIANTS,
+    WARMUP,
+    Config,
+    Impl,
+    Inputs,
+    flash_numba_impl,
+    host_inputs,
+    implementation_names,
+    input_sets,
+    kernel_of,
+    split_bh,
+    to_device,
+    to_host,
+    torch_backends,
+    torch_impl,
+    workspace_bytes,
 )
-from .device import SIMULATOR, CudaTimer
-
-PASSES = ("fwd", "fwd+bwd")
-DTYPES = ("float16", "float32", "float64")
-
-#: The default sweep on a GPU, the --quick one, and the tiny one of the simulator.
-DEFAULT_N, QUICK_N, SIMULATOR_N = (1024, 2048, 4096, 8192), (1024, 2048), (8, 16)
-DEFAULT_D, SIMULATOR_D = 64, 8
-DEFAULT_BH, SIMULATOR_BH = 32, 1
-DEFAULT_REPEATS, QUICK_REPEATS = 10, 5
-WARMUP = 3
-
-#: Largest ``max |x - ref| / max |ref|`` accepted, per storage dtype, for every output.
-TOLERANCE = {"float16": 2e-2, "float32": 1e-4, "float64": 1e-10}
-
-#: The small validation problem (B, H, N): awkward N on a GPU, tiny in the simulator.
-SMALL_PROBLEM = (1, 1, 9) if SIMULATOR else (1, 2, 97)
-#: Largest N whose heads the float64 reference checks at the benchmark size.
-REFERENCE_MAX_N = 8192
-
-#: A ``count_hbm=True`` run at the benchmark size is made up to this many
-#: (batch, head, query, key) entries, B*H*N^2; above it the IO model gives the
-#: bytes (per-thread atomics make counted N x N kernels slow, and the simulator slower).
-COUNT_LIMIT = 1024 if SIMULATOR else 2**28
-
-#: Input sets rotated through while timing: together at least L2_MULTIPLE x L2, within these bounds.
-MIN_SETS, MAX_SETS, L2_MULTIPLE = 2, 8, 3
-
-#: PyTorch SDPA backends, by our name: the SDPBackend member.
-TORCH_BACKENDS = {
-    "torch-math": "MATH",
-    "torch-efficient": "EFFICIENT_ATTENTION",
-    "torch-flash": "FLASH_ATTENTION",
-    "torch-cudnn": "CUDNN_ATTENTION",
-}
-
-#: N x N buffers of one (batch, head) an implementation allocates in a call, by pass
-#: (the rest is O(N d)).  standard: S and P; its backward adds S, P, dP, dS while the
-#: forward's are still held if Numba allocated them (it frees lazily; PyTorch's
-#: allocator, used on torch tensors, has them back already).  torch-math: an estimate.
-NXN_BUFFERS = {"standard": {"fwd": 2, "fwd+bwd": 6}, "torch-math": {"fwd": 2, "fwd+bwd": 5}}
-
-
-# ---------------------------------------------------------------------------- what is run
-
-
-@dataclass(frozen=True)
-class Config:
-    """One benchmark configuration: q, k, v of shape (B, H, N, d), dtype, mask and pass."""
-
-    B: int
-    H: int
-    N: int
-    d: int
-    dtype: str
-    causal: bool
-    pass_: str  # "fwd" or "fwd+bwd"
-
-    @property
-    def BH(self) -> int:
-        return self.B * self.H
-
-    @property
-    def flops(self) -> float:
-        return attention_flops(self.BH, self.N, self.d, self.causal, self.pass_)
-
-    def describe(self) -> str:
-        mask = "causal" if self.causal else "no mask"
-        shape = f"B*H = {self.BH} (B={self.B}, H={self.H}), N = {self.N}, d = {self.d}"
-        return f"{shape}, {self.dtype}, {mask}, {self.pass_}"
-
-
-def attention_flops(BH: int, N: int, d: int, causal: bool, pass_: str) -> float:
-    """FLOPs of one call, FlashAttention-2's convention.
-
-    Forward ``4 BH N^2 d``; backward 2.5x the forward; halved when causal.
-    """
-    fwd = 4.0 * BH * N * N * d
-    total = fwd * 3.5 if pass_ == "fwd+bwd" else fwd
-    return total / 2 if causal else total
-
-
-def split_bh(bh: int) -> tuple[int, int]:
-    """``(B, H)`` with ``B * H = bh`` and H = gcd(bh, 8): 32 -> (4, 8), 2 -> (1, 2)."""
-    H = math.gcd(bh, 8)
-    return bh // H, H
-
-
-def torch_backends(dtype: str) -> tuple[str, ...]:
-    """The PyTorch backends benchmarked for a storage dtype.
-
-    MATH runs every dtype; EFFICIENT_ATTENTION float16 and float32;
-    FLASH_ATTENTION and CUDNN_ATTENTION only float16 (and bfloat16).
-    """
-    if dtype == "float64":
-        return ("torch-math",)
-    if dtype == "float32":
-        return ("torch-math", "torch-efficient")
-    return tuple(TORCH_BACKENDS)
-
-
-def workspace_bytes(name: str, cfg: Config) -> int:
-    """Bytes of the N x N buffers ``name`` allocates for ``cfg`` (0 for the flash kernels)."""
-    per_head = NXN_BUFFERS.get(name, {}).get(cfg.pass_, 0)
-    return per_head * cfg.BH * cfg.N * cfg.N * np.dtype(cfg.dtype).itemsize
-
-
-def _torch():
-    """The torch module when it is importable and a GPU runs our kernels, else None."""
-    if SIMULATOR:
-        return None
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
-
-
-# ---------------------------------------------------------------------------- inputs
-
-
-@dataclass
-class Inputs:
-    """q, k, v and the output gradient do, ``(B, H, N, d)`` device arrays (torch or Numba)."""
-
-    q: object
-    k: object
-    v: object
-    do: object
-    _leaves: tuple | None = field(default=None, repr=False)
-
-    def leaves(self) -> tuple:
-        """q, k, v as torch leaf tensors that require grad (views of the same memory)."""
-        if self._leaves is None:
-            self._leaves = tuple(x.detach().requires_grad_() for x in (self.q, self.k, self.v))
-        return self._leaves
-
-
-def host_inputs(shape, dtype: str, seed: int) -> dict:
-    """Random q, k, v, do as NumPy arrays; the same seed gives the same arrays."""
-    rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(shape, dtype=np.float32).astype(dtype) for name in ("q", "k", "v", "do")}
-
-
-def to_device(host: dict, torch=None) -> Inputs:
-    """Copy host arrays to the GPU (as torch tensors when ``torch`` is given)."""
-    if torch is not None:
-        return Inputs(**{n: torch.from_numpy(x).to("cuda") for n, x in host.items()})
-    from numba import cuda
-
-    return Inputs(**{n: cuda.to_device(x) for n, x in host.items()})
-
-
-def to_host(x) -> np.ndarray:
-    """A Numba device array, torch tensor or NumPy array as a NumPy array."""
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "copy_to_host"):
-        return x.copy_to_host()
-    return x.detach().cpu().numpy()
-
-
-def input_sets(cfg: Config, torch=None) -> list[Inputs]:
-    """Input sets to rotate through while timing; set i comes from seed i.
-
-    At least :data:`MIN_SETS`, and enough that together they are
-    :data:`L2_MULTIPLE` times the L2 cache; one in the simulator.
-    """
-    from .microbench import l2_cache_bytes
-
-    shape = (cfg.B, cfg.H, cfg.N, cfg.d)
-    l2 = l2_cache_bytes()
-    if l2 is None:
-        n = 1
-    else:
-        set_bytes = 4 * cfg.BH * cfg.N * cfg.d * np.dtype(cfg.dtype).itemsize
-        n = min(MAX_SETS, max(MIN_SETS, math.ceil(L2_MULTIPLE * l2 / set_bytes)))
-    return [to_device(host_inputs(shape, cfg.dtype, seed), torch) for seed in range(n)]
-
-
-# ---------------------------------------------------------------------------- implementations
-
-
-@dataclass(frozen=True)
-class Impl:
-    """A named implementation: ``call(inputs, cfg, count_hbm)`` -> ``(outputs, HBMCount or None)``.
-
-    ``outputs`` maps o (and lse, dq, dk, dv) to device arrays of the inputs' shape.
-    """
-
-    name: str
-    call: Callable
-    is_torch: bool = False
-
-
-#: Implementations that are one of our kernels called with an option: name -> (kernel, backward options).
-VARIANTS = {"flash2_fast-atomic": ("flash2_fast", {"deterministic": False})}
-
-
-def kernel_of(name: str) -> tuple[str, dict]:
-    """The kernel module and backward options behind an implementation name."""
-    return VARIANTS.get(name, (name, {}))
-
-
-def flash_numba_impl(name: str) -> Impl:
-    """One of our kernel modules (or a :data:`VARIANTS` entry), called through the public API."""
-    kernel, bwd_options = kernel_of(name)
-
-    def call(inp: Inputs, cfg: Config, count_hbm: bool = False):
-        q, k, v, do = inp.q, inp.k, inp.v, inp.do
-        fwd = attention_forward(q, k, v, kernel=kernel, causal=cfg.causal, count_hbm=count_hbm)
-        out, hbm = {"o": fwd.o, "lse": fwd.lse}, fwd.hbm
-        if cfg.pass_ == "fwd+bwd":
-            bwd = attention_backward(q, k, v, fwd.o, fwd.lse, do, kernel=kernel, causal=cfg.causal,
-                                     count_hbm=count_hbm, **bwd_options)
-            out.update(dq=bwd.dq, dk=bwd.dk, dv=bwd.dv)
-            hbm = hbm + bwd.hbm if count_hbm else None
-        return out, hbm
-
-    return Impl(name, call)
-
-
-def torch_impl(name: str, torch) -> Impl:
-    """PyTorch's scaled_dot_product_attention restricted to one backend."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    backend = getattr(SDPBackend, TORCH_BACKENDS[name])
-
-    def call(inp: Inputs, cfg: Config, count_hbm: bool = False):
-        with sdpa_kernel(backend):
-            if cfg.pass_ == "fwd":
-                with torch.no_grad():
-                    return {"o": sdpa(inp.q, inp.k, inp.v, is_causal=cfg.causal)}, None
-            q, k, v = inp.leaves()
-            o = sdpa(q, k, v, is_causal=cfg.causal)
-            dq, dk, dv = torch.autograd.grad(o, (q, k, v), inp.do)
-        return {"o": o.detach(), "dq": dq, "dk": dk, "dv": dv}, None
-
-    return Impl(name, call, is_torch=True)
-
-
-def implementation_names(dtype: str, torch=None) -> list[str]:
-    """Every implementation that can run here: our kernels, then the PyTorch backends
-    for ``dtype`` that this PyTorch has (none without ``torch``)."""
-    names = list(kernels.NAMES) + list(VARIANTS)
-    if torch is not None:
-        from torch.nn.attention import SDPBackend
-
-        names += [n for n in torch_backends(dtype) if hasattr(SDPBackend, TORCH_BACKENDS[n])]
-    return names
+from .bench_report import Row, fmt_bytes, footnotes, format_table, plot, write_csv
 
 
 # ---------------------------------------------------------------------------- validation
@@ -362,11 +141,6 @@ def _progress(step: int, total: int, text: str, tag: str = "") -> None:
     print(f"[{tag}{step}/{total}] {text}", file=sys.stderr, flush=True)
 
 
-def _is_oom(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, MemoryError) or "out of memory" in text or "out_of_memory" in text
-
-
 def no_room(name: str, cfg: Config, torch=None) -> str | None:
     """Why ``name``'s N x N buffers for ``cfg`` do not fit in free device memory, or None.
 
@@ -378,10 +152,10 @@ def no_room(name: str, cfg: Config, torch=None) -> str | None:
 
     if torch is not None:
         torch.cuda.empty_cache()  # PyTorch's cached blocks count as free for everyone
-    free_pending()
+    timing.free_pending()
     need, free = workspace_bytes(name, cfg), cuda.current_context().get_memory_info().free
     if need > 0.9 * free:
-        return f"its N x N buffers need {_fmt_bytes(need)}, {_fmt_bytes(free)} free"
+        return f"its N x N buffers need {fmt_bytes(need)}, {fmt_bytes(free)} free"
     return None
 
 
@@ -427,7 +201,7 @@ def validate(impls: list[Impl], cfgs: list[Config], torch=None) -> tuple[list[st
                         impls.remove(impl)
                         notes.append(f"{impl.name}: not available here ({str(exc).splitlines()[0]})")
                         continue
-                    if heads is None or not _is_oom(exc):
+                    if heads is None or not timing.out_of_memory(exc):
                         raise
                     reason = "out of memory"
             if reason is not None:
@@ -438,24 +212,6 @@ def validate(impls: list[Impl], cfgs: list[Config], torch=None) -> tuple[list[st
     return mismatches, notes
 
 
-# ---------------------------------------------------------------------------- measuring
-
-
-@dataclass
-class Row:
-    """The result of one implementation on one configuration."""
-
-    impl: str
-    cfg: Config
-    ms: float | None = None
-    hbm_bytes: int | None = None
-    hbm_source: str = "n/a"  # "counted", "model" or "n/a"
-    mem_bytes: int | None = None
-    status: str = "ok"  # or why it was not measured
-
-    @property
-    def tflops(self) -> float | None:
-        return None if self.ms is None else self.cfg.flops / (self.ms * 1e-3) / 1e12
 
 
 def hbm_bytes(impl: Impl, inp: Inputs, cfg: Config) -> tuple[int | None, str]:
@@ -480,18 +236,6 @@ def hbm_bytes(impl: Impl, inp: Inputs, cfg: Config) -> tuple[int | None, str]:
     return counted.total, "counted"
 
 
-def free_pending() -> None:
-    """Free now the device memory of arrays already dropped, which Numba frees lazily; then synchronise."""
-    from numba import cuda
-
-    ctx = cuda.current_context()
-    ctx.deallocations.clear()  # streams, events, modules
-    memory = getattr(ctx.memory_manager, "deallocations", None)  # device memory, with Numba's own manager
-    if memory is not None:
-        memory.clear()
-    cuda.synchronize()
-
-
 def allocated_bytes(impl: Impl, inp: Inputs, cfg: Config, torch=None) -> int:
     """Device memory one call allocates beyond its inputs: outputs and workspace (GPU only).
 
@@ -506,9 +250,7 @@ def allocated_bytes(impl: Impl, inp: Inputs, cfg: Config, torch=None) -> int:
     """
     from numba import cuda
 
-    from flash_numba import device
-
-    free_pending()  # what earlier calls left behind
+    timing.free_pending()  # what earlier calls left behind
     ctx = cuda.current_context()
     if torch is not None:
         torch.cuda.reset_peak_memory_stats()
@@ -542,7 +284,7 @@ def time_calls(impl: Impl, sets: list[Inputs], cfg: Config, repeats: int) -> lis
     times = []
     for r in range(repeats):
         inp = sets[(WARMUP + r) % len(sets)]
-        free_pending()
+        timing.free_pending()
         start, stop = cuda.event(), cuda.event()  # timing events (the default)
         with cuda.defer_cleanup():
             start.record()
@@ -566,176 +308,13 @@ def measure(impl: Impl, sets: list[Inputs], cfg: Config, repeats: int, torch=Non
             row.mem_bytes = allocated_bytes(impl, sets[0], cfg, torch)
             row.ms = statistics.median(time_calls(impl, sets, cfg, repeats))
     except Exception as exc:
-        if _is_oom(exc):
+        if timing.out_of_memory(exc):
             row.status = "out of memory"
         elif impl.is_torch and _unavailable(exc):
             row.status = f"not available: {str(exc).splitlines()[0]}"
         else:
             raise
     return row
-
-
-# ---------------------------------------------------------------------------- reporting
-
-
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n} B"
-
-
-COLUMNS = (
-    ("implementation", 19),
-    ("N", 6),
-    ("d", 4),
-    ("causal", 6),
-    ("pass", 7),
-    ("ms", 15),
-    ("TFLOP/s", 8),
-    ("% fp32 peak", 11),
-    ("HBM bytes", 10),
-    ("HBM by", 7),
-    ("peak mem", 9),
-)
-
-
-def _cells(row: Row, peak_tflops: float | None) -> list[str]:
-    cfg = row.cfg
-    if row.ms is not None:
-        ms, tflops = f"{row.ms:.3f}", f"{row.tflops:.2f}"
-        frac = f"{100 * row.tflops / peak_tflops:.1f}%" if peak_tflops else "-"
-    else:
-        ms = "n/a (simulator)" if SIMULATOR and row.status == "ok" else "-"
-        tflops = frac = "-"
-    hbm_by = {"counted": "count", "model": "model"}.get(row.hbm_source, "-")
-    return [
-        row.impl,
-        str(cfg.N),
-        str(cfg.d),
-        str(cfg.causal),
-        cfg.pass_,
-        ms,
-        tflops,
-        frac,
-        _fmt_bytes(row.hbm_bytes),
-        hbm_by,
-        _fmt_bytes(row.mem_bytes),
-    ]
-
-
-def format_table(rows: list[Row], peak_tflops: float | None) -> str:
-    """The fixed-width table of one configuration's rows, under a heading naming it."""
-    line = "  ".join(f"{name:<{w}}" if i == 0 else f"{name:>{w}}" for i, (name, w) in enumerate(COLUMNS))
-    out = [rows[0].cfg.describe() + ":", line, "-" * len(line)]
-    for row in rows:
-        cells = _cells(row, peak_tflops)
-        text = "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, (_, w)) in enumerate(zip(cells, COLUMNS)))
-        out.append(text + ("" if row.status == "ok" else f"  {row.status}"))
-    return "\n".join(out)
-
-
-def footnotes(repeats: int, peak_line: str) -> list[str]:
-    """What each column means, printed under the tables and written into the CSV header."""
-    if SIMULATOR:
-        timing = "ms: n/a (simulator): " + CudaTimer.note + "."
-    else:
-        timing = (
-            f"ms: median of {repeats} calls timed with CUDA events after {WARMUP} warm-up calls, rotating among "
-            f"{MIN_SETS}-{MAX_SETS} input sets (together >= {L2_MULTIPLE}x the L2 cache); one of our calls is one "
-            "public-API call on device arrays, output allocation included."
-        )
-    return [
-        "FLOPs: FlashAttention-2's convention: forward 4 N^2 d per head, backward 2.5x the forward "
-        "(10 N^2 d, recompute included), fwd+bwd 14 N^2 d; halved when causal (Nq = Nk), "
-        "as if the masked half were skipped.",
-        timing,
-        f"% fp32 peak: TFLOP/s over the fp32 peak, {peak_line}.",
-        "HBM bytes: bytes the kernels' code reads + writes in global memory, from a count_hbm=True run at this "
-        "size (count) or flash_numba.iomodel (model); not counted for PyTorch.",
-        "peak mem: device memory one call allocates beyond its inputs (outputs and workspace): Numba's allocations "
-        "from Numba's memory manager before and after the call (this process only), PyTorch's (its own calls, "
-        "and ours on torch tensors) from torch.cuda.max_memory_allocated.",
-    ]
-
-
-CSV_FIELDS = (
-    "implementation", "B", "H", "N", "d", "dtype", "causal", "pass", "ms", "tflops", "peak_fraction",
-    "flops", "hbm_bytes", "hbm_source", "peak_mem_bytes", "status",
-)  # fmt: skip
-
-
-def write_csv(path: str, rows: list[Row], header: list[str], peak_tflops: float | None) -> None:
-    """Rows as CSV under ``# `` comment lines (device, date, command line, conventions)."""
-
-    def blank(x):
-        return "" if x is None else x
-
-    with open(path, "w", newline="") as f:
-        for line in header:
-            f.write(f"# {line}\n")
-        w = csv.writer(f)
-        w.writerow(CSV_FIELDS)
-        for r in rows:
-            c = r.cfg
-            frac = r.tflops / peak_tflops if r.tflops is not None and peak_tflops else None
-            w.writerow(
-                [r.impl, c.B, c.H, c.N, c.d, c.dtype, c.causal, c.pass_, blank(r.ms), blank(r.tflops), blank(frac),
-                 int(c.flops), blank(r.hbm_bytes), r.hbm_source, blank(r.mem_bytes), r.status]
-            )  # fmt: skip
-
-
-def read_csv(path: str) -> tuple[list[str], list[dict]]:
-    """``(header comment lines, rows as dicts of strings)`` of a file from :func:`write_csv`."""
-    with open(path, newline="") as f:
-        lines = f.read().splitlines()
-    header = [line[2:] for line in lines if line.startswith("# ")]
-    body = [line for line in lines if not line.startswith("#")]
-    return header, list(csv.DictReader(body))
-
-
-def plot(rows: list[Row], path: str, title: str) -> bool:
-    """Time and TFLOP/s against N, log-log, one line per implementation, one column per
-    (d, dtype, mask, pass); saved to ``path``.  False (and nothing written) without times."""
-    timed = [r for r in rows if r.ms is not None]
-    if not timed:
-        return False
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import NullLocator
-
-    all_N = sorted({r.cfg.N for r in timed})
-    panels = list(dict.fromkeys((r.cfg.d, r.cfg.dtype, r.cfg.causal, r.cfg.pass_) for r in timed))
-    names = list(dict.fromkeys(r.impl for r in timed))
-    fig = Figure(figsize=(4.5 * len(panels), 7.5), layout="constrained")
-    axes = fig.subplots(2, len(panels), squeeze=False)
-    for col, (d, dtype, causal, pass_) in enumerate(panels):
-        top, bottom = axes[0][col], axes[1][col]
-        for name in names:
-            pts = sorted(
-                (r.cfg.N, r.ms, r.tflops)
-                for r in timed
-                if r.impl == name and (r.cfg.d, r.cfg.dtype, r.cfg.causal, r.cfg.pass_) == (d, dtype, causal, pass_)
-            )
-            if pts:
-                Ns, ms, tf = zip(*pts)
-                top.plot(Ns, ms, marker="o", label=name)
-                bottom.plot(Ns, tf, marker="o", label=name)
-        top.set_title(f"d={d}, {dtype}, {'causal' if causal else 'no mask'}, {pass_}")
-        top.set_ylabel("time per call (ms)")
-        bottom.set_ylabel("TFLOP/s")
-        bottom.set_xlabel("sequence length N")
-        for ax in (top, bottom):
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xticks(all_N, [str(n) for n in all_N])
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize="small")
-    fig.suptitle(title)
-    fig.savefig(path, dpi=120)
-    return True
 
 
 # ---------------------------------------------------------------------------- command line
@@ -805,7 +384,7 @@ def _choose_impls(args: argparse.Namespace, torch) -> tuple[list[Impl], list[str
 
 def run(args: argparse.Namespace, command: str = "flash-numba bench") -> int:
     """Validate, time and report; 0 on success, 1 if an implementation disagrees with the reference."""
-    torch = _torch()
+    torch = timing.torch_cuda()
     cfgs = configs(args)
     impls, notes = _choose_impls(args, torch)
     repeats = args.repeats or (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
@@ -831,7 +410,7 @@ def run(args: argparse.Namespace, command: str = "flash-numba bench") -> int:
         from .microbench import fp32_peak
 
         peak = fp32_peak().value
-        peak_line = f"{peak:.1f} TFLOP/s measured by flash_numba.microbench.fp32_peak()"
+        peak_line = f"{peak:.1f} TFLOP/s measured by flash_numba.tools.microbench.fp32_peak()"
 
     rows, step, total = [], 0, len(cfgs) * len(impls)
     for _, same_shape in itertools.groupby(cfgs, key=lambda c: (c.N, c.d)):  # one set of inputs per shape
