@@ -203,8 +203,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 
 #: Subcommands whose module parses its own options: ``flash-numba NAME ...`` runs ``module.main([...])``.
 DELEGATED: dict[str, tuple[str, str]] = {
-    "bench": ("flash_numba.tools.bench", "validate, then time every kernel (and PyTorch SDPA) on this GPU; table, CSV, plot"),
-    "figures": ("flash_numba.tools.figures", "regenerate the article's and the paper's figures (PNG + CSV) into figures/out"),
+    "bench": (
+        "flash_numba.tools.bench", "validate, then time every kernel (and PyTorch SDPA) on this GPU; table, CSV, plot"
+    ),
+    "figures": (
+        "flash_numba.tools.figures", "regenerate the article's and the paper's figures (PNG + CSV) into figures/out"
+    ),
     "profile": ("flash_numba.tools.profile", "our HBM byte counters beside Nsight Compute's DRAM bytes, per kernel"),
 }
 

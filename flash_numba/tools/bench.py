@@ -87,7 +87,6 @@ from .bench_cases import (
 )
 from .bench_report import Row, fmt_bytes, footnotes, format_table, plot, write_csv
 
-
 # ---------------------------------------------------------------------------- validation
 
 

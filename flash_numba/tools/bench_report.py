@@ -13,7 +13,6 @@ from ..device import SIMULATOR, CudaTimer
 from . import csvfile
 from .bench_cases import L2_MULTIPLE, MAX_SETS, MIN_SETS, WARMUP, Config
 
-
 # ---------------------------------------------------------------------------- measuring
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ... import __version__, kernels
-from .. import timing
+from .. import passes, timing
+from ..csvfile import write_csv
 
 COLORS = {"standard": "C3", "flash1": "C0", "flash2": "C2", "flash2_fast": "C1", "torch SDPA": "0.3"}
 
@@ -106,6 +107,11 @@ def header(run: Run, title: str, *notes) -> list:
     return [title, f"device: {run.label}; date: {run.date}; flash_numba {__version__}", *notes]
 
 
+def write_data(run: Run, stem: str, rows: list, title: str, *notes) -> Path:
+    """``rows`` as ``<out>/<stem>.csv`` under the :func:`header` lines of ``title`` and ``notes``."""
+    return write_csv(run.out / f"{stem}.csv", header(run, title, *notes), rows)
+
+
 def gb(x) -> float:
     return x / 1e9
 
@@ -141,3 +147,24 @@ def series(figure: int, key: dict, Ns, measure, slow_s: float, **fixed) -> list:
             print(f"figure {figure}: {name}: stopped after N = {N} (slow)")
             break
     return rows
+
+
+def kernel_series(run: Run, figure: int, Ns, measure, key: str = "kernel", **fixed) -> list:
+    """:func:`series` of ``measure(kernel, N)`` for every kernel of the run, each compiled first
+    (:func:`~flash_numba.tools.passes.warm_up`) so that no point times a compile."""
+    rows = []
+    for kernel in run.kernels:
+        passes.warm_up(kernel, run.sizes.d)
+        rows += series(figure, {key: kernel}, Ns, lambda N, kernel=kernel: measure(kernel, N), run.sizes.slow_s,
+                       **fixed)
+    return rows
+
+
+def against_n(ax, ylabel: str, title: str, legend_size: int = 8) -> None:
+    """Style ``ax`` for a quantity against sequence length: log2 x, log y, labels, title, legend."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=legend_size)

@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import passes, timing
-from ..csvfile import write_csv
-from .common import Run, gb, header, pyplot, save, sig
+from .common import Run, gb, pyplot, save, sig, write_data
 
 #: The paper's Figure 2 (left), arXiv v2 (June 2022): A100, float16, dropout, GPT-2 medium.
 PAPER = {"standard": (66.6, 40.3, 41.7), "flash2": (75.2, 4.4, 7.3)}  # GFLOPs, HBM GB, ms
@@ -77,16 +76,9 @@ def make(run: Run) -> list:
                 }
             )
     title = f"Figure 1: standard attention vs FlashAttention, GPT-2 medium (B = {B}, H = {H}, N = {N}, d = {d})"
-    csv_path = write_csv(
-        run.out / "fig1_paper_table.csv",
-        header(
-            run,
-            title,
-            "model_*: IO model, float32 unless _fp16; counted_gb: counted at a smaller B*H and scaled (exact); "
-            "paper_*: arXiv v2 (A100, float16) on the total rows",
-        ),
-        rows,
-    )
+    csv_path = write_data(run, "fig1_paper_table", rows, title,
+                          "model_*: IO model, float32 unless _fp16; counted_gb: counted at a smaller B*H and scaled "
+                          "(exact); paper_*: arXiv v2 (A100, float16) on the total rows")
     md_path = run.out / "fig1_paper_table.md"
     md_path.write_text(_figure1_markdown(run, rows, title))
     return [csv_path, _figure1_png(run, rows, title), md_path]

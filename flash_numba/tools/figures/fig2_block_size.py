@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from ...api import attention_forward, resolve_block
 from .. import passes, timing
-from ..csvfile import write_csv
-from .common import Run, Skipped, gb, header, pyplot, save, sig
+from .common import Run, Skipped, gb, pyplot, save, sig, write_data
 
 #: The kernels that take any (Br, Bc): the paper's Algorithm 1 and the FlashAttention-2 order.
 BLOCK_SWEEP = ("flash1", "flash2")
@@ -40,12 +39,9 @@ def make(run: Run) -> list:
                 if run.gpu:  # every block size is a new kernel: its first call compiles it (untimed)
                     row["ms"] = sig(timing.median_ms(lambda: attention_forward(q, k, v, kernel=kernel, block=block)))
                 rows.append(row)
-    csv_path = write_csv(
-        run.out / "fig2_block_size.csv",
-        header(run, f"Figure 2: block size vs forward HBM bytes and runtime (N = {N}, d = {d}, B*H = {BH}, float32)",
-                "model_*: IO model (equal to the counters: figure 3 and the tests check it)"),
-        rows,
-    )
+    csv_path = write_data(run, "fig2_block_size", rows,
+        f"Figure 2: block size vs forward HBM bytes and runtime (N = {N}, d = {d}, B*H = {BH}, float32)",
+        "model_*: IO model (equal to the counters: figure 3 and the tests check it)")
     plt = pyplot()
     timed = run.gpu
     fig, axes = plt.subplots(2 if timed else 1, len(flash), figsize=(4.5 * len(flash), 6.5 if timed else 3.6),

@@ -11,8 +11,7 @@ import numpy as np
 
 from ... import device
 from .. import passes
-from ..csvfile import write_csv
-from .common import COLORS, Run, header, pyplot, save
+from .common import COLORS, Run, against_n, pyplot, save, write_data
 
 
 def make(run: Run) -> list:
@@ -34,12 +33,9 @@ def make(run: Run) -> list:
                               + passes.differences(hbm, passes.model(kernel, pass_, 1, N, d)))
     if n_counted:
         print(f"figure 3: {n_counted} passes counted, {n_counted - n_differ} equal to the IO model")
-    csv_path = write_csv(
-        run.out / "fig3_hbm_vs_seqlen.csv",
-        header(run, f"Figure 3: HBM bytes vs sequence length (B*H = 1, d = {d}, float32)",
-                "source: model = flash_numba.iomodel, counted = count_hbm=True"),
-        rows,
-    )
+    csv_path = write_data(run, "fig3_hbm_vs_seqlen", rows,
+        f"Figure 3: HBM bytes vs sequence length (B*H = 1, d = {d}, float32)",
+        "source: model = flash_numba.iomodel, counted = count_hbm=True")
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     M = device.STATIC_SHARED_LIMIT // passes.DTYPE.itemsize  # SRAM elements of one block
@@ -64,12 +60,7 @@ def make(run: Run) -> list:
         if anchor is not None:
             c = anchor["total"] / (anchor["N"] ** 2 * d**2 / M)
             ax.plot(N, c * N**2 * d**2 / M, "k:", lw=0.8, label=f"Theta(N^2 d^2 / M), M = {M}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel("HBM bytes read + written")
-        ax.set_title(f"{pass_}, d = {d}, one head, float32", fontsize=10)
-        ax.legend(fontsize=7)
+        against_n(ax, "HBM bytes read + written", f"{pass_}, d = {d}, one head, float32", 7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return [csv_path, save(run, fig, "fig3_hbm_vs_seqlen")]
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 
-from .. import passes, timing
-from ..csvfile import write_csv
-from .common import COLORS, Run, Skipped, header, pyplot, save, series, sig
+from .. import timing
+from .common import COLORS, Run, Skipped, against_n, kernel_series, pyplot, save, sig, write_data
 
 
 def _peak_mib(kernel: str, BH: int, N: int, d: int):
@@ -27,21 +26,14 @@ def make(run: Run) -> list:
         raise Skipped("needs a GPU: device memory is measured, not modelled")
     s = run.sizes
     d, BH = s.d, s.mem_BH
-    rows = []
-    for kernel in run.kernels:
-        passes.warm_up(kernel, d)
-        rows += series(4, {"kernel": kernel}, s.mem_N, lambda N, kernel=kernel: _peak_mib(kernel, BH, N, d),
-                       s.slow_s, d=d, BH=BH)
+    rows = kernel_series(run, 4, s.mem_N, lambda kernel, N: _peak_mib(kernel, BH, N, d), d=d, BH=BH)
     std = {r["N"]: r["peak_mib"] for r in rows if r["kernel"] == "standard" and "peak_mib" in r}
     for r in rows:
         if "peak_mib" in r and r["N"] in std:
             r["standard_over_this"] = sig(std[r["N"]] / r["peak_mib"])
-    csv_path = write_csv(
-        run.out / "fig4_memory.csv",
-        header(run, f"Figure 4: peak device memory of forward + backward (B*H = {BH}, d = {d}, float32)",
-                "peak_mib: inputs q, k, v, dO included; measured from the free device memory with frees deferred"),
-        rows,
-    )
+    csv_path = write_data(run, "fig4_memory", rows,
+        f"Figure 4: peak device memory of forward + backward (B*H = {BH}, d = {d}, float32)",
+        "peak_mib: inputs q, k, v, dO included; measured from the free device memory with frees deferred")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.6))
     for kernel in run.kernels:
@@ -57,12 +49,7 @@ def make(run: Run) -> list:
         if r["kernel"] == "flash2" and "standard_over_this" in r:
             ax.annotate(f"{r['standard_over_this']:.0f}x", (r["N"], r["peak_mib"]), fontsize=7,
                         textcoords="offset points", xytext=(0, -11), ha="center")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length N")
-    ax.set_ylabel("peak device memory (MiB)")
-    ax.set_title(f"Memory of forward + backward, B*H = {BH}, d = {d}, float32"
-                 + (" (labels: standard / flash2)" if std else ""), fontsize=10)
-    ax.legend(fontsize=8)
+    against_n(ax, "peak device memory (MiB)", f"Memory of forward + backward, B*H = {BH}, d = {d}, float32"
+              + (" (labels: standard / flash2)" if std else ""))
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return [csv_path, save(run, fig, "fig4_memory")]

@@ -10,8 +10,7 @@ from __future__ import annotations
 import statistics
 
 from .. import passes, timing
-from ..csvfile import write_csv
-from .common import COLORS, Run, Sizes, Skipped, header, pyplot, save, series, sig
+from .common import COLORS, Run, Skipped, against_n, kernel_series, pyplot, save, series, sig, write_data
 
 
 def make(run: Run) -> list:
@@ -20,34 +19,25 @@ def make(run: Run) -> list:
         raise Skipped("needs a GPU: runtimes are measured")
     s = run.sizes
     d, BH = s.d, s.time_BH
-    rows = []
-    for kernel in run.kernels:
-        passes.warm_up(kernel, d)
-        rows += _time_series(kernel, s, BH, d, lambda N, kernel=kernel: timing.time_passes(kernel, BH, N, d, False)[0])
+    rows = kernel_series(run, 5, s.time_N, lambda kernel, N: _ms(*timing.time_passes(kernel, BH, N, d, False)[0]),
+                         key="implementation", BH=BH, d=d)
     torch = timing.torch_cuda()
     if torch is not None:
-        rows += _time_series("torch SDPA", s, BH, d, lambda N: _torch_ms(torch, BH, N, d))
+        rows += series(5, {"implementation": "torch SDPA"}, s.time_N, lambda N: _ms(*_torch_ms(torch, BH, N, d)),
+                       s.slow_s, BH=BH, d=d)
         torch.cuda.empty_cache()  # hand PyTorch's cached blocks back before Numba allocates again
     else:
         print("figure 5: PyTorch with CUDA not importable; no SDPA series")
-    paths = [write_csv(
-        run.out / "fig5_runtime.csv",
-        header(run, f"Figure 5: runtime vs sequence length (B*H = {BH}, d = {d}, float32)",
-                "median of 3-10 calls after one untimed call, CUDA events; torch SDPA: backend chosen by PyTorch"),
-        rows,
-    )]
+    paths = [write_data(run, "fig5_runtime", rows,
+        f"Figure 5: runtime vs sequence length (B*H = {BH}, d = {d}, float32)",
+        "median of 3-10 calls after one untimed call, CUDA events; torch SDPA: backend chosen by PyTorch")]
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     for ax, key, what in zip(axes, ("fwd_ms", "total_ms"), ("forward", "forward + backward")):
         for name in dict.fromkeys(r["implementation"] for r in rows):
             pts = [r for r in rows if r["implementation"] == name and r.get(key, "") != ""]
             ax.plot([r["N"] for r in pts], [r[key] for r in pts], marker="o", color=COLORS.get(name), label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel("time (ms)")
-        ax.set_title(f"{what}, B*H = {BH}, d = {d}, float32", fontsize=10)
-        ax.legend(fontsize=8)
+        against_n(ax, "time (ms)", f"{what}, B*H = {BH}, d = {d}, float32")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     paths.append(save(run, fig, "fig5_runtime"))
     if "standard" in run.kernels:
@@ -55,15 +45,9 @@ def make(run: Run) -> list:
     return paths
 
 
-def _time_series(name: str, s: Sizes, BH: int, d: int, time_fn) -> list:
-    """Rows of (forward, backward) ms over s.time_N from ``time_fn(N) -> (fwd ms, bwd ms)``;
-    stops after an out-of-memory error or a slow point (:func:`~.common.series`)."""
-
-    def measure(N):
-        t_fwd, t_bwd = time_fn(N)
-        return dict(fwd_ms=sig(t_fwd), bwd_ms=sig(t_bwd), total_ms=sig(t_fwd + t_bwd)), (t_fwd + t_bwd) / 1000
-
-    return series(5, {"implementation": name}, s.time_N, measure, s.slow_s, BH=BH, d=d)
+def _ms(t_fwd: float, t_bwd: float):
+    """A point of a :func:`~.common.series`: the three times, and its seconds (GPU time of both passes)."""
+    return dict(fwd_ms=sig(t_fwd), bwd_ms=sig(t_bwd), total_ms=sig(t_fwd + t_bwd)), (t_fwd + t_bwd) / 1000
 
 
 def _torch_ms(torch, BH: int, N: int, d: int):
@@ -121,13 +105,10 @@ def _standard_breakdown(run: Run) -> list:
             timing.free_pending()
     if not rows:
         return []
-    paths = [write_csv(
-        run.out / "fig5_standard_breakdown.csv",
-        header(run, f"Figure 5b: standard attention, time per kernel launch (B*H = {BH}, d = {d}, float32)",
-                "CUDA events around each launch (flash_numba.tools.timing.LaunchTimer), "
-               f"median of {timing.LAUNCH_REPEATS} passes"),
-        rows,
-    )]
+    paths = [write_data(run, "fig5_standard_breakdown", rows,
+        f"Figure 5b: standard attention, time per kernel launch (B*H = {BH}, d = {d}, float32)",
+        "CUDA events around each launch (flash_numba.tools.timing.LaunchTimer), "
+        f"median of {timing.LAUNCH_REPEATS} passes")]
     plt = pyplot()
     bars = list(dict.fromkeys((r["pass"], r["N"]) for r in rows))
     fig, ax = plt.subplots(figsize=(10, 1.5 + 0.6 * len(bars)))

@@ -13,8 +13,7 @@ import numpy as np
 
 from ... import device
 from .. import passes, timing
-from ..csvfile import write_csv
-from .common import COLORS, Run, header, pyplot, save, sig
+from .common import COLORS, Run, pyplot, save, sig, write_data
 
 #: Datasheet ceilings (HBM GB/s, float32 TFLOP/s, non-tensor) for when nothing is measured.
 DATASHEETS = {"H200": (4800.0, 67.0), "H100": (3350.0, 67.0), "A100": (2039.0, 19.5), "T4": (320.0, 8.1)}
@@ -80,14 +79,11 @@ def make(run: Run) -> list:
     rows = []
     for kernel in run.kernels:
         rows += _roofline_rows(run, kernel, bw, peak)
-    csv_path = write_csv(
-        run.out / "fig6_roofline.csv",
-        header(run, f"Figure 6: roofline (N = {N}, d = {d}, B*H = {BH}, float32)",
-                f"ceilings: HBM {bw:.0f} GB/s, float32 {peak:.1f} TFLOP/s ({source})",
-                "intensity: FLOPs / bytes requested by the code (re-reads included; the L2 cache serves some, "
-                "so a kernel can sit above the bandwidth roof)"),
-        rows,
-    )
+    csv_path = write_data(run, "fig6_roofline", rows,
+        f"Figure 6: roofline (N = {N}, d = {d}, B*H = {BH}, float32)",
+        f"ceilings: HBM {bw:.0f} GB/s, float32 {peak:.1f} TFLOP/s ({source})",
+        "intensity: FLOPs / bytes requested by the code (re-reads included; the L2 cache serves some, "
+        "so a kernel can sit above the bandwidth roof)")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(12, 5.5))
     x = np.logspace(-2, 3, 200)
