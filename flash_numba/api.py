@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _inputs, blocks, kernels
+from . import _inputs, blocks, device, kernels
 from .hbm import Counters, HBMCount
+
+# Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
+# launch's state in module globals): calls from several Python threads take turns.
+# On a GPU calls run concurrently; each allocates its own outputs.
+_SIMULATOR_LOCK = threading.Lock()
+
+
+def _one_launch_at_a_time():
+    return _SIMULATOR_LOCK if device.SIMULATOR else contextlib.nullcontext()
 
 
 @dataclass
@@ -75,7 +86,7 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
         raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
     blk = _block(mod, prob, block, "forward") if uses_blocks else None
     counters = Counters(count_hbm)
-    with _inputs.allocate_like(prob):
+    with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         o, lse = mod.forward(prob, ops, blk, counters)
     return ForwardResult(
         _inputs.finish(prob, o, (prob.Nq, prob.d)),
@@ -100,7 +111,7 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, dete
         raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
     blk = _block(mod, prob, block, "backward") if uses_blocks else None
     counters = Counters(count_hbm)
-    with _inputs.allocate_like(prob):
+    with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         dq, dk, dv = mod.backward(prob, ops, blk, counters)
     return BackwardResult(
         _inputs.finish(prob, dq, (prob.Nq, prob.d)),
