@@ -214,23 +214,15 @@ def validate(impls: list[Impl], cfgs: list[Config], torch=None) -> tuple[list[st
 
 
 def hbm_bytes(impl: Impl, inp: Inputs, cfg: Config) -> tuple[int | None, str]:
-    """``(bytes, source)``: a counted run, or the IO model above :data:`COUNT_LIMIT`.
-
-    A kernel without an IO model is counted anyway on a GPU; PyTorch is not counted.
-    """
+    """``(bytes, source)``: a counted run, or the IO model above :data:`COUNT_LIMIT`; PyTorch is not counted."""
     if impl.is_torch:
         return None, "n/a"
     if cfg.BH * cfg.N * cfg.N > COUNT_LIMIT:
-        try:
-            kernel, options = kernel_of(impl.name)
-            model = iomodel.forward(kernel, cfg.BH, cfg.N, cfg.N, cfg.d, cfg.dtype, cfg.causal)
-            if cfg.pass_ == "fwd+bwd":
-                model = model + iomodel.backward(kernel, cfg.BH, cfg.N, cfg.N, cfg.d, cfg.dtype, cfg.causal,
-                                                 **options)
-            return model.total, "model"
-        except ModuleNotFoundError:
-            if SIMULATOR:
-                return None, "n/a"
+        kernel, options = kernel_of(impl.name)
+        model = iomodel.forward(kernel, cfg.BH, cfg.N, cfg.N, cfg.d, cfg.dtype, cfg.causal)
+        if cfg.pass_ == "fwd+bwd":
+            model = model + iomodel.backward(kernel, cfg.BH, cfg.N, cfg.N, cfg.d, cfg.dtype, cfg.causal, **options)
+        return model.total, "model"
     _, counted = impl.call(inp, cfg, True)
     return counted.total, "counted"
 
