@@ -1,6 +1,6 @@
 """The counters against the hardware: our byte counts beside Nsight Compute's.
 
-    python -m flash_numba.tools.profile [--kernels K ...] [--BH 8] [--N 1024] [--d 64] [--out DIR] [--no-ncu]
+    flash-numba profile [--kernels K ...] [--BH 8] [--N 1024] [--d 64] [--out DIR] [--no-ncu]
 
 For every kernel launch of each kernel module's forward and backward pass
 (float32) it tabulates:
@@ -253,7 +253,7 @@ def _child(args: argparse.Namespace) -> int:
 
 def main(argv=None) -> int:
     """Tabulate our counts, the model and (when ncu runs) the hardware's bytes; 0 unless something broke."""
-    parser = argparse.ArgumentParser(prog="python -m flash_numba.tools.profile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="flash-numba profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", nargs="+", help="kernels (default: all)")
     parser.add_argument("--BH", type=int, help="batch x heads (default 8; 1 in the simulator)")
     parser.add_argument("--N", type=int, help="sequence length (default 1024; 32 in the simulator)")
