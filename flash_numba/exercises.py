@@ -132,7 +132,7 @@ def solution(name: str) -> None:
     """Print the source of the packaged solution of exercise ``name``."""
     ex = _get(name)
     print(f"# Solution of {name!r} (lesson {ex.lesson}): {ex.task}")
-    print(inspect.getsource(ex.solution))
+    print(inspect.getsource(getattr(ex.solution, "py_func", ex.solution)))  # a device function: its Python source
 
 
 def check(name: str, answer, *, raise_on_fail: bool = False, **params) -> bool:
@@ -198,8 +198,17 @@ def _fmt(x) -> str:
     return repr(x)
 
 
-def _diff_notes(yours, spec) -> tuple:
-    """A line saying where two arrays differ most (or why they cannot be compared)."""
+#: What a NaN in a kernel's output usually means (the simulator poisons shared and local memory with NaN).
+KERNEL_NAN = ("yours has {n} NaN: the simulator fills shared and local memory with NaN, so a thread read a tile "
+              "element no thread had written yet (a missing cuda.syncthreads() before the read, or a loop past "
+              "the part of the tile that was loaded)")
+
+
+def _diff_notes(yours, spec, kernel: bool = False) -> tuple:
+    """A line saying where two arrays differ most (or why they cannot be compared).
+
+    ``kernel``: the answer is a kernel, whose NaN comes from unwritten shared memory, not from exp(-inf + inf).
+    """
     y = np.asarray(yours)
     s = np.asarray(spec)
     if y.shape != s.shape:
@@ -209,7 +218,8 @@ def _diff_notes(yours, spec) -> tuple:
     y, s = y.astype(np.float64), s.astype(np.float64)
     notes = []
     if np.isnan(y).any():
-        notes.append(f"yours has {int(np.isnan(y).sum())} NaN (an exp(-inf - (-inf)) or 0/0?)")
+        n_nan = int(np.isnan(y).sum())
+        notes.append(KERNEL_NAN.format(n=n_nan) if kernel else f"yours has {n_nan} NaN (an exp(-inf - (-inf)) or 0/0?)")
     both_inf = np.isinf(y) & np.isinf(s) & (np.sign(y) == np.sign(s))
     err = np.where(both_inf, 0.0, np.abs(y - s))
     err = np.where(np.isnan(err), np.inf, err)
@@ -523,7 +533,7 @@ def _run_tiled_matmul(kernel, tile: int):
         except Exception as exc:
             return len(shapes), _Mismatch(label, _fmt(exc), _fmt(spec), ("an index past the edge of A, B or C?",))
         if not _close(got, spec, 1e-5, 1e-5):
-            return len(shapes), _Mismatch(label, _fmt(got), _fmt(spec), _diff_notes(got, spec))
+            return len(shapes), _Mismatch(label, _fmt(got), _fmt(spec), _diff_notes(got, spec, kernel=True))
         read, written = (int(x) for x in counter.copy_to_host())
         want = tiled_matmul_bytes(M, N, K, tile)
         if (read, written) != want:
@@ -791,6 +801,9 @@ def _run_kv_cache_bytes(answer):
     if mismatch is not None and not mismatch.yours.startswith("raised"):
         mismatch.notes += ("a cache keeps K and V, for every layer, head, token and sequence",)
     return n, mismatch
+
+
+from . import kernel_exercises  # noqa: E402,F401  (registers the FlashAttention kernel exercises)
 
 
 def describe() -> str:

@@ -140,7 +140,11 @@ def _params(name):
 
 
 def test_every_exercise_has_a_wrong_answer_here():
-    assert sorted(WRONG) == sorted(ex.names())
+    """Here, or in the bug zoo for the FlashAttention kernel exercises (tests/test_bugzoo.py)."""
+    from flash_numba import bugzoo
+
+    zoo = {exhibit.exercise for exhibit in bugzoo.EXHIBITS.values()}
+    assert sorted(set(WRONG) | zoo) == sorted(ex.names())
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
@@ -200,7 +204,8 @@ def test_solution_prints_its_source(capsys):
     for name in ex.names():
         ex.solution(name)
         out = capsys.readouterr().out
-        assert out.startswith(f"# Solution of {name!r}") and "def " in out and "return" in out
+        assert out.startswith(f"# Solution of {name!r}") and "def " in out
+        assert "return" in out or "@cuda.jit(device=True)" in out  # a device function may update arrays only
 
 
 def test_unknown_exercise():
