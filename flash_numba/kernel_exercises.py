@@ -758,3 +758,33 @@ def _run_causal_tiles(tiles_fn, Br: int = 4, Bc: int = 4, d: int = 4):
 def _tiles_top_left(i, Br, Nq, Bc):
     last_key = min((i + 1) * Br, Nq) - 1
     return last_key // Bc + 1
+
+
+def compile_all(cc=(7, 5)) -> list[tuple[str, str]]:
+    """PTX of every frame around its packaged solution and around each bug-zoo exhibit, at Br = Bc = d = 4.
+
+    Returns ``[(label, ptx)]``.  Needs ``NUMBA_ENABLE_CUDASIM=0`` (NVVM, no GPU): the simulator never
+    type-checks, and a learner's kernel must also run on Colab's GPU.
+    """
+    from numba import types
+
+    from . import bugzoo
+    from .compile_check import compile_ptx
+
+    F2, F1 = types.Array(types.float32, 2, "C"), types.Array(types.float32, 1, "C")
+    F, C = types.float32, types.Array(types.int64, 1, "C")
+    frames = {  # exercise: (frame of a heart, the kernel's argument types)
+        "flash1_block": (lambda h: flash1_frame(h, 4, 4, 4), (F2, F2, F2, F2, F1, F1, F1, F, C)),
+        "flash2_loop": (lambda h: flash2_frame(h, 4, 4, 4), (F2, F2, F2, F2, F1, F, C)),
+        "causal_tiles": (lambda h: flash2_frame(flash2_rows, 4, 4, 4, True, h), (F2, F2, F2, F2, F1, F, C)),
+        "dkdv_block": (lambda h: dkdv_frame(h, 4, 4, 4, True), (F2, F2, F2, F2, F1, F1, F2, F2, F, C)),
+    }
+    solutions = {"flash1_block": flash1_step, "flash2_loop": flash2_rows, "causal_tiles": causal_tiles,
+                 "dkdv_block": dkdv_step}
+    hearts = [(name, name, fn) for name, fn in solutions.items()]
+    hearts += [(f"bug zoo {n}", bugzoo.EXHIBITS[n].exercise, bugzoo.build(n)) for n in bugzoo.names()]
+    out = []
+    for label, exercise, heart in hearts:
+        frame, signature = frames[exercise]
+        out.append((f"{label} sm_{cc[0]}{cc[1]}", compile_ptx(frame(heart).py_func, signature, cc)))
+    return out

@@ -93,3 +93,17 @@ def test_an_uncounted_load_is_seen_by_the_trace(capsys):
     assert not ex.check("flash2_loop", bugzoo.build("uncounted_load"))
     out = capsys.readouterr().out
     assert "your counter" in out and "watched by the simulator" in out and "k: 80 element reads" in out
+
+
+@pytest.mark.compile
+def test_the_frames_solutions_and_exhibits_compile_for_a_gpu():
+    """The simulator never type-checks: compile every frame with its solution and each exhibit (NVVM, no GPU)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from flash_numba import kernel_exercises as kx; print(len(kx.compile_all()), 'compiled')"
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"{4 + len(bugzoo.names())} compiled" in proc.stdout
