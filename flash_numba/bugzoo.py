@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from numba import cuda
 
 from . import kernel_exercises
+from .exercises import _fmt, _Mismatch, _register
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,40 @@ def diff(name: str) -> str:
 def source(name: str) -> str:
     """The exhibit's whole (buggy) source."""
     return _edited_source(_get(name))
+
+
+# ----------------------------------------------------------------------------- lesson 11's riddle
+
+#: The exhibits lesson 11 shows without their diff: the learner names each from its checker's verdict.
+MYSTERIES = {"A": "top_left_mask", "B": "scale_twice", "C": "partial_tile", "D": "backward_ignores_causal"}
+
+
+def mystery(letter: str):
+    """``(exercise, kernel)`` of mystery ``letter``, to run as ``ex.check(*bugzoo.mystery("A"))``."""
+    if letter not in MYSTERIES:
+        raise ValueError(f"letter: expected one of {', '.join(MYSTERIES)}, got {letter!r}")
+    name = MYSTERIES[letter]
+    return EXHIBITS[name].exercise, build(name)
+
+
+def _diagnosis_solution():
+    return dict(MYSTERIES)
+
+
+@_register("bug_zoo", 11, "name the bug of each mystery kernel from its checker's verdict", _diagnosis_solution)
+def _run_bug_zoo(answer):
+    got = answer() if callable(answer) else answer
+    if not isinstance(got, dict):
+        return len(MYSTERIES), _Mismatch("the diagnosis", _fmt(got), "a dict {letter: exhibit name}")
+    for n, (letter, name) in enumerate(MYSTERIES.items(), 1):
+        yours = got.get(letter)
+        if yours == name:
+            continue
+        notes = [f"the exhibits: {', '.join(EXHIBITS)}"]
+        if yours not in EXHIBITS:
+            notes.append(f"{yours!r} is not an exhibit's name")
+        notes.append(f"run ex.check(*bugzoo.mystery({letter!r})) again: which case fails first, and what does "
+                     "the last note say?")
+        return len(MYSTERIES), _Mismatch(f"mystery {letter} (case {n} of {len(MYSTERIES)})", _fmt(yours),
+                                         "another exhibit (not shown: it is the riddle)", tuple(notes))
+    return len(MYSTERIES), None

@@ -803,7 +803,7 @@ def _run_kv_cache_bytes(answer):
     return n, mismatch
 
 
-from . import kernel_exercises  # noqa: E402,F401  (registers the FlashAttention kernel exercises)
+from . import bugzoo, kernel_exercises  # noqa: E402,F401  (register the FlashAttention kernel exercises)
 
 
 def describe() -> str:

@@ -560,15 +560,21 @@ def _bytes_of(count, which):
 # ============================================================================= (a) flash1_block, lesson 5
 
 
-@_register("flash1_block", 5, "Algorithm 1, lines 9-13, in a kernel: one query row against K_j, V_j", flash1_step)
-def _run_flash1_block(step, Br: int = 4, Bc: int = 4, d: int = 4):
-    _kernel_not_done(step)
+def _flash1_launcher(step, Br, Bc, d):
     kernel = flash1_frame(step, Br, Bc, d)
 
     def kernel_for(Nq, Nk):
         init = [("O", np.zeros((Nq, d), np.float32)), ("l", np.zeros(Nq, np.float32)),
                 ("m", np.full(Nq, -np.inf, np.float32)), ("L", np.full(Nq, np.nan, np.float32))]
         return kernel, 1, max(Br, Bc), init
+
+    return kernel_for
+
+
+@_register("flash1_block", 5, "Algorithm 1, lines 9-13, in a kernel: one query row against K_j, V_j", flash1_step)
+def _run_flash1_block(step, Br: int = 4, Bc: int = 4, d: int = 4):
+    _kernel_not_done(step)
+    kernel_for = _flash1_launcher(step, Br, Bc, d)
 
     def model(Nq, Nk):  # "Algorithm 1" of flash1's IO model (its init kernel is the checker's)
         return _bytes_of(iomodel.flash1.forward(1, Nq, Nk, d, np.float32, False, (Br, Bc)), 1)
@@ -595,13 +601,41 @@ def _flash2_model(Br, Bc, d, causal):
     return model, per_array
 
 
-def _flash2_check(rows_fn, tiles_fn, name, cases, Br, Bc, d, causal):
+def _flash2_launcher(rows_fn, tiles_fn, Br, Bc, d, causal):
     kernel = flash2_frame(rows_fn, Br, Bc, d, causal, tiles_fn)
 
     def kernel_for(Nq, Nk):
         outs = [("O", np.full((Nq, d), np.nan, np.float32)), ("L", np.full(Nq, np.nan, np.float32))]
         return kernel, -(-Nq // Br), Br, outs
 
+    return kernel_for
+
+
+def measure_forward(exercise: str, heart, Nq: int, Nk: int, Br: int = 4, Bc: int = 4, d: int = 4,
+                    causal: bool = False, seed: int = 0) -> dict:
+    """Run a forward exercise's frame around ``heart`` once on random inputs (no checking).
+
+    ``exercise``: "flash1_block" or "flash2_loop" (``causal`` with the packaged loop bound), or
+    "causal_tiles" (``heart`` is the bound, the loop the packaged one).  Returns {"O", "L",
+    "bytes": (read, written) by the kernel's counter, "log": the simulator's AccessLog or None}.
+    """
+    if exercise == "flash1_block":
+        kernel_for = _flash1_launcher(heart, Br, Bc, d)
+    elif exercise in ("flash2_loop", "causal_tiles"):
+        rows_fn, tiles_fn = (flash2_rows, heart) if exercise == "causal_tiles" else (heart, causal_tiles)
+        causal = causal or exercise == "causal_tiles"
+        kernel_for = _flash2_launcher(rows_fn, tiles_fn, Br, Bc, d, causal)
+    else:
+        raise ValueError(f"exercise: expected 'flash1_block', 'flash2_loop' or 'causal_tiles', got {exercise!r}")
+    q, k, v = _qkv(np.random.default_rng(seed), Nq, Nk, d)
+    kernel, grid, threads, arrays = kernel_for(Nq, Nk)
+    out, counted, log = _launch(kernel, grid, threads, [("q", q), ("k", k), ("v", v), *arrays],
+                                (np.float32(1 / math.sqrt(d)),))
+    return {"O": out["O"], "L": out["L"], "bytes": counted, "log": log}
+
+
+def _flash2_check(rows_fn, tiles_fn, name, cases, Br, Bc, d, causal):
+    kernel_for = _flash2_launcher(rows_fn, tiles_fn, Br, Bc, d, causal)
     model, per_array = _flash2_model(Br, Bc, d, causal)
     return _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array)
 

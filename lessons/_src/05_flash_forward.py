@@ -45,11 +45,12 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 import flash_numba as fn
-from flash_numba import blocks, device, iomodel, reference
+from flash_numba import blocks, device, iomodel, lessonkit, reference
 from flash_numba import exercises as ex
+from flash_numba import kernel_exercises as kx
 from flash_numba.kernels import flash1
 
 SIM = device.SIMULATOR
@@ -147,10 +148,12 @@ print("max |O - mirror's O| =", np.abs(o_np - oh_tiled).max())
 # the original FlashAttention did. $K_j$, $V_j$, $Q_i$ and $S_{ij}$ live in shared memory; thread $r < B_r$
 # owns query row $r$ of the block (its scores, $\tilde m_{ij}$, $\tilde\ell_{ij}$ and its row of $O_i$) and
 # all threads cooperate on loading tiles. $O$, $\ell$ and $m$ are read and written in HBM on every outer
-# step, as the paper writes it. The module's docstring says what it does and where it is slow:
+# step, as the paper writes it. Here is the kernel itself, with the line of Algorithm 1 (above) that each
+# part carries out in the margin. `COUNT` is the byte counter of lesson 2, compiled away when off; the
+# causal lines are lesson 8's.
 
 # %%
-print(flash1.__doc__.split("Run it::")[0])
+print(lessonkit.annotated_source(flash1._forward_kernels, "def algorithm1", "# The pair (Tr-1, j)"))
 
 # %%
 q, k, v = (rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(3))
@@ -164,6 +167,60 @@ flash_model = iomodel.forward("flash1", BH, N, N, d, np.float32, False, res.bloc
 std_model = iomodel.forward("standard", BH, N, N, d, np.float32)  # equal to its counters (lesson 2)
 print("counted == IO model:", res.hbm == flash_model)
 print(f"standard attention at this size: {std_model.total:,} bytes, {std_model.total / res.hbm.total:.1f}x flash1")
+
+# %% [markdown]
+# ## Your turn: lines 9-13 in a kernel
+#
+# Now write the heart of that kernel yourself, for one query row. The package's frame (printed below)
+# does lines 5-8: it loads $K_j$, $V_j$ and $Q_i$ into shared memory, with the barriers, and calls your
+# device function once per row of $Q_i$ (thread `r` owns row `row = r0 + r`). Your function reads
+# $m_i$, $\ell_i$ and the row of $O_i$ from HBM, computes lines 9-11 in the shared tile `S_i`, writes the
+# new row of $O_i$ (line 12) and $\ell_i$, $m_i$ (line 13) back, and returns the bytes it read and wrote
+# in HBM (4 per float32 element, the counter pattern of the package's kernels). The checker runs the
+# kernel at tiny sizes, compares $O$ and $L$ with the float64 reference, and compares your bytes with
+# flash1's IO model; in the simulator it also watches every global access, so a row of $O$ read twice,
+# or a load your count forgot, is named.
+
+# %%
+print(kx.frame_source("flash1_block"))
+
+# %%
+NEG_INF = float32(-math.inf)
+E = 4  # bytes per float32
+
+
+@cuda.jit(device=True)
+def flash1_step(r, row, cols, Q_i, K_j, V_j, S_i, O, l, m, scale):
+    """Lines 9-13 for query `row` (row r of Q_i) against the `cols` keys of K_j, V_j (shared memory).
+    O (N, d), l, m (N,) are in HBM. Returns (bytes read, bytes written) in HBM."""
+    D = Q_i.shape[1]
+    m_i = m[row]  # line 8: this row's running statistics, from HBM
+    l_i = l[row]
+    # Your turn: lines 9-10 into S_i[r, c] for c < cols (S = scale Q_i K_j^T, m~ = rowmax, P~, l~);
+    # line 11 (m_new, l_new); line 12 (O[row, x] for every x: read, rescale, add P~ V_j, divide); line 13.
+    raise NotImplementedError("lines 9-13 of Algorithm 1")
+    return 2 * E + D * E, D * E + 2 * E  # read m_i, l_i, O_i's row; wrote O_i's row, l_i, m_i
+
+
+# %%
+mine_kernel = ex.check("flash1_block", flash1_step)
+assert ex.check_solution("flash1_block")
+# ex.solution("flash1_block")  # uncomment to print the solution
+
+# %% [markdown]
+# **Predict, then run.** At $N = 16$, $d = 4$ and $B_r = B_c = 4$, how many bytes does this kernel read
+# from HBM? Count, as Theorem 2 does: $K$ and $V$ once, and $Q$, $O$, $\ell$, $m$ once per outer step
+# ($T_c = 4$ of them), plus one more read of $\ell$ and $m$ for $L$. Write your number, then run the
+# next cell.
+
+# %%
+my_prediction = None  # your number of bytes read, e.g. 2 * 16 * 4 * 4 + ...
+
+# %%
+run16 = kx.measure_forward("flash1_block", flash1_step if mine_kernel else kx.flash1_step, 16, 16)
+read16 = run16["bytes"][0]  # the kernel's own counter
+lessonkit.compare_prediction("flash1 reads at N = 16, d = 4", my_prediction, read16)
+print("per array (element reads, writes), as the simulator saw them:", run16["log"].per_array() if SIM else "-")
 
 # %% [markdown]
 # ## As N grows
@@ -208,6 +265,7 @@ assert err_np < 1e-12, err_np
 assert err_o < 1e-5 and err_l < 1e-5, (err_o, err_l)
 assert res.hbm == flash_model
 assert res.hbm.total < std_model.total
+assert read16 == list(iomodel.flash1.forward(1, 16, 16, 4, np.float32, False, (4, 4)).per_kernel.values())[1].bytes_read
 assert min(ratios) > 1 and abs(ratios[-1] / ratios[-2] - 1) < 0.05, "fewer bytes, by a ratio that settles"
 assert (t_f1 is None) == SIM
 print("lesson 5: all checks passed")

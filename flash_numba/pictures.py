@@ -1,0 +1,193 @@
+"""The lessons' pictures: each function draws one idea and returns a matplotlib Figure (no GPU needed).
+
+=============================  ======================================================================
+picture                        what it shows
+=============================  ======================================================================
+``memory_hierarchy``           capacity and bandwidth of registers/shared memory/L2/HBM of one GPU
+``tiling_steps``               Algorithm 1 step by step: the Q_i, K_j, V_j tiles in SRAM, what goes to HBM
+``online_softmax_late_max``    the running max m and sum l of one row whose maximum arrives late
+``access_map``                 GPU-Puzzles style: which thread touched each element (simulator trace)
+``read_counts``                how many times each element was read, kernel beside kernel
+``hbm_bytes_by_term``          HBM bytes of standard attention and flash kernels by kernel, N = 1K-16K
+=============================  ======================================================================
+
+Figures are made with ``matplotlib.figure.Figure`` (no pyplot, no display
+backend): save one with ``fig.savefig(path)``, show one in a notebook with
+:func:`flash_numba.lessonkit.show`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import iomodel
+
+
+def _figure(width: float, height: float, ncols: int = 1, nrows: int = 1):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def memory_hierarchy(levels: dict[str, tuple[float, float | None]], title: str):
+    """Bars of capacity (bytes, log scale) and bandwidth (bytes/s, log scale, where known) per level.
+
+    ``levels``: {"shared memory (all SMs)": (capacity bytes, bandwidth bytes/s or None), ...} from the
+    fastest, smallest level to the slowest, largest; see :func:`flash_numba.recorded.hierarchy`.
+    """
+    fig, ((ax_cap, ax_bw),) = _figure(9, 3.2, ncols=2)
+    names = list(levels)
+    y = np.arange(len(names))
+    caps = [levels[n][0] for n in names]
+    bws = [levels[n][1] or 0 for n in names]
+    ax_cap.barh(y, caps, color="#4c72b0")
+    ax_bw.barh(y, bws, color="#dd8452")
+    for ax, label in ((ax_cap, "capacity (bytes)"), (ax_bw, "bandwidth (bytes/s)")):
+        ax.set_xscale("log")
+        ax.set_yticks(y, names)
+        ax.invert_yaxis()
+        ax.set_xlabel(label)
+    for n, bw in enumerate(bws):
+        ax_bw.text(bw or 1, n, f" {bw / 1e12:.1f} TB/s" if bw else " not measured", va="center", fontsize=8)
+    for n, cap in enumerate(caps):
+        ax_cap.text(cap, n, f" {_size(cap)}", va="center", fontsize=8)
+    ax_bw.set_yticks(y, [""] * len(names))
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _size(b: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.0f} {unit}"
+    return f"{b:.0f} B"
+
+
+def tiling_steps(N: int = 12, Br: int = 4, Bc: int = 6, steps=((0, 0), (0, 1), (1, 0))):
+    """Algorithm 1 at a few (j, i) steps: in each panel, Q (left), K^T... the tiles in SRAM are filled.
+
+    Each panel shows Q and O (N x 1 strips of row tiles), K and V (strips of key tiles) and the S matrix
+    (N x N): the tile Q_i, K_j, V_j loaded into SRAM, the one S_ij tile computed on chip (never written),
+    and the rows of O, l, m read and written in HBM at that step.
+    """
+    from matplotlib.patches import Rectangle
+
+    fig, axes = _figure(3.4 * len(steps), 3.6, ncols=len(steps))
+    for ax, (j, i) in zip(axes[0], steps):
+        ax.set_xlim(-3.5, N + 0.5)
+        ax.set_ylim(N + 3.5, -1.5)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.add_patch(Rectangle((0, 0), N, N, fill=False, lw=0.8))  # S (N x N), never stored
+        ax.add_patch(Rectangle((j * Bc, i * Br), min(Bc, N - j * Bc), min(Br, N - i * Br), color="#c44e52"))
+        ax.add_patch(Rectangle((-3, 0), 1, N, fill=False, lw=0.8))  # Q strip
+        ax.add_patch(Rectangle((-3, i * Br), 1, min(Br, N - i * Br), color="#4c72b0"))
+        ax.add_patch(Rectangle((-1.6, 0), 1, N, fill=False, lw=0.8))  # O, l, m strip
+        ax.add_patch(Rectangle((-1.6, i * Br), 1, min(Br, N - i * Br), color="#8172b2"))
+        ax.add_patch(Rectangle((0, N + 1), N, 1, fill=False, lw=0.8))  # K^T strip
+        ax.add_patch(Rectangle((j * Bc, N + 1), min(Bc, N - j * Bc), 1, color="#55a868"))
+        ax.add_patch(Rectangle((0, N + 2.3), N, 1, fill=False, lw=0.8))  # V^T strip
+        ax.add_patch(Rectangle((j * Bc, N + 2.3), min(Bc, N - j * Bc), 1, color="#55a868", alpha=0.6))
+        ax.text(-2.5, -0.5, "Q", ha="center", fontsize=8)
+        ax.text(-1.1, -0.5, "O,l,m", ha="center", fontsize=7)
+        ax.text(N / 2, -0.5, "S (never in HBM)", ha="center", fontsize=8)
+        ax.text(N + 0.3, N + 1.6, "K", fontsize=8, va="center")
+        ax.text(N + 0.3, N + 2.9, "V", fontsize=8, va="center")
+        ax.set_title(f"outer j = {j}, inner i = {i}\nSRAM: Q_{i}, K_{j}, V_{j}, S_{i}{j}\n"
+                     f"HBM: read+write O_{i}, l_{i}, m_{i}", fontsize=8)
+    return fig
+
+
+def online_softmax_late_max(row=None, block: int = 3):
+    """The running max m and sum l (at that max) of one row of scores, block by block.
+
+    ``row`` defaults to scores whose maximum arrives in the last block; where m jumps, the sum so far is
+    rescaled by exp(m_old - m_new) (the drop), then the new block's terms are added.
+    """
+    x = np.array([0.5, 1.0, -0.5, 1.5, 0.0, 2.0, 6.0, 1.0, 0.5]) if row is None else np.asarray(row, float)
+    m, l = -np.inf, 0.0
+    steps = []  # (after block b: m, l before adding, l after)
+    for b0 in range(0, x.size, block):
+        xb = x[b0:b0 + block]
+        m_new = max(m, xb.max())
+        rescaled = l * np.exp(m - m_new) if l else 0.0
+        l = rescaled + np.exp(xb - m_new).sum()
+        steps.append((m_new, rescaled, l))
+        m = m_new
+    fig, ((ax_x, ax_m),) = _figure(9, 3.0, ncols=2)
+    ax_x.bar(np.arange(x.size), x, color=["#4c72b0" if i // block % 2 == 0 else "#55a868" for i in range(x.size)])
+    ax_x.set_title(f"one row of scores, blocks of {block}", fontsize=9)
+    ax_x.set_xlabel("key")
+    b = np.arange(1, len(steps) + 1)
+    ax_m.step(b, [s[0] for s in steps], where="mid", label="running max m", color="#c44e52")
+    ax_l = ax_m.twinx()
+    ax_l.plot(b, [s[2] for s in steps], "o-", label="running sum l (at m)", color="#4c72b0")
+    ax_l.plot(b, [s[1] for s in steps], "v", label="l rescaled by exp(m_old - m_new)", color="#8172b2")
+    ax_m.set_xlabel("after block")
+    ax_m.set_xticks(b)
+    ax_m.set_ylabel("m")
+    ax_l.set_ylabel("l")
+    ax_m.set_title("the max arrives late: the old sum is scaled down, not thrown away", fontsize=9)
+    handles = ax_m.get_legend_handles_labels()[0] + ax_l.get_legend_handles_labels()[0]
+    ax_l.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="center left")
+    return fig
+
+
+def access_map(log, name: str, kind: str, shape, title: str | None = None, block=None):
+    """GPU-Puzzles style: each element of array ``name`` coloured and labelled by the thread that first
+    made a ``kind`` ('r' or 'w') access to it (``log``: a :class:`flash_numba.simtrace.AccessLog`)."""
+    who = log.touch_map(name, kind, shape, block=block)
+    grid = who.reshape(shape[0], -1)
+    fig, ((ax,),) = _figure(0.45 * grid.shape[1] + 1.5, 0.45 * grid.shape[0] + 1.0)
+    ax.imshow(np.where(grid < 0, np.nan, grid), cmap="tab20", vmin=0, vmax=19)
+    for (r, c), t in np.ndenumerate(grid):
+        ax.text(c, r, "." if t < 0 else str(t), ha="center", va="center", fontsize=7)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title or f"{name}: the thread that {'read' if kind == 'r' else 'wrote'} each element", fontsize=9)
+    return fig
+
+
+def read_counts(logs: dict, name: str, shape):
+    """How many times each element of ``name`` was read, one panel per ``{label: AccessLog}``."""
+    fig, axes = _figure(3.0 * len(logs), 3.0, ncols=len(logs))
+    top = max(int(log.count_map(name, "r", shape).max()) for log in logs.values()) or 1
+    for ax, (label, log) in zip(axes[0], logs.items()):
+        counts = log.count_map(name, "r", shape).reshape(shape[0], -1)
+        ax.imshow(counts, cmap="Reds", vmin=0, vmax=top)
+        for (r, c), n in np.ndenumerate(counts):
+            ax.text(c, r, str(n), ha="center", va="center", fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(f"{label}: {int(counts.sum())} reads of {name}", fontsize=9)
+    return fig
+
+
+def hbm_bytes_by_term(kernels=("standard", "flash1", "flash2"), Ns=(1024, 2048, 4096, 8192, 16384), d: int = 64,
+                      dtype=np.float32, blocks: dict | None = None):
+    """Stacked bars: HBM bytes of one head's forward pass, per kernel of each implementation, from the
+    IO models (``blocks``: {kernel: (Br, Bc)}; default, the block each would choose here)."""
+    fig, ((ax,),) = _figure(9, 3.6)
+    width = 0.8 / len(kernels)
+    colours = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b2", "#937860", "#da8bc3"]
+    seen = {}
+    for k, kernel in enumerate(kernels):
+        block = (blocks or {}).get(kernel)
+        for n, N in enumerate(Ns):
+            count = iomodel.forward(kernel, 1, N, N, d, dtype, False, block)
+            bottom = 0
+            for term, kb in count.per_kernel.items():
+                label = f"{kernel}: {term}"
+                colour = seen.setdefault(label, colours[len(seen) % len(colours)])
+                ax.bar(n + (k - (len(kernels) - 1) / 2) * width, kb.total / 1e6, width, bottom=bottom,
+                       color=colour, label=label if n == 0 else None, edgecolor="white", lw=0.3)
+                bottom += kb.total / 1e6
+    ax.set_xticks(range(len(Ns)), [f"N = {N:,}" for N in Ns])
+    ax.set_yscale("log")
+    ax.set_ylabel("MB moved (IO model)")
+    ax.set_title(f"forward pass, one head, d = {d}, {np.dtype(dtype).name}; bars left to right: "
+                 + ", ".join(kernels), fontsize=9)
+    ax.legend(fontsize=7, ncols=2)
+    return fig
