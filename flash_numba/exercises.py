@@ -204,6 +204,13 @@ KERNEL_NAN = ("yours has {n} NaN: the simulator fills shared and local memory wi
               "the part of the tile that was loaded)")
 
 
+#: What a kernel whose output changes from run to run on the same inputs has (the checkers launch a failing
+#: case again to see).
+RACE_NOTE = ("{name} changed between runs on the same inputs: threads race. In the simulator each thread runs on "
+             "until it waits at a barrier, so a missing cuda.syncthreads() lets one thread read a tile before "
+             "the others have written it, or overwrite it while they still read it")
+
+
 def _diff_notes(yours, spec, kernel: bool = False) -> tuple:
     """A line saying where two arrays differ most (or why they cannot be compared).
 
@@ -527,13 +534,23 @@ def _run_tiled_matmul(kernel, tile: int):
         spec = a.astype(np.float64) @ b.astype(np.float64)
         c = cuda.to_device(np.full((M, N), np.nan, dtype=np.float32))
         counter = cuda.to_device(np.zeros(2, dtype=np.int64))
+        grid = (-(-N // tile), -(-M // tile)), (tile, tile)
+
+        def launch():
+            out = cuda.to_device(np.full((M, N), np.nan, dtype=np.float32))
+            kernel[grid](cuda.to_device(a), cuda.to_device(b), out, cuda.to_device(np.zeros(2, dtype=np.int64)))
+            return out.copy_to_host()
+
         try:
-            kernel[(-(-N // tile), -(-M // tile)), (tile, tile)](cuda.to_device(a), cuda.to_device(b), c, counter)
+            kernel[grid](cuda.to_device(a), cuda.to_device(b), c, counter)
             got = c.copy_to_host()
         except Exception as exc:
             return len(shapes), _Mismatch(label, _fmt(exc), _fmt(spec), ("an index past the edge of A, B or C?",))
         if not _close(got, spec, 1e-5, 1e-5):
-            return len(shapes), _Mismatch(label, _fmt(got), _fmt(spec), _diff_notes(got, spec, kernel=True))
+            notes = _diff_notes(got, spec, kernel=True)
+            if any(not np.array_equal(got, launch(), equal_nan=True) for _ in range(3)):
+                notes = (RACE_NOTE.format(name="C"), *notes)
+            return len(shapes), _Mismatch(label, _fmt(got), _fmt(spec), notes)
         read, written = (int(x) for x in counter.copy_to_host())
         want = tiled_matmul_bytes(M, N, K, tile)
         if (read, written) != want:

@@ -43,7 +43,7 @@ from numba import cuda, float32
 
 from . import iomodel, reference
 from .device import SIMULATOR
-from .exercises import _close, _fmt, _kernel_not_done, _Mismatch, _register, _rng
+from .exercises import RACE_NOTE, _close, _fmt, _kernel_not_done, _Mismatch, _register, _rng
 from .iomodel.flash1 import query_rows_processed
 from .iomodel.flash2 import kv_rows_read
 
@@ -441,10 +441,7 @@ def _note_race(bad, got: dict, rerun) -> None:
         again = rerun()
         changed = [n for n, h in got.items() if n in again and not np.array_equal(h, again[n], equal_nan=True)]
         if changed:
-            bad.notes = (f"{changed[0]} changed between runs on the same inputs: threads race. In the simulator "
-                         "each thread runs on until it waits at a barrier, so a missing cuda.syncthreads() "
-                         "lets one thread read a tile before the others have written it (or overwrite it "
-                         "while they still read it)", *bad.notes)
+            bad.notes = (RACE_NOTE.format(name=changed[0]), *bad.notes)
             return
 
 

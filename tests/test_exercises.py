@@ -219,7 +219,7 @@ def test_describe_lists_every_exercise_in_course_order():
     lines = ex.describe().splitlines()
     assert [line.split()[0] for line in lines] == ex.names()
     lessons = [int(line.split()[2]) for line in lines]
-    assert lessons == sorted(lessons) and lessons[0] == 0 and lessons[-1] == 10
+    assert lessons == sorted(lessons) and lessons[0] == 0 and lessons[-1] == 11
 
 
 def test_flash2_finish_handles_rows_that_saw_no_key():

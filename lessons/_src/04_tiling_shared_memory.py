@@ -95,9 +95,17 @@ print("formula:", f"{tiled_bytes(Mt, Nt, Kt, standard.TILE, 4):,} bytes")
 # 2. after the multiply-adds, before the next step loads new tiles: otherwise a fast thread overwrites an
 #    element a slow thread is still reading (write after read).
 #
-# A missing barrier is a *race*: on a GPU the result is wrong only sometimes, depending on timing. The
-# simulator cannot show this (its threads take turns in a way that hides most races), so check your
-# barriers by reasoning, not by running.
+# A missing barrier is a *race*: on a GPU the result is wrong only sometimes, depending on timing. In the
+# simulator each thread is a Python thread that runs on until it waits at a barrier, and this package
+# fills shared memory with NaN there, so both races above usually do show: without barrier 1 a thread
+# reads tile elements nobody has stored yet (NaN in $C$); without barrier 2 it reads elements of the next
+# tile (wrong values that change from run to run; the checker below runs a failing case again to see).
+# Usually is not always, and a GPU schedules threads differently: reason about your barriers, do not
+# rely on a run (lesson 11 shows more races and what tools find them on a GPU).
+#
+# One trap of the simulator: it keeps one shared array per *source line*, so
+# `a, b = cuda.shared.array(4, float32), cuda.shared.array(4, float32)` gives `a` and `b` the same memory
+# there (on a GPU they are two arrays). Declare each shared array on its own line.
 #
 # ## Your turn: the tiled matrix product
 #

@@ -194,10 +194,9 @@ def flash1_step(r, row, cols, Q_i, K_j, V_j, S_i, O, l, m, scale):
     """Lines 9-13 for query `row` (row r of Q_i) against the `cols` keys of K_j, V_j (shared memory).
     O (N, d), l, m (N,) are in HBM. Returns (bytes read, bytes written) in HBM."""
     D = Q_i.shape[1]
-    m_i = m[row]  # line 8: this row's running statistics, from HBM
-    l_i = l[row]
-    # Your turn: lines 9-10 into S_i[r, c] for c < cols (S = scale Q_i K_j^T, m~ = rowmax, P~, l~);
-    # line 11 (m_new, l_new); line 12 (O[row, x] for every x: read, rescale, add P~ V_j, divide); line 13.
+    # Your turn: read m_i = m[row], l_i = l[row] from HBM; lines 9-10 into S_i[r, c] for c < cols
+    # (S = scale Q_i K_j^T, m~ = rowmax, P~, l~); line 11 (m_new, l_new); line 12 (O[row, x] for every x:
+    # read, rescale, add P~ V_j, divide); line 13 (write l[row], m[row]).
     raise NotImplementedError("lines 9-13 of Algorithm 1")
     return 2 * E + D * E, D * E + 2 * E  # read m_i, l_i, O_i's row; wrote O_i's row, l_i, m_i
 

@@ -150,8 +150,7 @@ print(kx.frame_source("dkdv_block"))
 def dkdv_step(col, r0, rows, diag, Q_i, dO_i, L_i, D_i, k_c, v_c, dk_c, dv_c, scale):
     """Add query tile i's share to dK, dV of key `col` (this thread's rows k_c, v_c, dk_c, dv_c; length d).
     Q_i, dO_i (Br, d), L_i, D_i (Br,) are in shared memory; row r is query r0 + r."""
-    D = Q_i.shape[1]
-    for r in range(rows):
+    for r in range(rows):  # (d = Q_i.shape[1])
         # Your turn: skip the masked pairs; s = q_r . k_c, dP = dO_r . v_c; P = exp(scale s - L_r);
         # dS = P (dP - D_r); then dv_c[x] += P dO_r[x] and dk_c[x] += scale dS q_r[x] for every x.
         raise NotImplementedError("P from L, then dS = P * (dP - D)")
