@@ -9,6 +9,8 @@ picture                        what it shows
 ``access_map``                 GPU-Puzzles style: which thread touched each element (simulator trace)
 ``read_counts``                how many times each element was read, kernel beside kernel
 ``hbm_bytes_by_term``          HBM bytes of standard attention and flash kernels by kernel, N = 1K-16K
+``causal_tiles``               which tiles of S a causal kernel skips, masks inside, or runs whole
+``recorded_times``             committed GPU timings (flash_numba.recorded), labelled as recorded
 =============================  ======================================================================
 
 Figures are made with ``matplotlib.figure.Figure`` (no pyplot, no display
@@ -166,9 +168,11 @@ def read_counts(logs: dict, name: str, shape):
 
 
 def hbm_bytes_by_term(kernels=("standard", "flash1", "flash2"), Ns=(1024, 2048, 4096, 8192, 16384), d: int = 64,
-                      dtype=np.float32, blocks: dict | None = None):
-    """Stacked bars: HBM bytes of one head's forward pass, per kernel of each implementation, from the
-    IO models (``blocks``: {kernel: (Br, Bc)}; default, the block each would choose here)."""
+                      dtype=np.float32, blocks: dict | None = None, pass_: str = "forward"):
+    """Stacked bars: HBM bytes of one head's ``pass_`` ("forward" or "backward"), per kernel of each
+    implementation, from the IO models (``blocks``: {kernel: (Br, Bc)}; default, the block each would
+    choose here)."""
+    model = {"forward": iomodel.forward, "backward": iomodel.backward}[pass_]
     fig, ((ax,),) = _figure(9, 3.6)
     width = 0.8 / len(kernels)
     colours = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b2", "#937860", "#da8bc3"]
@@ -176,7 +180,7 @@ def hbm_bytes_by_term(kernels=("standard", "flash1", "flash2"), Ns=(1024, 2048, 
     for k, kernel in enumerate(kernels):
         block = (blocks or {}).get(kernel)
         for n, N in enumerate(Ns):
-            count = iomodel.forward(kernel, 1, N, N, d, dtype, False, block)
+            count = model(kernel, 1, N, N, d, dtype, False, block)
             bottom = 0
             for term, kb in count.per_kernel.items():
                 label = f"{kernel}: {term}"
@@ -187,7 +191,52 @@ def hbm_bytes_by_term(kernels=("standard", "flash1", "flash2"), Ns=(1024, 2048, 
     ax.set_xticks(range(len(Ns)), [f"N = {N:,}" for N in Ns])
     ax.set_yscale("log")
     ax.set_ylabel("MB moved (IO model)")
-    ax.set_title(f"forward pass, one head, d = {d}, {np.dtype(dtype).name}; bars left to right: "
+    ax.set_title(f"{pass_} pass, one head, d = {d}, {np.dtype(dtype).name}; bars left to right: "
                  + ", ".join(kernels), fontsize=9)
     ax.legend(fontsize=7, ncols=2)
+    return fig
+
+
+def causal_tiles(Nq: int, Nk: int, Br: int, Bc: int):
+    """The causal mask (bottom-right: key c visible to query r iff c <= r + Nk - Nq) with the tile grid:
+    tiles wholly masked (skipped, nothing loaded), crossing the diagonal (masked inside), or whole."""
+    from matplotlib.colors import ListedColormap
+
+    r = np.arange(Nq)[:, None]
+    c = np.arange(Nk)[None, :]
+    visible = c <= r + (Nk - Nq)
+    kind = np.zeros((Nq, Nk))  # 0 skipped tile, 1 masked entry of a crossing tile, 2 visible
+    for i0 in range(0, Nq, Br):
+        for j0 in range(0, Nk, Bc):
+            tile = visible[i0:i0 + Br, j0:j0 + Bc]
+            kind[i0:i0 + Br, j0:j0 + Bc] = np.where(tile, 2, 1) if tile.any() else 0
+    fig, ((ax,),) = _figure(0.25 * Nk + 2.5, 0.25 * Nq + 1.2)
+    ax.imshow(kind, cmap=ListedColormap(["#e0e0e0", "#f4b6b6", "#4c72b0"]), vmin=0, vmax=2)
+    for x in range(0, Nk + 1, Bc):
+        ax.axvline(x - 0.5, color="black", lw=0.8)
+    for y in range(0, Nq + 1, Br):
+        ax.axhline(y - 0.5, color="black", lw=0.8)
+    skipped = sum(1 for i0 in range(0, Nq, Br) for j0 in range(0, Nk, Bc) if kind[i0, j0] == 0)
+    tiles = -(-Nq // Br) * -(-Nk // Bc)
+    ax.set_title(f"Nq = {Nq}, Nk = {Nk}, tiles {Br} x {Bc}: {skipped} of {tiles} skipped (grey); "
+                 "red: masked inside a crossing tile", fontsize=8)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    return fig
+
+
+def recorded_times(rows: list[dict], title: str):
+    """Bars of recorded times (ms) and fraction of peak, one per row of :func:`flash_numba.recorded.bench_rows`."""
+    fig, ((ax_ms, ax_peak),) = _figure(9, 0.35 * len(rows) + 1.4, ncols=2)
+    names = [f"{r['implementation']} {r['pass']}" for r in rows]
+    y = np.arange(len(rows))
+    ax_ms.barh(y, [float(r["ms"]) for r in rows], color="#4c72b0")
+    ax_peak.barh(y, [float(r["peak_fraction"] or 0) for r in rows], color="#55a868")
+    ax_ms.set_yticks(y, names, fontsize=8)
+    ax_peak.set_yticks(y, [""] * len(rows))
+    for ax in (ax_ms, ax_peak):
+        ax.invert_yaxis()
+    ax_ms.set_xlabel("ms (median)")
+    ax_peak.set_xlabel("fraction of the float32 peak")
+    fig.suptitle(title, fontsize=9)
     return fig

@@ -97,3 +97,14 @@ def traced(ary: np.ndarray, name: str, log: AccessLog):
     flat = np.arange(ary.size).reshape(ary.shape)
     log.itemsize[name] = ary.dtype.itemsize
     return Traced(ary)
+
+
+def run(kernel, grid, threads, arrays, *scalars) -> tuple[dict, AccessLog]:
+    """Launch ``kernel[grid, threads](*traced arrays, *scalars)``; ``arrays`` is ``[(name, NumPy array)]``.
+
+    Returns ({name: the array's contents after the launch}, the :class:`AccessLog`).
+    """
+    log = AccessLog()
+    devs = [traced(a, n, log) for n, a in arrays]
+    kernel[grid, threads](*devs, *scalars)
+    return {n: d.copy_to_host() for (n, _), d in zip(arrays, devs)}, log

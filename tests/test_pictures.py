@@ -55,3 +55,25 @@ def test_recorded_results_carry_their_provenance():
     assert table.startswith(recorded.LABEL) and "flash2_fast" in table
     rows = recorded.bench_rows(["standard"], "fwd", 4096)
     assert len(rows) == 1 and float(rows[0]["ms"]) > 0
+
+
+def test_causal_tiles_counts_the_skipped_tiles():
+    fig = pictures.causal_tiles(8, 8, 4, 4)
+    assert "1 of 4 skipped" in fig.axes[0].get_title()
+    fig = pictures.causal_tiles(6, 14, 4, 4)  # Nq < Nk: the diagonal starts at key Nk - Nq = 8
+    r, c = np.arange(6)[:, None], np.arange(14)[None, :]
+    visible = c <= r + 8
+    skipped = sum(not visible[i:i + 4, j:j + 4].any() for i in range(0, 6, 4) for j in range(0, 14, 4))
+    assert f"{skipped} of 8 skipped" in fig.axes[0].get_title()
+
+
+def test_recorded_times_draws_a_bar_per_row():
+    rows = recorded.bench_rows(["standard", "flash2_fast"], "fwd", 4096)
+    fig = pictures.recorded_times(rows, "recorded")
+    assert [p.get_width() for p in fig.axes[0].patches] == [float(r["ms"]) for r in rows]
+
+
+def test_backward_bytes_by_term():
+    fig = pictures.hbm_bytes_by_term(kernels=("flash2",), Ns=(1024,), blocks={"flash2": (64, 64)}, pass_="backward")
+    total = iomodel.backward("flash2", 1, 1024, 1024, 64, np.float32, False, (64, 64)).total
+    assert sum(p.get_height() for p in fig.axes[0].patches) == pytest.approx(total / 1e6)

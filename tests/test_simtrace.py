@@ -28,3 +28,10 @@ def test_trace_counts_reads_and_writes_per_thread():
     assert log.count_map("a", "r", (5,)).tolist() == [6, 1, 1, 1, 1]
     assert log.touch_map("out", "w", (5,)).tolist() == [0, 1, 2, 3, 4]
     assert log.touch_map("out", "w", (5,), block=(1, 0, 0)).tolist() == [-1] * 5
+
+
+def test_run_returns_outputs_and_the_log():
+    from flash_numba.simtrace import run
+
+    out, log = run(_copy_twice_row0, 1, 3, [("a", np.ones(3, np.float32)), ("out", np.zeros(3, np.float32))])
+    assert out["out"].tolist() == [2.0, 2.0, 2.0] and log.per_array() == {"a": (6, 0), "out": (0, 3)}

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from flash_numba import device
+from flash_numba import device, lessonkit, pictures, simtrace
 from flash_numba import exercises as ex
 from flash_numba.iomodel import standard as io_standard
 from flash_numba.kernels import standard
@@ -266,9 +266,42 @@ for name, (m_, n_, k_) in {"S = Q K^T": (Na, Na, da), "O = P V": (Na, da, Na)}.i
           f"({untiled / tiled16:.1f}x less)")
 
 # %% [markdown]
+# ## Who reads what: an access map
+#
+# In the simulator the package can watch every global access of a kernel (`flash_numba.simtrace`): here,
+# for $A$, $B$ ($16 \times 16$) and one thread block of your tiled product (or the solution), which
+# thread loaded each element, GPU-Puzzles style (thread number $t_x + t_y \cdot$ `TILE`).
+#
+# **Predict, then run.** With $M = N = K = 16$ and `TILE` = 8, how many times is each element of $A$ read
+# from global memory, over the whole launch?
+
+# %%
+my_prediction = None  # reads of each element of A
+
+# %%
+if SIM:
+    A16, B16 = (rng.standard_normal((16, 16)).astype(np.float32) for _ in range(2))
+    arrays = [("A", A16), ("B", B16), ("C", np.zeros((16, 16), np.float32))]
+    out16, log16 = simtrace.run(tiled, (2, 2), (TILE, TILE), arrays, cuda.to_device(np.zeros(2, np.int64)))
+    reads_A = int(log16.count_map("A", "r", (16, 16)).max())
+    lessonkit.compare_prediction("reads of each element of A", my_prediction, reads_A)
+    lessonkit.show(pictures.access_map(log16, "A", "r", (16, 16), "A: the thread of block (0, 0) that "
+                                       "loaded each element", block=(0, 0, 0)))
+else:
+    reads_A = 16 // TILE
+    print("the access trace exists only in the simulator; the model says", reads_A, "reads of each element")
+
+# %% [markdown]
 # Tiling divides the traffic of the *reads*, but standard attention still writes and re-reads the
 # $N \times N$ matrices. FlashAttention (lesson 5) combines tiling with the online softmax of lesson 3 so
 # that $S$ and $P$ exist only as tiles in shared memory.
+#
+# ## What to take away
+#
+# * A tile loaded once into shared memory serves every thread of the block: global reads fall by the tile width.
+# * Two barriers per step: after loading (read after write) and before the next load (write after read).
+# * Shared memory has 32 banks; pad a tile's rows when threads read down a column.
+# * Tiling alone does not save attention: $S$ and $P$ still go to HBM and back.
 #
 # ## Check
 

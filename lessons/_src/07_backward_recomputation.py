@@ -31,7 +31,7 @@ import numpy as np
 from numba import cuda, float32  # noqa: F401  (float32: for your kernels)
 
 import flash_numba as fn
-from flash_numba import device, iomodel, reference
+from flash_numba import device, iomodel, lessonkit, pictures, reference
 from flash_numba import exercises as ex
 from flash_numba import kernel_exercises as kx
 
@@ -231,6 +231,29 @@ else:
     print("backward pass: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in t.items()))
 
 # %% [markdown]
+# ## Forward against backward bytes
+#
+# **Predict, then run.** flash1's backward pass reads $Q$, $O$, $dO$, $L$ and reads and writes $dQ$ on
+# every outer step. How many times the forward's bytes does it move here?
+
+# %%
+my_prediction = None  # backward bytes / forward bytes, flash1, these sizes
+
+# %%
+fwd_counted = fn.flash_attention_forward(q, k, v, kernel="flash1", block=BLOCK, count_hbm=True).hbm.total
+lessonkit.compare_prediction("backward / forward bytes", my_prediction, round(bwd.hbm.total / fwd_counted, 2))
+lessonkit.show(pictures.hbm_bytes_by_term(kernels=("standard", "flash1", "flash2"), pass_="backward"))
+
+# %% [markdown]
+# ## What to take away
+#
+# * The backward needs $P$, but recomputes it from $Q$, $K$ and the saved $L = m + \log \ell$: $O(N)$ extra memory
+#   instead of $O(N^2)$.
+# * $D_i = \mathrm{rowsum}(dO_i \circ O_i)$ replaces $\mathrm{rowsum}(P \circ dP)$, so the softmax's gradient needs no
+#   $N \times N$ matrix either: $dS = P \circ (dP - D)$.
+# * Recomputation costs FLOPs and saves bytes: the right trade for a memory-bound layer.
+# * A finite-difference gradient check tests the whole pass independently of any formula.
+#
 # ## Check
 
 # %%

@@ -26,7 +26,7 @@ import numpy as np
 from numba import cuda, float32  # noqa: F401  (float32: for your kernels)
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, reference
+from flash_numba import device, iomodel, lessonkit, pictures, reference
 from flash_numba import exercises as ex
 from flash_numba import kernel_exercises as kx
 
@@ -232,6 +232,23 @@ else:
           f"({t_causal / t_full:.2f})")
 
 # %% [markdown]
+# ## The tiles, drawn
+#
+# Which tiles a causal kernel skips (grey: nothing loaded), masks inside (red entries) or runs whole, for
+# a square mask and for $N_q < N_k$, where the diagonal starts at key $N_k - N_q$:
+
+# %%
+lessonkit.show(pictures.causal_tiles(16, 16, 4, 4))
+lessonkit.show(pictures.causal_tiles(8, 20, 4, 4))
+
+# %% [markdown]
+# ## What to take away
+#
+# * Causal masks here are bottom-right aligned: key $c$ is visible to query $r$ iff $c \le r + N_k - N_q$.
+# * Tiles wholly above the diagonal are skipped (nothing loaded); only tiles crossing it are masked entry by entry:
+#   about half the work for $N_q = N_k$.
+# * A row that sees no key ends with $O = 0$ and $L = -\infty$, not NaN.
+#
 # ## Check
 
 # %%
