@@ -190,7 +190,7 @@ my_prediction = None  # shared-memory bandwidth / HBM bandwidth
 if not SIM:
     info = device.info()
     levels = {"shared memory, all SMs": (info.sm_count * info.shared_mem_per_sm, smem.value * 1e9),
-              "HBM": (info.total_memory, hbm.value * 1e9)}
+              "HBM": (info.total_memory or 1, hbm.value * 1e9)}  # (1 byte where the driver does not say)
     title = f"measured now: {info.name}"
 elif recorded.available():
     levels, title = recorded.hierarchy_levels(), f"{recorded.LABEL}: {recorded.hierarchy()['gpu']}"

@@ -290,9 +290,9 @@ else:
 if recorded.available():
     print(recorded.bench_table(["standard", "flash2", "flash2_fast"], "fwd", 4096))
     print(recorded.bench_table(["standard", "flash2", "flash2_fast"], "fwd+bwd", 4096).split("\n", 3)[3])
-    mem = {r["implementation"]: int(r["peak_mem_bytes"]) for r in recorded.bench_rows(None, "fwd", 4096)}
-    print(f"peak memory of the call: standard {mem['standard'] / 2**20:.0f} MiB, "
-          f"flash2 {mem['flash2'] / 2**20:.0f} MiB ({mem['standard'] / mem['flash2']:.0f}x less)")
+    peak = {r["implementation"]: int(r["peak_mem_bytes"]) for r in recorded.bench_rows(None, "fwd", 4096)}
+    print(f"peak memory of the call: standard {peak['standard'] / 2**20:.0f} MiB, "
+          f"flash2 {peak['flash2'] / 2**20:.0f} MiB ({peak['standard'] / peak['flash2']:.0f}x less)")
 
 # %% [markdown]
 # Where the bytes go as $N$ grows, from the IO models (one head, $d = 64$, float32): standard

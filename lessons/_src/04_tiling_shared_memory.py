@@ -272,8 +272,8 @@ for name, (m_, n_, k_) in {"S = Q K^T": (Na, Na, da), "O = P V": (Na, da, Na)}.i
 # for $A$, $B$ ($16 \times 16$) and one thread block of your tiled product (or the solution), which
 # thread loaded each element, GPU-Puzzles style (thread number $t_x + t_y \cdot$ `TILE`).
 #
-# **Predict, then run.** With $M = N = K = 16$ and `TILE` = 8, how many times is each element of $A$ read
-# from global memory, over the whole launch?
+# **Predict, then run.** With $M = N = K = 16$ and this lesson's `TILE` (8 in the simulator), how many
+# times is each element of $A$ read from global memory, over the whole launch?
 
 # %%
 my_prediction = None  # reads of each element of A

@@ -269,9 +269,9 @@ else:
 # %%
 if recorded.available():
     print(recorded.bench_table(["standard", "flash2", "flash2_fast"], "fwd", 4096))
-    mem = {r["implementation"]: int(r["peak_mem_bytes"]) for r in recorded.bench_rows(None, "fwd", 4096)}
-    print(f"memory of one call at N = 4096: standard {mem['standard'] / 2**20:.0f} MiB, flash2 "
-          f"{mem['flash2'] / 2**20:.0f} MiB: {mem['standard'] / mem['flash2']:.0f}x less (paper: ~20x at 4K)")
+    peak = {r["implementation"]: int(r["peak_mem_bytes"]) for r in recorded.bench_rows(None, "fwd", 4096)}
+    print(f"memory of one call at N = 4096: standard {peak['standard'] / 2**20:.0f} MiB, flash2 "
+          f"{peak['flash2'] / 2**20:.0f} MiB: {peak['standard'] / peak['flash2']:.0f}x less (paper: ~20x at 4K)")
 
 # %% [markdown]
 # ## The loop, step by step

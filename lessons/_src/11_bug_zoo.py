@@ -40,6 +40,13 @@ for name in bugzoo.names():
     print(f"{name:<24} checked by {exhibit.exercise:<13} {shown}")
 
 # %% [markdown]
+# First, the readable kernels the exhibits edit: the packaged solutions pass their checkers.
+
+# %%
+assert ex.check_solution("flash1_block") and ex.check_solution("flash2_loop")
+assert ex.check_solution("dkdv_block") and ex.check_solution("causal_tiles")
+
+# %% [markdown]
 # ## Exhibit 1: the missing barrier
 #
 # The loop of lesson 9 loads $K_j$, $V_j$ with all threads of the block, each thread a few elements, and
