@@ -176,8 +176,8 @@ lessonkit.compare_prediction("l after the last block", my_prediction, round(l_ro
 lessonkit.show(pictures.online_softmax_late_max(row, block=3))
 
 # %% [markdown]
-# The loop of the previous section is FlashAttention for one query row. Lesson 5 does it for a block of $B_r$ rows at once,
-# with blocks of $B_c$ keys held in shared memory: Algorithm 1 of the paper.
+# The loop of the previous section is FlashAttention for one query row. Lesson 5 does it for a block of
+# $B_r$ rows at once, with blocks of $B_c$ keys held in shared memory: Algorithm 1 of the paper.
 #
 # ## What to take away
 #

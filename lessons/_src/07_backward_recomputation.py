@@ -240,7 +240,7 @@ else:
 my_prediction = None  # backward bytes / forward bytes, flash1, these sizes
 
 # %%
-fwd_counted = fn.flash_attention_forward(q, k, v, kernel="flash1", block=BLOCK, count_hbm=True).hbm.total
+fwd_counted = fn.attention_forward(q, k, v, kernel="flash1", block=BLOCK, count_hbm=True).hbm.total
 lessonkit.compare_prediction("backward / forward bytes", my_prediction, round(bwd.hbm.total / fwd_counted, 2))
 lessonkit.show(pictures.hbm_bytes_by_term(kernels=("standard", "flash1", "flash2"), pass_="backward"))
 
