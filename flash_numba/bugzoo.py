@@ -1,6 +1,6 @@
 """The bug zoo: FlashAttention kernels with one classic bug each, for lesson 11.
 
-Every exhibit is a packaged solution of :mod:`flash_numba.kernel_exercises`
+Every exhibit is a packaged solution of :mod:`flash_numba.exercise_kernels`
 with one or two lines changed: :func:`build` edits the solution's source and
 compiles the edited copy, so an exhibit differs from the readable kernel by
 exactly its :func:`diff`.  The learner runs an exhibit through the exercise's
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from numba import cuda
 
-from . import kernel_exercises
+from . import exercise_kernels
 from .exercises import _fmt, _Mismatch, _register
 
 
@@ -38,7 +38,7 @@ class Exhibit:
     """One bug: which solution it edits, the edit, the exercise whose checker runs it, and what it is."""
 
     name: str
-    solution: str  # a device function of kernel_exercises
+    solution: str  # a device function of exercise_kernels
     edits: tuple  # ((old text, new text), ...), each old text found exactly once
     exercise: str  # the checker to run it through
     bug: str  # the bug, in words (the answer to the riddle)
@@ -69,6 +69,13 @@ EXHIBITS = {e.name: e for e in [
             (("                    s += q_r[x] * K_j[c, x]",
               "                    s += q_r[x] * k[c0 + c, x]  # from HBM, and not counted"),),
             "flash2_loop", "K read from HBM for every score and left out of the counter (the trace sees it)"),
+    Exhibit("o_every_tile", "flash2_rows",
+            (("                m_i = m_new\n",
+              "                m_i = m_new\n"
+              "                for x in range(D):  # the output, normalised and written at every tile\n"
+              "                    o[row, x] = o_acc[x] / l_i\n"
+              "                    nw += E\n"),),
+            "flash2_loop", "O normalised and written to HBM at every tile, as flash1 does (right O, more bytes)"),
     Exhibit("reread_k", "flash2_rows",
             (("                    s += q_r[x] * K_j[c, x]",
               "                    s += q_r[x] * k[c0 + c, x]  # from HBM, not from the tile\n"
@@ -83,7 +90,7 @@ def names() -> list[str]:
 
 
 def _solution_source(ex: Exhibit) -> str:
-    return textwrap.dedent(inspect.getsource(getattr(kernel_exercises, ex.solution).py_func))
+    return textwrap.dedent(inspect.getsource(getattr(exercise_kernels, ex.solution).py_func))
 
 
 def _edited_source(ex: Exhibit) -> str:
@@ -106,10 +113,10 @@ def build(name: str):
     """The buggy device function of exhibit ``name``, compiled like the solution it edits."""
     ex = _get(name)
     body = _edited_source(ex).replace("@cuda.jit(device=True)\n", "", 1)
-    namespace = dict(vars(kernel_exercises))  # the solution's globals: NEG_INF, ZERO, E, math, cuda
+    namespace = dict(getattr(exercise_kernels, ex.solution).py_func.__globals__)  # the solution's own globals
     exec(compile(body, f"<bug zoo: {name}>", "exec"), namespace)
     fn = namespace[ex.solution]
-    fn.__doc__ = f"Bug zoo exhibit {name!r}: a copy of kernel_exercises.{ex.solution} with one bug."
+    fn.__doc__ = f"Bug zoo exhibit {name!r}: a copy of exercise_kernels.{ex.solution} with one bug."
     return cuda.jit(device=True)(fn)
 
 
@@ -117,7 +124,7 @@ def diff(name: str) -> str:
     """The exhibit's change to the readable solution, as a unified diff."""
     ex = _get(name)
     lines = difflib.unified_diff(_solution_source(ex).splitlines(), _edited_source(ex).splitlines(),
-                                 f"kernel_exercises.{ex.solution}", f"bug zoo: {name}", n=2, lineterm="")
+                                 f"exercise_kernels.{ex.solution}", f"bug zoo: {name}", n=2, lineterm="")
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ NAMED_BY = {
     "scale_twice": ["the scale applied twice"],
     "uncounted_load": ["your counter"] if SIMULATOR else ["HBM bytes"],
     "reread_k": ["HBM bytes", "read from HBM again"],
+    "o_every_tile": ["HBM bytes", "O: ", "at every tile"] if SIMULATOR else ["HBM bytes"],
 }
 
 
