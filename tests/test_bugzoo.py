@@ -14,8 +14,8 @@ NAMED_BY = {
     "partial_tile": ["IndexError", "the last tile is partial"],
     "backward_ignores_causal": ["causal", "ignores the causal mask"],
     "scale_twice": ["the scale applied twice"],
-    "uncounted_load": ["your counter"] if SIMULATOR else ["HBM bytes"],
-    "reread_k": ["HBM bytes", "read from HBM again"],
+    "uncounted_load": ["your counter"],
+    "reread_k": ["HBM bytes", "read from HBM again"] if SIMULATOR else ["HBM bytes"],
     "o_every_tile": ["HBM bytes", "O: ", "at every tile"] if SIMULATOR else ["HBM bytes"],
 }
 
@@ -25,8 +25,14 @@ def test_the_zoo_has_the_bugs_the_course_promises():
     assert len(bugzoo.names()) >= 6
 
 
+#: Caught only in the simulator: its trace sees single loads, its schedule and poisoned memory expose the race.
+SIMULATOR_ONLY = {"uncounted_load", "missing_barrier"}
+
+
 @pytest.mark.parametrize("name", list(NAMED_BY))
 def test_the_checker_catches_it(name, capsys):
+    if name in SIMULATOR_ONLY and not SIMULATOR:
+        pytest.skip("on a GPU nothing sees single loads, and a race may not show (lesson 11 says so)")
     exhibit = bugzoo.EXHIBITS[name]
     assert not ex.check(exhibit.exercise, bugzoo.build(name))
     out = capsys.readouterr().out

@@ -89,6 +89,18 @@ def test_lesson_shape(path):
     assert "assert" in code[-1] and "all checks passed" in code[-1], "the last cell must be the check cell"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_takeaways_a_prediction_and_a_figure(path):
+    """Each lesson ends with "What to take away" (3-5 points), asks for a prediction, and draws a figure."""
+    markdown = "\n".join(_sources(path, "markdown"))
+    code = "\n".join(_sources(path, "code"))
+    assert "## What to take away" in markdown
+    points = markdown.split("## What to take away", 1)[1].split("\n## ", 1)[0]
+    assert 3 <= sum(line.startswith("* ") for line in points.splitlines()) <= 5, points
+    assert "Predict, then run" in markdown and "compare_prediction(" in code
+    assert "lessonkit.show(" in code or "plt.show()" in code
+
+
 def test_every_exercise_appears_in_a_lesson():
     from flash_numba import exercises
 

@@ -107,7 +107,8 @@ lessonkit.compare_prediction("K reads / the model's", my_prediction, k_ratio if 
 #
 # The same re-read, but without `nr += E`: the kernel's own counter now agrees with the IO model, and
 # only the simulator's trace of every global access (`flash_numba.simtrace`) catches it. On a GPU
-# nothing sees single loads; there the profiler's DRAM bytes (lesson 6) are the independent witness.
+# nothing sees single loads, and this exhibit passes the checker there; the profiler's DRAM bytes
+# (lesson 6) are then the independent witness.
 
 # %%
 print(bugzoo.diff("uncounted_load"))
@@ -171,7 +172,8 @@ for letter, name in bugzoo.MYSTERIES.items():
 # ## Check
 
 # %%
-assert all(caught.values()), [name for name, ok in caught.items() if not ok]
+simulator_only = {"missing_barrier", "uncounted_load"}  # on a GPU: no trace, and a race may not show
+assert all(ok for name, ok in caught.items() if SIM or name not in simulator_only), caught
 assert set(caught) == {"missing_barrier", "stale_max", "reread_k", "uncounted_load", *bugzoo.MYSTERIES}
 assert ratio > 1
 print("lesson 11: all checks passed")
