@@ -7,10 +7,11 @@
 # Every FlashAttention kernel you wrote in lessons 5 to 9 can go wrong in a handful of classic ways: a
 # barrier left out, the running maximum updated one line too early, the causal diagonal in the wrong
 # corner, a last tile that is not full, a backward pass that forgets the mask, the scale applied twice, a
-# tile read from HBM again. `flash_numba.bugzoo` keeps one kernel for each: the packaged solution of an
-# exercise with one or two lines changed. Here you run them through the same checkers as your own code
-# and learn to read what the checker says: which case fails first, which output, the largest difference,
-# the bytes against the IO model, and the access trace of the simulator.
+# tile read from HBM again, a load left out of the count, an output written at every tile.
+# `flash_numba.bugzoo` keeps one kernel for each: the packaged solution of an exercise with one or two
+# lines changed. Here you run them through the same checkers as your own code and learn to read what the
+# checker says: which case fails first, which output, the largest difference, the bytes against the IO
+# model, and the access trace of the simulator.
 #
 # How the checkers find a bug. Each runs the kernel on a few tiny cases chosen so that each classic
 # mistake fails on a case whose label names it (one tile; several tiles; the maximum of every row in the
@@ -127,6 +128,17 @@ else:
     print("the access trace exists only in the simulator")
 
 # %% [markdown]
+# ## Exhibit 5: the output written at every tile
+#
+# flash1 keeps $O_i$ normalised in HBM and writes it back after every key tile; FlashAttention-2 keeps
+# it on chip and writes it once. Here is lesson 9's loop with flash1's habit put back. The final $O$ is
+# right, so only the bytes can tell:
+
+# %%
+print(bugzoo.diff("o_every_tile"))
+caught["o_every_tile"] = not ex.check("flash2_loop", bugzoo.build("o_every_tile"))
+
+# %% [markdown]
 # ## Your turn: four mysteries
 #
 # Four more exhibits, without their diffs. Run each through its checker, read the verdict (which case
@@ -174,6 +186,6 @@ for letter, name in bugzoo.MYSTERIES.items():
 # %%
 simulator_only = {"missing_barrier", "uncounted_load"}  # on a GPU: no trace, and a race may not show
 assert all(ok for name, ok in caught.items() if SIM or name not in simulator_only), caught
-assert set(caught) == {"missing_barrier", "stale_max", "reread_k", "uncounted_load", *bugzoo.MYSTERIES}
+assert set(caught) == {"missing_barrier", "stale_max", "reread_k", "uncounted_load", "o_every_tile", *bugzoo.MYSTERIES}
 assert ratio > 1
 print("lesson 11: all checks passed")
