@@ -1,7 +1,7 @@
 """The bug zoo: FlashAttention kernels with one classic bug each, for lesson 11.
 
 Every exhibit is a packaged solution of :mod:`flash_numba.exercise_kernels`
-with one or two lines changed: :func:`build` edits the solution's source and
+with one to three lines changed: :func:`build` edits the solution's source and
 compiles the edited copy, so an exhibit differs from the readable kernel by
 exactly its :func:`diff`.  The learner runs an exhibit through the exercise's
 checker (``ex.check(exhibit.exercise, build(name))``) and reads the verdict:

@@ -40,7 +40,12 @@ exercise               lesson  the learner writes
 ``causal_skip``        8       the test that a (query, key) block is wholly masked
 ``flash2_update``      9       FlashAttention-2's step, normalisation delayed
 ``kv_cache_bytes``     10      the size of a KV cache
+``bug_zoo``            11      the bug of each mystery kernel, named from its verdict
 =====================  ======  =====================================================
+
+The FlashAttention *kernel* exercises (``flash1_block``, ``dkdv_block``,
+``causal_tiles``, ``flash2_loop``; lessons 5-9) live in
+:mod:`flash_numba.kernel_exercises` and register here: ``check`` runs them too.
 """
 
 from __future__ import annotations

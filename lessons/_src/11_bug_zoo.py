@@ -8,7 +8,7 @@
 # barrier left out, the running maximum updated one line too early, the causal diagonal in the wrong
 # corner, a last tile that is not full, a backward pass that forgets the mask, the scale applied twice, a
 # tile read from HBM again, a load left out of the count, an output written at every tile.
-# `flash_numba.bugzoo` keeps one kernel for each: the packaged solution of an exercise with one or two
+# `flash_numba.bugzoo` keeps one kernel for each: the packaged solution of an exercise with a few
 # lines changed. Here you run them through the same checkers as your own code and learn to read what the
 # checker says: which case fails first, which output, the largest difference, the bytes against the IO
 # model, and the access trace of the simulator.
