@@ -21,7 +21,7 @@ def test_the_packaged_solution_passes(name, capsys):
     assert "passed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["flash2_loop", "causal_tiles"])
+@pytest.mark.parametrize("name", KERNEL_EXERCISES)
 def test_other_tile_sizes(name):
     """The solutions read Br, Bc and d from their arguments: any tiles compile (Br != Bc here)."""
     assert ex.check_solution(name, Br=2, Bc=8, d=3)
