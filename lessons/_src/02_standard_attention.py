@@ -154,6 +154,7 @@ for run in steps.values():
 assert np.allclose(O_d.copy_to_host(), res.o, rtol=1e-5, atol=1e-6)
 times = {name: median_ms(run) for name, run in steps.items()}
 
+# %%
 flops = {"S = scale*Q@K^T": 2 * BH * N * N * d, "P = softmax(S)": 5 * BH * N * N, "O = P@V": 2 * BH * N * N * d}
 print(f"{'step':<16} {'MB counted':>10} {'ms':>8} {'share':>6} {'GB/s':>7} {'TFLOP/s':>8}")
 total_ms = None if SIM else sum(times.values())

@@ -107,6 +107,7 @@ def stats(row, cuts):
     return m, l
 
 
+# %%
 worst_m, worst_l = 0.0, 0.0
 splits = [[c] for c in range(1, len(row))]  # every split into two blocks
 splits += [sorted(rng.choice(np.arange(1, 24), n, replace=False)) for n in (3, 7, 23)]  # 4, 8 and 24 blocks

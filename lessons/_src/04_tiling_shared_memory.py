@@ -169,6 +169,7 @@ def matmul_untiled(a, b, c):
         c[row, col] = acc
 
 
+# %%
 tiled = matmul_tiled if mine else ex.solution_fn("tiled_matmul", tile=TILE)
 n = 24 if SIM else 2048
 A, B = (cuda.to_device(rng.standard_normal((n, n)).astype(np.float32)) for _ in range(2))
@@ -237,6 +238,7 @@ def make_column_reader(width):
     return kernel
 
 
+# %%
 iters, n_blocks = (4, 1) if SIM else (1 << 14, 8 * device.info().sm_count)
 out = cuda.device_array((n_blocks, 8, 32), np.float32)
 bank_ms = {}

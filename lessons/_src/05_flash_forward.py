@@ -128,6 +128,7 @@ def flash_forward_numpy(q, k, v, Br, Bc):
     return O, m + np.log(l)
 
 
+# %%
 rng = np.random.default_rng(5)
 qh, kh, vh = (rng.standard_normal((n_, 16)) for n_ in (37, 29, 29))  # one head, Nq != Nk, awkward sizes
 o_np, lse_np = flash_forward_numpy(qh, kh, vh, Br=8, Bc=5)

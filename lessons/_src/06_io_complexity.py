@@ -123,6 +123,7 @@ for Bc, nbytes in sweep:
     t = f"{sweep_ms[Bc]:.2f}" if Bc in sweep_ms else "n/a"
     print(f"{Bc:>4} {nbytes / 1e6:>14.2f} {t:>14}")
 
+# %%
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.plot([b for b, _ in sweep], [n / 1e6 for _, n in sweep], "o-", label="HBM bytes (IO model = counters)")
 ax.set_xlabel("block size Bc (Br = 16)")

@@ -108,6 +108,7 @@ def flash2_forward_numpy(q, k, v, Br, Bc):
     return O, L
 
 
+# %%
 rng = np.random.default_rng(9)
 qh, kh, vh = (rng.standard_normal((n_, 16)) for n_ in (33, 27, 27))
 o2, L2 = flash2_forward_numpy(qh, kh, vh, Br=8, Bc=6)

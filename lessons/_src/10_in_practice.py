@@ -144,6 +144,7 @@ def backend_of(run):
     return sorted({e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")})
 
 
+# %%
 profiled = {}
 if TORCH:
     where = "cuda" if TORCH_GPU else "cpu"
