@@ -506,3 +506,50 @@ def _run_causal_tiles(tiles_fn, Br: int = 4, Bc: int = 4, d: int = 4):
 def _tiles_top_left(i, Br, Nq, Bc):
     last_key = min((i + 1) * Br, Nq) - 1
     return last_key // Bc + 1
+
+
+# ============================================================================= hints
+
+HINTS = {
+    "flash1_block": [
+        "Read m_i = m[row] and l_i = l[row] first (2 * E bytes), and O[row, x] once per x (D * E bytes).",
+        "Line 9: S_i[r, c] = scale * (Q_i[r, :] . K_j[c, :]) for c < cols, never c < Bc: the last tile may be "
+        "partial. Keep the running max m~ as you go.",
+        "Line 10: overwrite S_i[r, c] with P~ = exp(S_i[r, c] - m~) and add it up into l~.",
+        "Line 11: m_new = max(m_i, m~); l_new = exp(m_i - m_new) l_i + exp(m~ - m_new) l~. Compute both "
+        "exponentials from the OLD m_i before you store anything.",
+        "Line 12: O[row, x] = (l_i exp(m_i - m_new) O[row, x] + exp(m~ - m_new) sum_c P~[r, c] V_j[c, x]) / l_new; "
+        "line 13: l[row] = l_new, m[row] = m_new. Return the bytes you read and wrote.",
+    ],
+    "flash2_loop": [
+        "Inside `if row < Nq:` compute s_r[c] = scale * (q_r . K_j[c]) for c < cols, and -inf where "
+        "c0 + c > row + diag (the mask); take the new running max m_new over them and m_i.",
+        "If m_new is still -inf the row has seen no visible key: leave o_acc, l_i, m_i as they are (no NaN).",
+        "Otherwise alpha = exp(m_i - m_new) with the OLD m_i: l_i *= alpha and o_acc[x] *= alpha; then add "
+        "p = exp(s_r[c] - m_new) to l_i and p * V_j[c, x] to o_acc[x]; only then m_i = m_new.",
+        "After the loop, once: o[row, x] = o_acc[x] / l_i and L[row] = m_i + log(l_i) (0 and -inf when "
+        "l_i = 0); nw += D * E + E.",
+    ],
+    "dkdv_block": [
+        "Skip the pair when col > r0 + r + diag: a masked key gets P = 0 and adds nothing.",
+        "s = Q_i[r, :] . k_c and dP = dO_i[r, :] . v_c, in one loop over x.",
+        "P = exp(scale * s - L_i[r]): the saved L = m + log(l) normalises it already; dS = P * (dP - D_i[r]).",
+        "For every x: dv_c[x] += P * dO_i[r, x] and dk_c[x] += scale * dS * Q_i[r, x] (the scale of S = scale Q K^T "
+        "comes back in dK).",
+    ],
+    "causal_tiles": [
+        "Visibility is a prefix of each row, so the tile's last query row (min((i + 1) * Br, Nq) - 1) sees the "
+        "most keys.",
+        "That row sees keys 0 .. last_row + (Nk - Nq): the bottom-right diagonal. Forgetting Nk - Nq is the "
+        "top-left mask, right only when Nq = Nk.",
+        "The tiles to visit are 0 .. last_key // Bc, at most Tc = ceil(Nk / Bc), and none when last_key < 0.",
+    ],
+}
+
+
+def hints(name: str, upto: int | None = None) -> None:
+    """Print the hints of kernel exercise ``name``, the first ``upto`` of them (all by default)."""
+    if name not in HINTS:
+        raise ValueError(f"name: no hints for {name!r}; choose one of {', '.join(HINTS)}")
+    for n, hint in enumerate(HINTS[name][:upto], 1):
+        print(f"hint {n} of {len(HINTS[name])}: {hint}")

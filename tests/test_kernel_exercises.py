@@ -107,3 +107,13 @@ def test_the_frames_solutions_and_exhibits_compile_for_a_gpu():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"{4 + len(bugzoo.names())} compiled" in proc.stdout
+
+
+@pytest.mark.parametrize("name", KERNEL_EXERCISES)
+def test_every_kernel_exercise_has_hints(name, capsys):
+    kx.hints(name, upto=1)
+    assert capsys.readouterr().out.startswith(f"hint 1 of {len(kx.HINTS[name])}: ")
+    kx.hints(name)
+    assert len(capsys.readouterr().out.splitlines()) == len(kx.HINTS[name]) >= 3
+    with pytest.raises(ValueError, match="^name: no hints"):
+        kx.hints("axpy")

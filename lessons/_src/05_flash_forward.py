@@ -205,6 +205,7 @@ def flash1_step(r, row, cols, Q_i, K_j, V_j, S_i, O, l, m, scale):
 # %%
 mine_kernel = ex.check("flash1_block", flash1_step)
 assert ex.check_solution("flash1_block")
+# kx.hints("flash1_block", upto=1)  # uncomment for a hint; upto=2 for two, and so on
 # ex.solution("flash1_block")  # uncomment to print the solution
 
 # %% [markdown]

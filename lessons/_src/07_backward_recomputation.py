@@ -159,6 +159,7 @@ def dkdv_step(col, r0, rows, diag, Q_i, dO_i, L_i, D_i, k_c, v_c, dk_c, dv_c, sc
 # %%
 mine_dkdv = ex.check("dkdv_block", dkdv_step)
 assert ex.check_solution("dkdv_block")
+# kx.hints("dkdv_block", upto=1)  # uncomment for a hint; upto=2 for two, and so on
 
 # %% [markdown]
 # ## A gradient check

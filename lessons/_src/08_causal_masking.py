@@ -149,6 +149,7 @@ def causal_tiles(i, Br, Bc, Nq, Nk):
 # %%
 mine_bound = ex.check("causal_tiles", causal_tiles)
 assert ex.check_solution("causal_tiles")
+# kx.hints("causal_tiles", upto=1)  # uncomment for a hint; upto=2 for two, and so on
 
 # %% [markdown]
 # **Predict, then run.** With $N_q = N_k = 16$ and $B_r = B_c = 4$, how many rows of $K$ does the causal

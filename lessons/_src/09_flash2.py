@@ -186,6 +186,7 @@ def flash2_rows(tid, row, n_tiles, diag, q_r, s_r, o_acc, K_j, V_j, k, v, o, L, 
 # %%
 mine_loop = ex.check("flash2_loop", flash2_rows)
 assert ex.check_solution("flash2_loop")
+# kx.hints("flash2_loop", upto=1)  # uncomment for a hint; upto=2 for two, and so on
 # ex.solution("flash2_loop")  # uncomment to print the solution
 
 # %%
