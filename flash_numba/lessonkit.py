@@ -56,3 +56,31 @@ def show(fig) -> None:
         return
     if get_ipython() is not None:
         display(Image(buf.getvalue()))
+
+
+def counted_beside_model(counted, kernel: str, BH: int, N: int, d: int, dtype, Ns=(1024, 4096, 16384),
+                         block=None) -> str:
+    """A table: the bytes each kernel of a call counted at the simulator's size, beside the IO model's
+    bytes for the same kernels at real sizes (``B*H = 1``, the blocks the package would choose for
+    ``d``), and the share of each at the largest N.
+
+    ``counted``: the :class:`~flash_numba.hbm.HBMCount` of a call at ``(BH, N, d)`` with ``block``; the
+    first column is checked against the model, so the table shows one model, measured small and
+    extrapolated large.
+    """
+    from . import iomodel
+
+    here = iomodel.forward(kernel, BH, N, N, d, dtype, False, block)
+    if counted != here:
+        raise ValueError(f"counted: the counts differ from the IO model at N = {N}: {counted} vs {here}")
+    big = {n: iomodel.forward(kernel, 1, n, n, d, dtype) for n in Ns}
+    w = max(len(name) for name in here.per_kernel) + 2
+    cols = "".join(f"{'N = ' + format(n, ','):>14}" for n in Ns)
+    lines = [f"{kernel}, d = {d}: bytes counted now, and the IO model at real sizes (one head)",
+             f"{'kernel':<{w}}{'counted, N = ' + str(N):>18}{cols}{'share':>8}"]
+    last = big[Ns[-1]]
+    for name, kb in here.per_kernel.items():
+        row = "".join(f"{big[n].per_kernel[name].total / 1e6:>11.1f} MB" for n in Ns)
+        share = last.per_kernel[name].total / last.total
+        lines.append(f"{name:<{w}}{kb.total:>18,}{row}{share:>8.0%}")
+    return "\n".join(lines)

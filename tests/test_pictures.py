@@ -77,3 +77,14 @@ def test_backward_bytes_by_term():
     fig = pictures.hbm_bytes_by_term(kernels=("flash2",), Ns=(1024,), blocks={"flash2": (64, 64)}, pass_="backward")
     total = iomodel.backward("flash2", 1, 1024, 1024, 64, np.float32, False, (64, 64)).total
     assert sum(p.get_height() for p in fig.axes[0].patches) == pytest.approx(total / 1e6)
+
+
+def test_counted_beside_model_refuses_counts_that_differ_from_the_model():
+    from flash_numba import lessonkit
+
+    model = iomodel.forward("standard", 1, 32, 32, 16, np.float32)
+    table = lessonkit.counted_beside_model(model, "standard", 1, 32, 16, np.float32, Ns=(1024, 16384))
+    assert "P = softmax(S)" in table and "N = 16,384" in table
+    wrong = iomodel.forward("standard", 1, 33, 33, 16, np.float32)
+    with pytest.raises(ValueError, match="^counted: "):
+        lessonkit.counted_beside_model(wrong, "standard", 1, 32, 16, np.float32)

@@ -119,6 +119,8 @@ model = iomodel.forward("standard", BH, N, N, d, np.float32)
 print("counted == IO model:", res.hbm == model)
 nn_bytes = 2 * BH * N * N * 4
 print(f"S and P alone take {nn_bytes:,} bytes; Q, K, V and O take {4 * BH * N * d * 4:,}")
+print()
+print(lessonkit.counted_beside_model(res.hbm, "standard", BH, N, d, np.float32))
 
 # %% [markdown]
 # Every byte of $S$ is written once and read three times by the softmax; every byte of $P$ is written

@@ -167,6 +167,7 @@ print(res.hbm.table(f"flash1 forward, B*H = {BH}, N = {N}, d = {d}, float32 (byt
 flash_model = iomodel.forward("flash1", BH, N, N, d, np.float32, False, res.block)
 std_model = iomodel.forward("standard", BH, N, N, d, np.float32)  # equal to its counters (lesson 2)
 print("counted == IO model:", res.hbm == flash_model)
+print(lessonkit.counted_beside_model(res.hbm, "flash1", BH, N, d, np.float32, block=res.block))
 print(f"standard attention at this size: {std_model.total:,} bytes, {std_model.total / res.hbm.total:.1f}x flash1")
 
 # %% [markdown]
