@@ -132,6 +132,7 @@ WRONG = {
     "causal_skip": (lambda i, j, Br, Bc, Nq, Nk: j * Bc > min((i + 1) * Br, Nq) - 1, {}, "Nq = 5, Nk = 9"),
     "flash2_update": (_flash2_normalising_every_step, {}, "O_acc differs"),
     "kv_cache_bytes": (lambda layers, heads, d, ctx, batch, e: layers * heads * d * ctx * batch * e, {}, "K and V"),
+    "split_heads": (lambda qkv, H: tuple(qkv.reshape(len(qkv), 3, H, qkv.shape[1], -1).swapaxes(0, 1)), {}, "move the 3"),
 }
 
 
@@ -214,7 +215,7 @@ def test_describe_lists_every_exercise_in_course_order():
     lines = ex.describe().splitlines()
     assert [line.split()[0] for line in lines] == ex.names()
     lessons = [int(line.split()[2]) for line in lines]
-    assert lessons == sorted(lessons) and lessons[0] == 0 and lessons[-1] == 10
+    assert lessons == sorted(lessons) and lessons[0] == 0 and lessons[-1] == 12
 
 
 def test_flash2_finish_handles_rows_that_saw_no_key():
