@@ -318,9 +318,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.cmd == "plot":
-        for label, s in plot_runs(args.csvs, args.out).items():
+        summaries = plot_runs(args.csvs, args.out)
+        for label, s in summaries.items():
             print(f"{label:<20} steps {s['steps']:5d}  final loss {s['final_loss']:.4f}  "
                   f"{s['tokens_per_s']:10.0f} tokens/s")
+        if len(summaries) == 2:
+            (a, sa), (b, sb) = summaries.items()
+            print(f"{b} / {a}: final loss x {sb['final_loss'] / sa['final_loss']:.4f}, "
+                  f"tokens/s x {sb['tokens_per_s'] / sa['tokens_per_s']:.3f}")
         return 0
     cfg = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                     attn=args.attn, kernel=args.kernel)
