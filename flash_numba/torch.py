@@ -57,10 +57,7 @@ def _run_forward(kernel, q, k, v, causal, scale):
         args = (q, k, v)
     else:  # CPU: through NumPy (the package copies it to the GPU, or runs the simulator)
         args = tuple(t.detach().numpy() for t in (q, k, v))
-    if kernel == "standard":
-        res = api.standard_attention_forward(*args, causal=causal, scale=scale)
-    else:
-        res = api.flash_attention_forward(*args, causal=causal, scale=scale, kernel=kernel)
+    res = api.attention_forward(*args, kernel=kernel, causal=causal, scale=scale)
     return torch.as_tensor(res.o, device=q.device), torch.as_tensor(res.lse, device=q.device)
 
 
@@ -69,10 +66,7 @@ def _run_backward(kernel, q, k, v, o, lse, do, causal, scale):
     args = (q, k, v, o, lse, do)
     if not q.is_cuda:
         args = tuple(t.detach().numpy() for t in args)
-    if kernel == "standard":
-        res = api.standard_attention_backward(*args, causal=causal, scale=scale)
-    else:
-        res = api.flash_attention_backward(*args, causal=causal, scale=scale, kernel=kernel)
+    res = api.attention_backward(*args, kernel=kernel, causal=causal, scale=scale)
     return tuple(torch.as_tensor(g, device=q.device) for g in (res.dq, res.dk, res.dv))
 
 
