@@ -170,12 +170,12 @@ print("view + permute gives your split:", split_ok)
 # y = self.attend(q, k, v, is_causal=True)   # F.scaled_dot_product_attention, or ours
 # ```
 #
-# Three training steps of a toy version (one layer, two heads of $d = 8$, $N = 16$) with each
+# Two training steps of a toy version (one layer, two heads of $d = 8$, $N = 16$) with each
 # attention, from the same initial weights on the same batches:
 
 # %%
 toy = dict(block_size=16, n_layer=1, n_head=2, n_embd=16, kernel="flash1")
-tc = gpt.TrainConfig(steps=3, batch_size=2, warmup=1, device="cpu", dtype="float32", eval_batches=1,
+tc = gpt.TrainConfig(steps=2, batch_size=2, warmup=1, device="cpu", dtype="float32", eval_batches=1,
                      text_chars=20_000)
 toy_runs = {attn: gpt.train(gpt.GPTConfig(attn=attn, **toy), tc, log_every=1) for attn in gpt.ATTENTIONS}
 
