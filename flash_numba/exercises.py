@@ -41,6 +41,7 @@ exercise               lesson  the learner writes
 ``flash2_update``      9       FlashAttention-2's step, normalisation delayed
 ``kv_cache_bytes``     10      the size of a KV cache
 ``bug_zoo``            11      the bug of each mystery kernel, named from its verdict
+``split_heads``        12      a model's fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)
 =====================  ======  =====================================================
 
 The FlashAttention *kernel* exercises (``flash1_block``, ``dkdv_block``,
@@ -822,6 +823,30 @@ def _run_kv_cache_bytes(answer):
     n, mismatch = _compare(cases, answer, _kv_cache_bytes_solution, exact=True)
     if mismatch is not None and not mismatch.yours.startswith("raised"):
         mismatch.notes += ("a cache keeps K and V, for every layer, head, token and sequence",)
+    return n, mismatch
+
+
+# ============================================================================= lesson 12: into a model
+
+
+def _split_heads_solution(qkv, n_head):
+    B, N, C3 = qkv.shape
+    d = C3 // (3 * n_head)
+    # (B, N, 3C) -> (B, N, 3, H, d) -> (3, B, H, N, d): the channels are [q | k | v], each [head 0 | head 1 | ...]
+    q, k, v = qkv.reshape(B, N, 3, n_head, d).transpose(2, 0, 3, 1, 4)
+    return q, k, v
+
+
+@_register("split_heads", 12, "a fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)", _split_heads_solution)
+def _run_split_heads(answer):
+    rng = _rng("split_heads")
+    cases = [
+        (f"B = {B}, N = {N}, C = {C}, H = {H}", (rng.standard_normal((B, N, 3 * C)), H))
+        for B, N, C, H in [(1, 4, 2, 1), (2, 5, 4, 2), (2, 3, 12, 4)]
+    ]
+    n, mismatch = _compare(cases, answer, _split_heads_solution, rtol=0.0, atol=0.0)
+    if mismatch is not None and not mismatch.yours.startswith("raised"):
+        mismatch.notes += ("a reshape alone keeps the numbers in (B, N) order: move the 3 and H axes in front of N",)
     return n, mismatch
 
 

@@ -240,3 +240,20 @@ def recorded_times(rows: list[dict], title: str):
     ax_peak.set_xlabel("fraction of the float32 peak")
     fig.suptitle(title, fontsize=9)
     return fig
+
+
+def saved_for_backward(H: int = 32, d: int = 128, Ns=(1024, 2048, 4096, 8192, 16384), itemsize: int = 4):
+    """Bytes one attention layer keeps for its backward, per sequence: Q, K, V, O and L (FlashAttention)
+    against the same plus P, an N x N matrix per head (standard attention), as N grows (log scale)."""
+    fig, ((ax,),) = _figure(7, 3.2)
+    x = np.arange(len(Ns))
+    linear = [H * (4 * N * d + N) * itemsize for N in Ns]  # Q, K, V, O (N x d each) and L (N)
+    with_p = [b + H * N * N * itemsize for b, N in zip(linear, Ns)]
+    ax.bar(x - 0.2, [b / 2**20 for b in linear], 0.4, label="Q, K, V, O, L (FlashAttention)", color="#55a868")
+    ax.bar(x + 0.2, [b / 2**20 for b in with_p], 0.4, label="... and P (standard attention)", color="#c44e52")
+    ax.set_xticks(x, [f"N = {N:,}" for N in Ns])
+    ax.set_yscale("log")
+    ax.set_ylabel("MiB kept per layer")
+    ax.set_title(f"saved for the backward, one sequence, H = {H}, d = {d}, {itemsize}-byte elements", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig

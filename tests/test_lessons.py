@@ -41,9 +41,9 @@ def _sources(path, kind=None) -> list[str]:
 
 
 def test_the_course_is_complete():
-    """Lessons 00..11, one notebook per source, each listed in lessons/README.md."""
+    """Lessons 00..12, one notebook per source, each listed in lessons/README.md."""
     numbers = [int(p.name[:2]) for p in NOTEBOOKS]
-    assert numbers == list(range(12)), [p.name for p in NOTEBOOKS]
+    assert numbers == list(range(13)), [p.name for p in NOTEBOOKS]
     assert [p.stem for p in NOTEBOOKS] == [s.stem for s in _build.sources()]
     readme = (LESSONS / "README.md").read_text()
     for p in NOTEBOOKS:

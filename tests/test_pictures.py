@@ -88,3 +88,10 @@ def test_counted_beside_model_refuses_counts_that_differ_from_the_model():
     wrong = iomodel.forward("standard", 1, 33, 33, 16, np.float32)
     with pytest.raises(ValueError, match="^counted: "):
         lessonkit.counted_beside_model(wrong, "standard", 1, 32, 16, np.float32)
+
+
+def test_saved_for_backward_adds_P():
+    fig = pictures.saved_for_backward(H=2, d=4, Ns=(8,), itemsize=4)
+    flash, standard = (p.get_height() for p in fig.axes[0].patches)
+    assert flash == pytest.approx(2 * (4 * 8 * 4 + 8) * 4 / 2**20)
+    assert standard - flash == pytest.approx(2 * 8 * 8 * 4 / 2**20)
