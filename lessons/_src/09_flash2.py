@@ -139,8 +139,9 @@ print(lessonkit.annotated_source(flash2._forward_kernel, "def flash2_forward", "
 # warps. Our flash2 does the same: a row belongs to one group of 16 threads (half a warp), which combine
 # their row maxima and sums among themselves. Fewer shared-memory round trips and barriers, plus the
 # parallelism over the sequence below and fewer non-matmul FLOPs (the delayed division), are how the FA2
-# paper goes from 25-40% of an A100's peak to about 73% (up to ~230 TFLOP/s forward). The measured
-# utilisation of our kernels follows in the timing cell below.
+# paper goes from 25-40% of an A100's peak to about 73% (up to ~230 TFLOP/s forward). Our kernels' share
+# of the peak: the timing cell below measures it on a GPU, and the recorded H200 table near the end of
+# the lesson shows it in the simulator.
 #
 # ## Your turn: FlashAttention-2's loop, one row per thread
 #
