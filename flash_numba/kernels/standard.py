@@ -185,9 +185,10 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
     store = tile_store(TM, TN, dtype.name)
 
+    QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
     def kernel(q, k, s_out, lse, Nq, Nk, scale, counter):
-        QT = cuda.shared.array(DP * QS, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
-        KT = cuda.shared.array(DP * KS, ACC, alignment=ALIGN)  # K_j^T (DP, KS)
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
+        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T (DP, KS)
         s = cuda.local.array((TM, TN), ACC)
         m = cuda.local.array(TM, ACC)
         l = cuda.local.array(TM, ACC)
@@ -363,9 +364,10 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     product = micro_product(TM, TD, Bc, AS, DP, acc_name)
     store = tile_store(TM, TD, dtype.name)
 
+    AT_SIZE, B_SIZE = Bc * AS, Bc * DP  # shared-array sizes must be constants
     def kernel(a_in, b_in, c_out, Nq, Nk, alpha, counter):
-        AT = cuda.shared.array(Bc * AS, ACC, alignment=ALIGN)  # A_ij^T (Bc, AS)
-        Bs = cuda.shared.array(Bc * DP, ACC, alignment=ALIGN)  # B_j (Bc, DP)
+        AT = cuda.shared.array(AT_SIZE, ACC, alignment=ALIGN)  # A_ij^T (Bc, AS)
+        Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_j (Bc, DP)
         acc = cuda.local.array((TM, TD), ACC)
         tid = cuda.threadIdx.x
         ty = tid // TX
@@ -433,9 +435,10 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     product = micro_product(TMc, TD, Br, AS, DP, acc_name)
     store = tile_store(TMc, TD, dtype.name)
 
+    A_SIZE, B_SIZE = Br * AS, Br * DP  # shared-array sizes must be constants
     def kernel(a_in, b_in, c_out, Nq, Nk, alpha, counter):
-        As = cuda.shared.array(Br * AS, ACC, alignment=ALIGN)  # A_ij (Br, AS)
-        Bs = cuda.shared.array(Br * DP, ACC, alignment=ALIGN)  # B_i (Br, DP)
+        As = cuda.shared.array(A_SIZE, ACC, alignment=ALIGN)  # A_ij (Br, AS)
+        Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_i (Br, DP)
         acc = cuda.local.array((TMc, TD), ACC)
         tid = cuda.threadIdx.x
         ty = tid // TX
@@ -503,10 +506,11 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
     store = tile_store(TM, TN, dtype.name)
 
+    QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
     def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, scale_log2, counter):
-        QT = cuda.shared.array(DP * QS, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
-        dOT = cuda.shared.array(DP * QS, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
-        XT = cuda.shared.array(DP * KS, ACC, alignment=ALIGN)  # V_j^T, then K_j^T (DP, KS)
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
+        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
+        XT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T, then K_j^T (DP, KS)
         Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf: the row sees nothing)
         Ds = cuda.shared.array(Br, ACC)  # D_i
         s = cuda.local.array((TM, TN), ACC)  # S, then P
