@@ -35,7 +35,6 @@ import csv
 import datetime as _dt
 import gc
 import hashlib
-import inspect
 import os
 import sys
 import time
@@ -48,24 +47,20 @@ LEAD = (1, 2)  # (B, H)
 def _forward(kernel, q, k, v, causal):
     import flash_numba as fn
 
-    if kernel == "standard":
-        return fn.standard_attention_forward(q, k, v, causal=causal)
-    return fn.flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
+    return fn.attention_forward(q, k, v, kernel=kernel, causal=causal)
 
 
 def _backward(kernel, q, k, v, o, lse, do, causal):
     import flash_numba as fn
 
-    if kernel == "standard":
-        return fn.standard_attention_backward(q, k, v, o, lse, do, causal=causal)
-    return fn.flash_attention_backward(q, k, v, o, lse, do, causal=causal, kernel=kernel)
+    return fn.attention_backward(q, k, v, o, lse, do, kernel=kernel, causal=causal)
 
 
 def default_kernel() -> str:
-    """The kernel ``flash_attention_forward`` runs when none is named."""
+    """The kernel a call runs when none is named."""
     import flash_numba as fn
 
-    return inspect.signature(fn.flash_attention_forward).parameters["kernel"].default
+    return fn.DEFAULT_KERNEL
 
 
 def _digest(arrays) -> str:

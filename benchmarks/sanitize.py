@@ -110,13 +110,9 @@ def run_case(case: Case, seed: int = 0) -> str:
     k, v = (rng.standard_normal(LEAD + (case.Nk, case.d)).astype(dt) for _ in range(2))
     do = rng.standard_normal(q.shape).astype(dt)
     kw = dict(causal=case.causal, count_hbm=case.count)
-    if case.kernel == "standard":
-        f = fn.standard_attention_forward(q, k, v, **kw)
-        b = fn.standard_attention_backward(q, k, v, f.o, f.lse, do, **kw)
-    else:
-        kernel, atomic = case.kernel.removesuffix("-atomic"), case.kernel.endswith("-atomic")
-        f = fn.flash_attention_forward(q, k, v, kernel=kernel, **kw)
-        b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, deterministic=not atomic, **kw)
+    kernel, atomic = case.kernel.removesuffix("-atomic"), case.kernel.endswith("-atomic")
+    f = fn.attention_forward(q, k, v, kernel=kernel, **kw)
+    b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, deterministic=not atomic, **kw)
     bad = [name for name, x in (("o", f.o), ("dq", b.dq), ("dk", b.dk), ("dv", b.dv)) if not np.isfinite(x).all()]
     return f"non-finite {', '.join(bad)}" if bad else ""
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _inputs, blocks, kernels
+from . import _inputs, blocks, device, kernels
 from .hbm import Counters, HBMCount
+
+# Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
+# launch's state in module globals): calls from several Python threads take turns.
+# On a GPU calls run concurrently; each allocates its own outputs.
+_SIMULATOR_LOCK = threading.Lock()
+
+
+def _one_launch_at_a_time():
+    return _SIMULATOR_LOCK if device.SIMULATOR else contextlib.nullcontext()
 
 
 @dataclass
@@ -75,7 +86,7 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
         raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
     blk = _block(mod, prob, block, "forward") if uses_blocks else None
     counters = Counters(count_hbm)
-    with _inputs.allocate_like(prob):
+    with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         o, lse = mod.forward(prob, ops, blk, counters)
     return ForwardResult(
         _inputs.finish(prob, o, (prob.Nq, prob.d)),
@@ -100,7 +111,7 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, dete
         raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
     blk = _block(mod, prob, block, "backward") if uses_blocks else None
     counters = Counters(count_hbm)
-    with _inputs.allocate_like(prob):
+    with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         dq, dk, dv = mod.backward(prob, ops, blk, counters)
     return BackwardResult(
         _inputs.finish(prob, dq, (prob.Nq, prob.d)),
@@ -112,54 +123,82 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, dete
     )
 
 
-def standard_attention_forward(q, k, v, *, causal=False, scale=None, count_hbm=False) -> ForwardResult:
-    """Standard attention in three kernels that materialise S and P in HBM.
+#: The kernel a call runs when none is named.
+DEFAULT_KERNEL = "flash2"
+
+def attention_forward(
+    q, k, v, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False
+) -> ForwardResult:
+    """softmax(scale q k^T) v, and L = logsumexp of each row, with the kernel named ``kernel``.
 
     q: (..., Nq, d); k, v: (..., Nk, d) with leading dims (), (H,) or (B, H).
-    ``causal`` masks key j for query i when j > i + (Nk - Nq) (bottom-right
-    aligned, as FlashAttention >= 2.1 and PyTorch's ``causal_lower_right``;
-    PyTorch's ``is_causal=True`` is top-left aligned, the same only when Nq == Nk).  ``scale`` defaults to
-    1/sqrt(d).  Returns a :class:`ForwardResult`.
+    ``kernel`` is one of :data:`flash_numba.kernels.NAMES`: ``"standard"`` (S and P
+    through HBM, the paper's baseline) or a FlashAttention kernel.  ``causal``
+    masks key j for query i when j > i + (Nk - Nq) (bottom-right aligned, as
+    FlashAttention >= 2.1 and PyTorch's ``causal_lower_right``; PyTorch's
+    ``is_causal=True`` is top-left aligned, the same only when Nq == Nk).
+    ``scale`` defaults to 1/sqrt(d).  ``block=(Br, Bc)`` overrides the block sizes
+    chosen from the device's shared memory (validated against the device's limits;
+    kernels with fixed tiles take only None).  ``count_hbm=True`` counts the bytes
+    every launch reads and writes in HBM.  Returns a :class:`ForwardResult`.
     """
-    return _forward("standard", q, k, v, causal, scale, None, count_hbm)
-
-
-def standard_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, count_hbm=False) -> BackwardResult:
-    """Standard backward: recompute S and P into HBM, then dV, dP, dS, dQ, dK kernels."""
-    return _backward("standard", q, k, v, o, lse, do, causal, scale, None, count_hbm)
-
-
-def flash_attention_forward(
-    q, k, v, *, causal=False, scale=None, kernel="flash2", block=None, count_hbm=False
-) -> ForwardResult:
-    """FlashAttention forward (``kernel="flash1"`` or ``"flash2"``); never stores S or P.
-
-    ``block=(Br, Bc)`` overrides the block sizes chosen from the device's shared
-    memory (validated against the device's limits).
-    """
-    if kernel == "standard":
-        raise ValueError("kernel: 'standard' is not a FlashAttention kernel; use standard_attention_forward")
     return _forward(kernel, q, k, v, causal, scale, block, count_hbm)
 
 
-def flash_attention_backward(
-    q, k, v, o, lse, do, *, causal=False, scale=None, kernel="flash2", block=None, count_hbm=False,
+def attention_backward(
+    q, k, v, o, lse, do, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False,
     deterministic=True,
 ) -> BackwardResult:
-    """FlashAttention backward: recomputes P blockwise from q, k and lse.
+    """dq, dk, dv of :func:`attention_forward`, given its ``o``, ``lse`` and the output gradient ``do``.
 
-    ``deterministic=False`` lets a kernel with an atomic path use it: ``flash2_fast``
-    then computes dK, dV and dQ in one pass over the key blocks and adds dQ with
-    atomics, as FlashAttention-2 does (faster; the order of the additions, so the
-    last bits of dq, vary between runs).  The other kernels are deterministic
-    either way; so is every kernel with the default ``True`` (bitwise equal results
-    for equal inputs).
+    The arguments are those of :func:`attention_forward`.  The FlashAttention
+    kernels recompute P blockwise from q, k and lse; ``standard`` recomputes S and
+    P into HBM (the paper's Algorithm 3).  ``deterministic=False`` lets a kernel
+    with an atomic path use it: ``flash2_fast`` then computes dK, dV and dQ in one
+    pass over the key blocks and adds dQ with atomics, as FlashAttention-2 does
+    (faster; the order of the additions, so the last bits of dq, vary between
+    runs).  Every other call is deterministic: bitwise equal results for equal
+    inputs.  Returns a :class:`BackwardResult`.
     """
-    if kernel == "standard":
-        raise ValueError("kernel: 'standard' is not a FlashAttention kernel; use standard_attention_backward")
     return _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic)
 
 
-def attention(q, k, v, *, causal=False, scale=None):
-    """softmax(scale * q k^T) v with the flash2 kernels; returns O only."""
-    return flash_attention_forward(q, k, v, causal=causal, scale=scale).o
+# The names of earlier releases: thin aliases of the two functions above.
+
+
+def standard_attention_forward(q, k, v, *, causal=False, scale=None, count_hbm=False) -> ForwardResult:
+    """``attention_forward(q, k, v, kernel="standard", ...)``: S and P materialised in HBM."""
+    return attention_forward(q, k, v, kernel="standard", causal=causal, scale=scale, count_hbm=count_hbm)
+
+
+def standard_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, count_hbm=False) -> BackwardResult:
+    """``attention_backward(..., kernel="standard")``: S, P, dP and dS go through HBM."""
+    return attention_backward(q, k, v, o, lse, do, kernel="standard", causal=causal, scale=scale, count_hbm=count_hbm)
+
+
+def _flash_only(kernel):
+    if kernel == "standard":
+        raise ValueError("kernel: 'standard' is not a FlashAttention kernel; use attention_forward(kernel='standard')")
+
+
+def flash_attention_forward(
+    q, k, v, *, causal=False, scale=None, kernel=DEFAULT_KERNEL, block=None, count_hbm=False
+) -> ForwardResult:
+    """:func:`attention_forward` restricted to the FlashAttention kernels (S and P never stored)."""
+    _flash_only(kernel)
+    return attention_forward(q, k, v, kernel=kernel, causal=causal, scale=scale, block=block, count_hbm=count_hbm)
+
+
+def flash_attention_backward(
+    q, k, v, o, lse, do, *, causal=False, scale=None, kernel=DEFAULT_KERNEL, block=None, count_hbm=False,
+    deterministic=True,
+) -> BackwardResult:
+    """:func:`attention_backward` restricted to the FlashAttention kernels."""
+    _flash_only(kernel)
+    return attention_backward(q, k, v, o, lse, do, kernel=kernel, causal=causal, scale=scale, block=block,
+                              count_hbm=count_hbm, deterministic=deterministic)
+
+
+def attention(q, k, v, *, causal=False, scale=None, kernel=DEFAULT_KERNEL):
+    """softmax(scale * q k^T) v; returns O only (see :func:`attention_forward`)."""
+    return attention_forward(q, k, v, kernel=kernel, causal=causal, scale=scale).o

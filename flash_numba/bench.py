@@ -53,10 +53,8 @@ import numpy as np
 
 from . import device, iomodel, kernels, reference
 from .api import (
-    flash_attention_backward,
-    flash_attention_forward,
-    standard_attention_backward,
-    standard_attention_forward,
+    attention_backward,
+    attention_forward,
 )
 from .device import SIMULATOR, CudaTimer
 
@@ -265,18 +263,14 @@ def kernel_of(name: str) -> tuple[str, dict]:
 def flash_numba_impl(name: str) -> Impl:
     """One of our kernel modules (or a :data:`VARIANTS` entry), called through the public API."""
     kernel, bwd_options = kernel_of(name)
-    standard = kernel == "standard"
-    forward = standard_attention_forward if standard else flash_attention_forward
-    backward = standard_attention_backward if standard else flash_attention_backward
-    which = {} if standard else {"kernel": kernel}
 
     def call(inp: Inputs, cfg: Config, count_hbm: bool = False):
         q, k, v, do = inp.q, inp.k, inp.v, inp.do
-        fwd = forward(q, k, v, causal=cfg.causal, count_hbm=count_hbm, **which)
+        fwd = attention_forward(q, k, v, kernel=kernel, causal=cfg.causal, count_hbm=count_hbm)
         out, hbm = {"o": fwd.o, "lse": fwd.lse}, fwd.hbm
         if cfg.pass_ == "fwd+bwd":
-            bwd = backward(q, k, v, fwd.o, fwd.lse, do, causal=cfg.causal, count_hbm=count_hbm, **which,
-                           **bwd_options)
+            bwd = attention_backward(q, k, v, fwd.o, fwd.lse, do, kernel=kernel, causal=cfg.causal,
+                                     count_hbm=count_hbm, **bwd_options)
             out.update(dq=bwd.dq, dk=bwd.dk, dv=bwd.dv)
             hbm = hbm + bwd.hbm if count_hbm else None
         return out, hbm

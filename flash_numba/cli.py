@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from . import device, kernels
-from .api import flash_attention_forward, resolve_block, standard_attention_forward
+from .api import attention_forward, resolve_block
 from .hbm import HBMCount
 
 INFO_DS = (16, 32, 64, 128)
@@ -140,9 +140,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
     mods, missing = available_kernels()
 
     def call(name, q, k, v, count_hbm):
-        if name == "standard":
-            return standard_attention_forward(q, k, v, causal=args.causal, count_hbm=count_hbm)
-        return flash_attention_forward(q, k, v, causal=args.causal, kernel=name, count_hbm=count_hbm)
+        return attention_forward(q, k, v, kernel=name, causal=args.causal, count_hbm=count_hbm)
 
     if not device.SIMULATOR:
         from numba import cuda

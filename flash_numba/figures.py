@@ -43,13 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, device, iomodel, kernels
-from .api import (
-    flash_attention_backward,
-    flash_attention_forward,
-    resolve_block,
-    standard_attention_backward,
-    standard_attention_forward,
-)
+from .api import attention_backward, attention_forward, resolve_block
 from .hbm import Counters
 
 DTYPE = np.dtype(np.float32)
@@ -229,15 +223,11 @@ def random_inputs(BH: int, N: int, d: int, seed: int = 0):
 
 
 def forward(kernel: str, q, k, v, count: bool = False):
-    if kernel == "standard":
-        return standard_attention_forward(q, k, v, count_hbm=count)
-    return flash_attention_forward(q, k, v, kernel=kernel, count_hbm=count)
+    return attention_forward(q, k, v, kernel=kernel, count_hbm=count)
 
 
 def backward(kernel: str, q, k, v, o, lse, do, count: bool = False):
-    if kernel == "standard":
-        return standard_attention_backward(q, k, v, o, lse, do, count_hbm=count)
-    return flash_attention_backward(q, k, v, o, lse, do, kernel=kernel, count_hbm=count)
+    return attention_backward(q, k, v, o, lse, do, kernel=kernel, count_hbm=count)
 
 
 def counted(kernel: str, BH: int, N: int, d: int):
@@ -661,7 +651,7 @@ def figure2(run: Run) -> list:
                 row.update(model_bytes_read=m.bytes_read, model_bytes_written=m.bytes_written)
                 row["model_gb"] = _sig(_gb(m.total))
                 if run.gpu:  # every block size is a new kernel: its first call compiles it (untimed)
-                    row["ms"] = _sig(median_ms(lambda: flash_attention_forward(q, k, v, kernel=kernel, block=block)))
+                    row["ms"] = _sig(median_ms(lambda: attention_forward(q, k, v, kernel=kernel, block=block)))
                 rows.append(row)
     csv_path = write_csv(
         run.out / "fig2_block_size.csv",

@@ -36,15 +36,11 @@ make_args, call = inputs_tests.make_args, inputs_tests.call
 
 
 def forward(kernel, q, k, v, **kw):
-    if kernel == "standard":
-        return flash_numba.standard_attention_forward(q, k, v, **kw)
-    return flash_numba.flash_attention_forward(q, k, v, kernel=kernel, **kw)
+    return flash_numba.attention_forward(q, k, v, kernel=kernel, **kw)
 
 
 def backward(kernel, q, k, v, o, lse, do, **kw):
-    if kernel == "standard":
-        return flash_numba.standard_attention_backward(q, k, v, o, lse, do, **kw)
-    return flash_numba.flash_attention_backward(q, k, v, o, lse, do, kernel=kernel, **kw)
+    return flash_numba.attention_backward(q, k, v, o, lse, do, kernel=kernel, **kw)
 
 
 def rel_err(got, want):
