@@ -215,8 +215,8 @@ def test_standard_minus_flash2_is_the_sp_term(rng, BH, Nq, Nk, d, causal, dtype,
         hbm = api._forward(other, q, k, v, causal, None, block, True).hbm
         assert std.total - hbm.total == sp, other
     s, a = np.dtype(dtype).itemsize, np.dtype(fn._inputs.acc_dtype(dtype)).itemsize
-    if not causal:  # by hand: S and P each written and read once, L read back once
-        assert sp == BH * (4 * s * Nq * Nk + a * Nq)
+    if not causal:  # by hand: S and P each written and read once, m and l too
+        assert sp == BH * (4 * s * Nq * Nk + 4 * a * Nq)
 
 
 def test_io_model_closed_form():
@@ -224,12 +224,13 @@ def test_io_model_closed_form():
     BH, N, d, Br, Bc, s, a = 3, 64, 16, 16, 32, 4, 4
     f = iomodel.forward(BH, N, N, d, np.float32, False, (Br, Bc))
     Tr = N // Br
-    assert f.per_kernel["S = scale*Q@K^T"] == fn.KernelBytes(BH * s * (N * d + Tr * N * d), BH * (s * N * N + a * N))
-    assert f.per_kernel["P = softmax(S)"] == fn.KernelBytes(BH * (s * N * N + a * N), BH * s * N * N)
+    S_bytes = fn.KernelBytes(BH * s * (N * d + Tr * N * d), BH * (s * N * N + 3 * a * N))
+    assert f.per_kernel["S = scale*Q@K^T"] == S_bytes
+    assert f.per_kernel["P = softmax(S)"] == fn.KernelBytes(BH * (s * N * N + 2 * a * N), BH * s * N * N)
     assert f.per_kernel["O = P@V"] == fn.KernelBytes(BH * s * (N * N + Tr * N * d), BH * s * N * d)
-    # doubling N quadruples the softmax's bytes (but for the L row)
+    # doubling N quadruples the softmax's bytes (but for m and l)
     f2 = iomodel.forward(BH, 2 * N, 2 * N, d, np.float32, False, (Br, Bc))
-    assert f2.per_kernel["P = softmax(S)"].total == 4 * f.per_kernel["P = softmax(S)"].total - 2 * BH * N * a
+    assert f2.per_kernel["P = softmax(S)"].total == 4 * f.per_kernel["P = softmax(S)"].total - 2 * 2 * BH * N * a
 
 
 def test_batch_and_heads(rng):

@@ -44,7 +44,7 @@ def test_theorem_2_the_re_reads_shrink_with_M_the_sp_term_does_not():
     assert by_M["flash1", 8 * 1024]["re-reads"] > by_M["flash1", 16 * 1024]["re-reads"] > by_M["flash1", 48 * 1024][
         "re-reads"]
     sp = {M: by_M["standard", M]["S/P"] for M in (8 * 1024, 16 * 1024, 48 * 1024)}
-    assert len(set(sp.values())) == 1 and sp[48 * 1024] == 4 * 4 * 4096 * 4096 + 4 * 4096
+    assert len(set(sp.values())) == 1 and sp[48 * 1024] == 4 * 4 * 4096 * 4096 + 4 * 4 * 4096
 
 
 @pytest.mark.parametrize("kernel", ["flash1", "flash2"])

@@ -10,16 +10,16 @@ kernels load.
 
 Forward::
 
-    "S = scale*Q@K^T"  read  s Nq d + s d sum_i kv_i       write s R + a Nq    (S, L)
-    "P = softmax(S)"   read  s R + a Nq                    write s R           (P)
+    "S = scale*Q@K^T"  read  s Nq d + s d sum_i kv_i       write s R + 3 a Nq  (S; L, m, l)
+    "P = softmax(S)"   read  s R + 2 a Nq                  write s R           (P; reads m, l)
     "O = P@V"          read  s R + s d sum_i kv_i          write s Nq d        (O)
 
 Q read once, K and V once per query block, O and L written once: flash2's
-forward bytes exactly (at the same block), plus the S/P term ``4 s R + a Nq``
-(S and P each written and read back once, L read back by the softmax).  For
-N = Nq = Nk without a mask that is ``2 s N d + 2 s N d Tr + s N d + a N`` plus
-``4 s N^2 + a N``: Theta(N^2 d / Br + N^2), the N^2 of S and P that the paper's
-Theorem 2 says FlashAttention removes.
+forward bytes exactly (at the same block), plus the S/P term ``4 s R + 4 a Nq``
+(S and P each written and read back once, and the softmax's row statistics m, l
+written and read once).  For N = Nq = Nk without a mask that is
+``2 s N d + 2 s N d Tr + s N d + a N`` plus ``4 s N^2 + 4 a N``: Theta(N^2 d / Br + N^2),
+the N^2 of S and P that the paper's Theorem 2 says FlashAttention removes.
 
 Backward::
 
@@ -61,8 +61,8 @@ def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     kv, R, _ = _sums(Nq, Nk, causal, block)
     return HBMCount(
         {
-            FORWARD_NAMES[0]: KernelBytes(BH * s * (Nq * d + kv * d), BH * (s * R + a * Nq)),
-            FORWARD_NAMES[1]: KernelBytes(BH * (s * R + a * Nq), BH * s * R),
+            FORWARD_NAMES[0]: KernelBytes(BH * s * (Nq * d + kv * d), BH * (s * R + 3 * a * Nq)),
+            FORWARD_NAMES[1]: KernelBytes(BH * (s * R + 2 * a * Nq), BH * s * R),
             FORWARD_NAMES[2]: KernelBytes(BH * s * (R + kv * d), BH * s * Nq * d),
         }
     )
@@ -85,13 +85,13 @@ def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
 
 
 def sp_bytes(BH, Nq, Nk, d, dtype, causal, block, pass_="forward") -> int:
-    """The S/P term: bytes of the N x N matrices through HBM (and L read back by the softmax).
+    """The S/P term: bytes of the N x N matrices through HBM (and the softmax's row statistics).
 
-    Forward ``4 s R + a Nq``: S written and read, P written and read, L read.
+    Forward ``4 s R + 4 a Nq``: S written and read, P written and read, m and l written and read.
     Backward ``5 s R``: P and dS written, P read once, dS twice.
     """
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     _, R, _ = _sums(Nq, Nk, causal, block)
     if pass_ == "forward":
-        return BH * (4 * s * R + a * Nq)
+        return BH * (4 * s * R + 4 * a * Nq)
     return BH * 5 * s * R

@@ -13,8 +13,8 @@ bytes) split into three terms:
     flash1's O, l, m read and written every pass, row statistics (D) and
     accumulators.  It is the model's total minus the two other terms.
 ``S/P``
-    The N x N matrices through HBM: S and P written and read back (and L read
-    back by the softmax) in the forward, P and dS in the backward; only the
+    The N x N matrices through HBM: S and P written and read back (with the
+    softmax's row statistics m, l) in the forward, P and dS in the backward; only the
     standard kernels have it (:func:`flash_numba.iomodel.standard.sp_bytes`).
 
 At equal blocks the standard forward does exactly flash2's reads and writes

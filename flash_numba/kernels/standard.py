@@ -3,19 +3,19 @@
 What it does.  The three lines of the FlashAttention paper's Algorithm 0, each a
 kernel that reads its inputs from HBM and writes its result to HBM::
 
-    S = scale * Q K^T, L = logsumexp(S)   (BH, Nq, Nk), (BH, Nq)   "S = scale*Q@K^T"
-    P = exp(S - L)  (= softmax(S))        (BH, Nq, Nk)             "P = softmax(S)"
+    S = scale * Q K^T, m, l, L = m + log l   (BH, Nq, Nk), (BH, Nq)   "S = scale*Q@K^T"
+    P = exp(S - m) / l  (= softmax(S))       (BH, Nq, Nk)             "P = softmax(S)"
     O = P V                               (BH, Nq, d)              "O = P@V"
 
 with the same blocks ``(Br, Bc)`` and the same on-chip discipline as the flash
 kernels: the thread block of query block i keeps Q_i on chip while the K_j
 stream past in Bc-row tiles, writes each S_ij tile to HBM and keeps the row
-statistics m_i, l_i on chip (L_i = m_i + log l_i is written once); the softmax
-reads each row of S once and writes P; the product kernel streams the P_ij and
+statistics m_i, l_i on chip, then writes them and L_i = m_i + log l_i once; the
+softmax reads each row of S (and m_i, l_i) once and writes P; the product kernel streams the P_ij and
 V_j tiles past an O_i held in registers and writes O once.  So Q is read once,
 K and V once per query block, O and L written once, exactly as in
 :mod:`flash2`; the only other bytes are S and P written and read back once
-each, and L read back by the softmax: the S/P term of
+each, with their row statistics m and l: the S/P term of
 :func:`flash_numba.iomodel.standard.sp_bytes`, which FlashAttention removes.
 Causal attention visits the same (query block, key block) pairs as flash2: S
 and P exist only in the visible tiles (masked entries inside them are -inf and
@@ -58,7 +58,6 @@ from ._tiles import FASTMATH, NT, TX, TY, micro_product, tile_loader, tile_store
 from .matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
 
 USES_BLOCKS = True
-LOG2E = 1.4426950408889634
 FULL_MASK = 0xFFFFFFFF
 #: Kernel names, as the counters and the IO model call them.
 FORWARD_NAMES = ("S = scale*Q@K^T", "P = softmax(S)", "O = P@V")
@@ -164,12 +163,15 @@ def _align():
 
 @lru_cache(maxsize=None)
 def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
-    """``S = scale * Q K^T`` for the visible tiles and ``L = logsumexp(S)``, one query block per thread block.
+    """``S = scale * Q K^T`` for the visible tiles, its row statistics m, l and ``L = m + log l``,
+    one query block per thread block.
 
-    Launch ``kernel[Tr * BH, 128](q, k, s, lse, Nq, Nk, scale, counter)``.  The row
-    statistics are kept online (m_i, l_i, rescaled as a new maximum appears), of S
-    as stored: for float16 S is rounded to float16 first, so that P = exp(S - L)
-    from the stored S sums to 1.
+    Launch ``kernel[Tr * BH, 128](q, k, s, lse, ml, Nq, Nk, scale, counter)``; ``ml`` is
+    ``(BH, 2, Nq)``: m_i and l_i for the softmax, which normalises with them (with
+    L alone, rounded to float32, the rows of P would sum to 1 + 5e-4 at |L| = 1e4:
+    O would carry that factor and D = rowsum(dO O) would no longer cancel it in the
+    backward).  The statistics are kept online (rescaled as a new maximum appears)
+    and are those of S as stored: for float16 S is rounded to float16 first.
     """
     dtype = np.dtype(dtype_name)
     g = geometry(Br, Bc, d, dtype)
@@ -186,7 +188,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
     store = tile_store(TM, TN, dtype.name)
 
     QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
-    def kernel(q, k, s_out, lse, Nq, Nk, scale, counter):
+    def kernel(q, k, s_out, lse, ml, Nq, Nk, scale, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T (DP, KS)
         s = cuda.local.array((TM, TN), ACC)
@@ -268,8 +270,10 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
             lt += cuda.shfl_xor_sync(FULL_MASK, lt, 1)
             if tx == 0 and rt + a < Nq:
                 lse[bh, rt + a] = m[a] + math.log(lt) if lt != 0 else NEG_INF
+                ml[bh, 0, rt + a] = m[a]
+                ml[bh, 1, rt + a] = lt
                 if COUNT:
-                    nw += AB
+                    nw += 3 * AB
         if COUNT:
             cuda.atomic.add(counter, 0, nr)
             cuda.atomic.add(counter, 1, nw)
@@ -280,21 +284,22 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
 
 @lru_cache(maxsize=None)
 def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
-    """``P = exp(S - L)``: the softmax of each row of S, in one pass (L from :func:`scores_kernel`).
+    """``P = exp(S - m) / l``: the softmax of each row of S in one pass (m, l from :func:`scores_kernel`).
 
     One warp per row, ``SOFTMAX_ROWS`` rows per block: launch
-    ``kernel[ceil(BH * Nq / SOFTMAX_ROWS), 128](s, lse, p, Nq, Nk, counter)``.  A row
+    ``kernel[ceil(BH * Nq / SOFTMAX_ROWS), 128](s, ml, p, Nq, Nk, counter)``.  A row
     of query block i reads and writes the keys of the tiles that block visits
-    (all Nk, or fewer when causal); a row with L = -inf (no visible key) gets P = 0.
+    (all Nk, or fewer when causal); a row with no visible key (m = -inf, l = 0) gets P = 0.
     """
     dtype = np.dtype(dtype_name)
     ACC, ST = acc_nb_type(dtype), nb_type(dtype)
     SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
     NEG_INF, _, ZERO = _consts(dtype)
+    ONE = ZERO + 1
     CAUSAL, COUNT = causal, count
     W, W2, W3, W4 = (np.uint32(32 * u) for u in (1, 2, 3, 4))
 
-    def kernel(s, lse, p, Nq, Nk, counter):
+    def kernel(s, ml, p, Nq, Nk, counter):
         lane = cuda.threadIdx.x % 32
         w = cuda.blockIdx.x * SOFTMAX_ROWS + cuda.threadIdx.x // 32  # global row index
         nr = 0
@@ -306,13 +311,18 @@ def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool)
             if CAUSAL:
                 r0 = (w % Nq) // Br * Br
                 n = min(_n_visible(r0, Br, Bc, Nq, Nk) * Bc, Nk)
-            L = ZERO
+            m = ZERO
+            l = ZERO
             if lane == 0:
-                L = ACC(lse[bh, row])
+                m = ACC(ml[bh, 0, row])
+                l = ACC(ml[bh, 1, row])
                 if COUNT:
-                    nr += AB
-            L = cuda.shfl_sync(FULL_MASK, L, 0)
-            live = L != NEG_INF
+                    nr += 2 * AB
+            m = cuda.shfl_sync(FULL_MASK, m, 0)
+            l = cuda.shfl_sync(FULL_MASK, l, 0)
+            if m == NEG_INF:  # no visible key: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
+                m = ZERO
+            inv = ONE / l if l != 0 else ZERO  # != 0: a NaN row stays NaN
             n_u = uint32(n)
             c = uint32(lane)
             while c + W3 < n_u:  # four loads in flight per thread, then four stores
@@ -320,17 +330,17 @@ def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool)
                 x1 = ACC(s[bh, row, c + W])
                 x2 = ACC(s[bh, row, c + W2])
                 x3 = ACC(s[bh, row, c + W3])
-                p[bh, row, c] = ST(math.exp(x0 - L) if live else ZERO)
-                p[bh, row, c + W] = ST(math.exp(x1 - L) if live else ZERO)
-                p[bh, row, c + W2] = ST(math.exp(x2 - L) if live else ZERO)
-                p[bh, row, c + W3] = ST(math.exp(x3 - L) if live else ZERO)
+                p[bh, row, c] = ST(math.exp(x0 - m) * inv)
+                p[bh, row, c + W] = ST(math.exp(x1 - m) * inv)
+                p[bh, row, c + W2] = ST(math.exp(x2 - m) * inv)
+                p[bh, row, c + W3] = ST(math.exp(x3 - m) * inv)
                 if COUNT:
                     nr += 4 * SB
                     nw += 4 * SB
                 c += W4
             while c < n_u:
                 x0 = ACC(s[bh, row, c])
-                p[bh, row, c] = ST(math.exp(x0 - L) if live else ZERO)
+                p[bh, row, c] = ST(math.exp(x0 - m) * inv)
                 if COUNT:
                     nr += SB
                     nw += SB
@@ -489,8 +499,13 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     """``P = exp(S - L)`` and ``dS = P * (dP - D)``, ``dP = dO V^T``, for the visible tiles, one query block per
     thread block; P and dS are written to HBM, dP never leaves the registers.
 
-    Launch ``kernel[Tr * BH, 128](q, k, v, do, lse, D, p, ds, Nq, Nk, scale_log2, counter)``.
-    Q_i and dO_i stay in shared memory; V_j, then K_j pass through one buffer.
+    Launch ``kernel[Tr * BH, 128](q, k, v, do, lse, D, p, ds, Nq, Nk, scale, counter)``.
+    Q_i and dO_i stay in shared memory; V_j, then K_j pass through one buffer.  P is
+    ``exp(S - L)`` of exactly the S the forward stored (the same products in the same
+    order, the same scale, rounded to the storage dtype), so it differs from the
+    forward's P only by a factor per row (L's rounding), which D = rowsum(dO O)
+    cancels: with scores of 1e4 a differently rounded S would put noise of ~1e-3
+    into each P_ij, which the sum dS K no longer cancels.
     """
     dtype = np.dtype(dtype_name)
     g = geometry(Br, Bc, d, dtype)
@@ -499,7 +514,8 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     acc_name = str(ACC)
     SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
     NEG_INF, POS_INF, ZERO = _consts(dtype)
-    LOG2E_ACC = np.float64(LOG2E) if dtype == np.float64 else np.float32(LOG2E)
+    ST = nb_type(dtype)
+    ROUND = SB < AB
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
     load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i, dO_i -> (DP, QS) transposed
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j, V_j -> (DP, KS) transposed
@@ -507,15 +523,15 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     store = tile_store(TM, TN, dtype.name)
 
     QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
-    def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, scale_log2, counter):
+    def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, scale, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         XT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T, then K_j^T (DP, KS)
-        Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf: the row sees nothing)
+        Ls = cuda.shared.array(Br, ACC)  # L_i (+inf: the row sees nothing)
         Ds = cuda.shared.array(Br, ACC)  # D_i
         s = cuda.local.array((TM, TN), ACC)  # S, then P
         dp = cuda.local.array((TM, TN), ACC)  # dP, then dS
-        L2 = cuda.local.array(TM, ACC)
+        Lr = cuda.local.array(TM, ACC)
         Dr = cuda.local.array(TM, ACC)
         tid = cuda.threadIdx.x
         ty = tid // TX
@@ -541,20 +557,20 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
         for e in range(tid, PAD * KS, NT):
             XT[d * KS + e] = ZERO
         if tid < Br:
-            Lr = POS_INF
+            Lv = POS_INF
             Dv = ZERO
             if r0 + tid < Nq:
                 Lv = lse[bh, r0 + tid]
                 Dv = D[bh, r0 + tid]
                 if COUNT:
                     nr += 2 * AB
-                if Lv != NEG_INF:
-                    Lr = Lv * LOG2E_ACC
-            Ls[tid] = Lr
+                if Lv == NEG_INF:
+                    Lv = POS_INF  # a row that sees no key: exp(S - inf) = 0
+            Ls[tid] = Lv
             Ds[tid] = Dv
         cuda.syncthreads()
         for a in range(TM):
-            L2[a] = Ls[ty * TM + a]
+            Lr[a] = Ls[ty * TM + a]
             Dr[a] = Ds[ty * TM + a]
         rt = r0 + ty * TM
         for j in range(n_j):
@@ -580,9 +596,12 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                 if CAUSAL:
                     lim = min(lim, rt + a + off - ct)
                 for b in range(TN):
-                    pv = math.exp2(min(s[a, b] * scale_log2 - L2[a], ZERO))  # P <= 1
-                    if edge and b > lim:
-                        pv = ZERO
+                    x = s[a, b] * scale  # S as the forward stored it
+                    if ROUND:
+                        x = ACC(ST(x))
+                    pv = ZERO  # masked, or past Nk (where S = 0 and exp(0 - L) could overflow)
+                    if not (edge and b > lim):
+                        pv = math.exp(x - Lr[a])
                     s[a, b] = pv
                     dp[a, b] = pv * (dp[a, b] - Dr[a])
             n = store(p_out, bh, rt, ct, Nq - rt, Nk - ct, s)
@@ -612,12 +631,13 @@ def forward(prob, ops, block, counters):
     Tr = -(-Nq // Br)
     S = _inputs.empty((BH, Nq, Nk), dt)
     L = _inputs.empty((BH, Nq), acc)
+    ml = _inputs.empty((BH, 2, Nq), acc)  # m_i, l_i
     scores_kernel(d, Br, Bc, dt.name, causal, count)[Tr * BH, NT](
-        q, k, S, L, Nq, Nk, acc.type(prob.scale), counters.array(FORWARD_NAMES[0])
+        q, k, S, L, ml, Nq, Nk, acc.type(prob.scale), counters.array(FORWARD_NAMES[0])
     )
     P = _inputs.empty((BH, Nq, Nk), dt)
     softmax_kernel(Br, Bc, dt.name, causal, count)[-(-BH * Nq // SOFTMAX_ROWS), NT](
-        S, L, P, Nq, Nk, counters.array(FORWARD_NAMES[1])
+        S, ml, P, Nq, Nk, counters.array(FORWARD_NAMES[1])
     )
     O = _inputs.empty((BH, Nq, d), dt)
     rowprod_kernel(d, Br, Bc, dt.name, causal, count)[Tr * BH, NT](
@@ -640,7 +660,7 @@ def backward(prob, ops, block, counters):
     P = _inputs.empty((BH, Nq, Nk), dt)
     dS = _inputs.empty((BH, Nq, Nk), dt)
     grad_scores_kernel(d, Br, Bc, dt.name, causal, count)[Tr * BH, NT](
-        q, k, v, do, lse, D, P, dS, Nq, Nk, acc.type(prob.scale * LOG2E), counters.array(BACKWARD_NAMES[1])
+        q, k, v, do, lse, D, P, dS, Nq, Nk, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
     )
     scale = acc.type(prob.scale)
     colprod = colprod_kernel(d, Br, Bc, dt.name, causal, count)
@@ -666,6 +686,7 @@ def compile_all(ccs, dtypes, ds):
     for dtype in dtypes:
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
+        A3 = array_type(_inputs.acc_dtype(dt), 3)
         for d in ds:
             fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward")
             bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
@@ -675,9 +696,9 @@ def compile_all(ccs, dtypes, ds):
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
                     specs = [
                         (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, X3, X3, A2, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, X3, X3, A2, A3, I64, I64, ACC, COUNTER_TYPE)),
                         (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
-                         (X3, A2, X3, I64, I64, COUNTER_TYPE)),
+                         (X3, A3, X3, I64, I64, COUNTER_TYPE)),
                         (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
                          (X3, X3, X3, I64, I64, ACC, COUNTER_TYPE)),
                         (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
