@@ -112,45 +112,52 @@ def rows(BH=32, d=64, dtype=np.float32, Ns=(512, 1024, 2048, 4096, 8192), N_fixe
 def figure(BH=32, d=64, dtype=np.float32, pass_="forward", causal=False, **kw):
     """Stacked bars of the bytes by term for each kernel, over N (left) and over the SRAM size M (right).
 
-    Returns ``(fig, rows)``: a matplotlib Figure and the CSV rows of :func:`rows`.
+    Left: each kernel's bytes over standard's total at the same N (linear, so the segments are to
+    scale; standard's total in GB above each group).  Right: GB at fixed N for each M.  Kernels are
+    told apart by hatching.  Returns ``(fig, rows)``: a matplotlib Figure and the CSV rows of :func:`rows`.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     data = rows(BH=BH, d=d, dtype=dtype, pass_=pass_, causal=causal, **kw)
-    colors = {"compulsory": "0.55", "re-reads": "C0", "S/P": "C3"}
+    colors = {"compulsory": "0.6", "re-reads": "C0", "S/P": "C3"}
+    hatches = dict(zip(KERNELS, ("", "//", "..", "xx")))
     kernels = [k for k in KERNELS if any(r["kernel"] == k for r in data)]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(kernels)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     for ax, axis in zip(axes, ("N", "M")):
         sel = [r for r in data if r["axis"] == axis]
-        xs = sorted({r["N"] if axis == "N" else r["M_bytes"] for r in sel})
-        width = 0.8 / len(kernels)
-        for ki, kernel in enumerate(kernels):
-            for xi, x in enumerate(xs):
-                r = next((r for r in sel if r["kernel"] == kernel and (r["N"] if axis == "N" else r["M_bytes"]) == x),
-                         None)
+        key = "N" if axis == "N" else "M_bytes"
+        xs = sorted({r[key] for r in sel})
+        for xi, x in enumerate(xs):
+            group = {r["kernel"]: r for r in sel if r[key] == x}
+            unit = group["standard"]["total"] if axis == "N" and "standard" in group else 1e9
+            if axis == "N" and "standard" in group:
+                ax.annotate(f"{unit / 1e9:.3g} GB", (xi - 0.4 + width / 2, 1.01), fontsize=7)
+            for ki, kernel in enumerate(kernels):
+                r = group.get(kernel)
                 if r is None:
                     continue
                 bottom = 0.0
                 for term in TERMS:
-                    gb = r[term] / 1e9
-                    ax.bar(xi + (ki - (len(kernels) - 1) / 2) * width, gb, width * 0.95, bottom=bottom,
-                           color=colors[term], edgecolor="k", linewidth=0.3,
-                           label=term if (ki, xi) == (0, 0) else None)
-                    bottom += gb
-                if xi == 0:
-                    ax.annotate(kernel, (xi + (ki - (len(kernels) - 1) / 2) * width, bottom), rotation=90,
-                                ha="center", va="bottom", fontsize=7)
+                    h = r[term] / unit
+                    ax.bar(xi + (ki - (len(kernels) - 1) / 2) * width, h, width * 0.95, bottom=bottom,
+                           color=colors[term], hatch=hatches[kernel], edgecolor="k", linewidth=0.3)
+                    bottom += h
         ax.set_xticks(range(len(xs)))
-        ax.set_xticklabels([str(x) if axis == "N" else f"{x // 1024} KB" for x in xs])
-        ax.set_yscale("log")
-        ax.set_ylabel("HBM bytes (GB, model = counted)")
-        fixed = sel[0]
         if axis == "N":
-            ax.set_xlabel(f"sequence length N (SRAM {fixed['M_bytes'] // 1024} KB per block)")
+            ax.set_xticklabels([str(x) for x in xs])
+            ax.set_xlabel(f"sequence length N (shared memory {sel[0]['M_bytes'] // 1024} KB per block)")
+            ax.set_ylabel("bytes / standard's bytes at this N")
         else:
-            ax.set_xlabel(f"shared memory M per block (N = {fixed['N']}); bars per kernel: {', '.join(kernels)}")
-    axes[0].legend(loc="upper left")
-    fig.suptitle(f"{pass_} bytes by term, B*H = {BH}, d = {d}, {np.dtype(dtype).name}"
-                 f"{', causal' if causal else ''}: the S/P term does not shrink with M")
+            ax.set_xticklabels([f"{x // 1024} KB" for x in xs])
+            beyond = " (beyond 48 KB: model only)" if xs[-1] > 48 * 1024 else ""
+            ax.set_xlabel(f"shared memory M per block, N = {sel[0]['N']}{beyond}")
+            ax.set_ylabel("HBM bytes (GB; model = counted)")
+    handles = [Patch(facecolor=c, edgecolor="k", label=t) for t, c in colors.items()]
+    handles += [Patch(facecolor="w", edgecolor="k", hatch=hatches[k], label=k) for k in kernels]
+    axes[1].legend(handles=handles, fontsize=8, loc="upper right")
+    fig.suptitle(f"{pass_} HBM bytes by term, B*H = {BH}, d = {d}, {np.dtype(dtype).name}"
+                 f"{', causal' if causal else ''}: the re-reads shrink as M grows, the S/P term does not")
     fig.tight_layout()
     return fig, data
