@@ -3,16 +3,16 @@
 What it does.  The three lines of the FlashAttention paper's Algorithm 0, each a
 kernel that reads its inputs from HBM and writes its result to HBM::
 
-    S = scale * Q K^T, m, l, L = m + log l   (BH, Nq, Nk), (BH, Nq)   "S = scale*Q@K^T"
-    P = exp(S - m) / l  (= softmax(S))       (BH, Nq, Nk)             "P = softmax(S)"
-    O = P V                               (BH, Nq, d)              "O = P@V"
+    S = scale * Q K^T; m, l, L = m + log l   (BH, Nq, Nk); (BH, Nq) each   "S = scale*Q@K^T"
+    P = exp(S - m) / l  (= softmax(S))       (BH, Nq, Nk)                  "P = softmax(S)"
+    O = P V                                  (BH, Nq, d)                   "O = P@V"
 
 with the same blocks ``(Br, Bc)`` and the same on-chip discipline as the flash
 kernels: the thread block of query block i keeps Q_i on chip while the K_j
 stream past in Bc-row tiles, writes each S_ij tile to HBM and keeps the row
 statistics m_i, l_i on chip, then writes them and L_i = m_i + log l_i once; the
-softmax reads each row of S (and m_i, l_i) once and writes P; the product kernel streams the P_ij and
-V_j tiles past an O_i held in registers and writes O once.  So Q is read once,
+softmax reads each row of S (and m_i, l_i) once and writes P; the product kernel
+streams the P_ij and V_j tiles past an O_i held in registers and writes O once.  So Q is read once,
 K and V once per query block, O and L written once, exactly as in
 :mod:`flash2`; the only other bytes are S and P written and read back once
 each, with their row statistics m and l: the S/P term of
@@ -37,8 +37,8 @@ Br = 8 TM query rows, Bc = 16 TN keys.
 
 What the counters count.  Each launch adds to ``counters.array(name)`` the bytes
 its threads load from and store to global arrays (see :mod:`._common`): every
-element of Q_i, K_j, V_j, S_ij, P_ij, dS_ij, dO_i, L_i, D_i it loads and every
-element it stores.  :mod:`flash_numba.iomodel.standard` gives the same numbers
+element of Q_i, K_j, V_j, S_ij, P_ij, dS_ij, dO_i, L_i, D_i, m_i, l_i it loads
+and every element it stores.  :mod:`flash_numba.iomodel.standard` gives the same numbers
 in closed form, per kernel.
 """
 
