@@ -1,12 +1,14 @@
 """The IO model: HBM bytes predicted in closed form for every kernel.
 
-One module per kernel module (``standard``, ``flash1``, ``flash2``), each with::
+One module per kernel module (``standard``, ``flash1``, ``flash2``, ``flash2_fast``), each with::
 
     forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount
     backward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount
 
 The counts are exactly what the instrumented kernels count (the tests assert
 equality): bytes the kernels' code requests from global memory, per kernel.
+:func:`forward` and :func:`backward` here also attach the split by term
+(compulsory, re-reads, S/P; :mod:`.terms`) as ``HBMCount.terms``.
 """
 
 import importlib
@@ -26,8 +28,11 @@ def _block(kernel, d, dtype, block, pass_):
 
 def forward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     """Bytes of a forward call; ``block=None`` means the block the kernel would choose here."""
+    from . import terms
+
     block = _block(kernel, d, dtype, block, "forward")
-    return importlib.import_module(f"{__name__}.{kernel}").forward(BH, Nq, Nk, d, dtype, causal, block)
+    model = importlib.import_module(f"{__name__}.{kernel}").forward(BH, Nq, Nk, d, dtype, causal, block)
+    return HBMCount(model.per_kernel, terms.split(kernel, "forward", BH, Nq, Nk, d, dtype, causal, block))
 
 
 def backward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None, deterministic=True) -> HBMCount:
@@ -35,8 +40,13 @@ def backward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None, determ
 
     ``deterministic=False``: the call with that option (only flash2_fast's model differs).
     """
+    from . import terms
+
     block = _block(kernel, d, dtype, block, "backward")
     mod = importlib.import_module(f"{__name__}.{kernel}")
     if not deterministic and "deterministic" in inspect.signature(mod.backward).parameters:
-        return mod.backward(BH, Nq, Nk, d, dtype, causal, block, deterministic=False)
-    return mod.backward(BH, Nq, Nk, d, dtype, causal, block)
+        model = mod.backward(BH, Nq, Nk, d, dtype, causal, block, deterministic=False)
+    else:
+        model = mod.backward(BH, Nq, Nk, d, dtype, causal, block)
+    split = terms.split(kernel, "backward", BH, Nq, Nk, d, dtype, causal, block, deterministic)
+    return HBMCount(model.per_kernel, split)

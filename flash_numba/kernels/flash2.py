@@ -643,6 +643,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
 
 def forward(prob, ops, block, counters):
     """O and L = m + log(l): one launch, grid (Tr, B*H)."""
+    counters.describe("flash2", prob, block, "forward")  # the IO model splits the bytes by term
     Br, Bc = block
     kernel = _forward_kernel(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
@@ -655,6 +656,7 @@ def forward(prob, ops, block, counters):
 
 def backward(prob, ops, block, counters):
     """dQ, dK, dV: D = rowsum(dO * O), then dK, dV (grid (Tc, B*H)), then dQ (grid (Tr, B*H))."""
+    counters.describe("flash2", prob, block, "backward")  # the IO model splits the bytes by term
     Br, Bc = block
     BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
     count = counters.enabled
