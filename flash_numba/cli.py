@@ -9,7 +9,9 @@
 
 Each subcommand is an entry of :data:`SUBCOMMANDS`; a new one (bench, figures,
 profile) adds a function and a line there.  :func:`main` takes ``argv`` so tests
-call it directly.
+call it directly.  Every option is checked before any work starts, and a bad
+one is a one-line error naming it, exit status 2
+(:mod:`flash_numba.tools.argcheck`; docs/RELIABILITY.md, "The command line").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from . import device, kernels
 from .api import attention_forward, resolve_block
 from .hbm import HBMCount
+from .tools.argcheck import Parser, non_negative
 
 INFO_DS = (16, 32, 64, 128)
 DTYPES = ("float16", "float32", "float64")
@@ -116,7 +119,7 @@ class TourRow:
 def _tour_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action="store_true", help="mask future keys (bottom-right aligned)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="storage dtype of q, k, v (default float32)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random q, k, v (default 0)")
+    p.add_argument("--seed", type=non_negative, default=0, help="seed of the random q, k, v, >= 0 (default 0)")
 
 
 def cmd_tour(args: argparse.Namespace) -> int:
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in DELEGATED:
         return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="flash-numba", description="FlashAttention from scratch in Numba CUDA: run, check and measure."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")

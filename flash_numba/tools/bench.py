@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import itertools
 import math
+import os
 import shlex
 import statistics
 import sys
@@ -49,6 +51,7 @@ import sys
 import numpy as np
 
 from .. import device, iomodel, kernels, reference
+from ..api import resolve_block
 from ..device import SIMULATOR
 from . import timing
 from .bench_cases import (
@@ -85,7 +88,8 @@ from .bench_cases import (
     torch_impl,
     workspace_bytes,
 )
-from .bench_report import Row, fmt_bytes, footnotes, format_table, plot, write_csv
+from .argcheck import MAX_D, Parser, head_dim, output_file, positive, positive_float
+from .bench_report import Row, csv_rows, fmt_bytes, footnotes, format_table, plot
 
 # ---------------------------------------------------------------------------- validation
 
@@ -163,13 +167,22 @@ def _unavailable(exc: Exception) -> bool:
     return isinstance(exc, RuntimeError) and "no available kernel" in str(exc).lower()
 
 
+class Failed(Exception):
+    """An implementation raised on one configuration; the message names both and the error, on one line."""
+
+    def __init__(self, name: str, cfg: Config, exc: BaseException):
+        first = (str(exc).splitlines() or [""])[0]
+        super().__init__(f"{name} on {cfg.describe()}: {type(exc).__name__}: {first}")
+
+
 def validate(impls: list[Impl], cfgs: list[Config], torch=None) -> tuple[list[str], list[str]]:
     """Check every implementation against the float64 reference before anything is timed.
 
     Per (d, causal) the small problem, then (on a GPU) every benchmark size;
     only the fuller pass of those benchmarked is checked (fwd+bwd covers fwd).
     Returns ``(mismatch lines, notes)``; a PyTorch backend that refuses to run
-    here is removed from ``impls`` with a note.
+    here is removed from ``impls`` with a note.  Any other error raises
+    :class:`Failed`.
     """
     passes = {cfg.pass_ for cfg in cfgs}
     pass_ = "fwd+bwd" if "fwd+bwd" in passes else "fwd"
@@ -201,7 +214,7 @@ def validate(impls: list[Impl], cfgs: list[Config], torch=None) -> tuple[list[st
                         notes.append(f"{impl.name}: not available here ({str(exc).splitlines()[0]})")
                         continue
                     if heads is None or not timing.out_of_memory(exc):
-                        raise
+                        raise Failed(impl.name, cfg, exc) from exc
                     reason = "out of memory"
             if reason is not None:
                 notes.append(f"{impl.name}: not checked at N = {cfg.N}: {reason}")
@@ -312,18 +325,20 @@ def measure(impl: Impl, sets: list[Inputs], cfg: Config, repeats: int, torch=Non
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``flash-numba bench``."""
-    p.add_argument("--n", type=int, nargs="+", help="sequence lengths N (default 1024 2048 4096 8192)")
-    p.add_argument("--d", type=int, nargs="+", help=f"head dims (default {DEFAULT_D})")
-    p.add_argument("--bh", type=int, help=f"B*H, split as (B, H) with H = gcd(B*H, 8) (default {DEFAULT_BH})")
+    """The options of ``flash-numba bench``; argparse refuses a bad value while it parses."""
+    p.add_argument("--n", type=positive, nargs="+", help="sequence lengths N (default 1024 2048 4096 8192)")
+    p.add_argument("--d", type=head_dim, nargs="+", help=f"head dims, 1 to {MAX_D} (default {DEFAULT_D})")
+    p.add_argument("--bh", type=positive, help=f"B*H, split as (B, H) with H = gcd(B*H, 8) (default {DEFAULT_BH})")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="storage dtype (default float32)")
     p.add_argument("--causal", choices=("false", "true", "both"), default="both", help="mask (default both)")
     p.add_argument("--pass", dest="pass_", choices=(*PASSES, "both"), help="fwd, fwd+bwd or both (default both)")
     p.add_argument("--kernels", nargs="+", metavar="NAME", help="implementations to run (default: all available)")
-    p.add_argument("--repeats", type=int, help=f"timed calls per row (default {DEFAULT_REPEATS})")
-    p.add_argument("--peak", type=float, metavar="TFLOPS", help="fp32 peak in TFLOP/s (default: measured)")
-    p.add_argument("--csv", metavar="PATH", help="also write the results as CSV")
-    p.add_argument("--plot", metavar="PATH", help="also plot time and TFLOP/s against N (needs matplotlib)")
+    p.add_argument("--repeats", type=positive, help=f"timed calls per row (default {DEFAULT_REPEATS})")
+    p.add_argument("--peak", type=positive_float, metavar="TFLOPS", help="fp32 peak in TFLOP/s (default: measured)")
+    p.add_argument("--csv", type=output_file, metavar="PATH",
+                   help="also write the results as CSV, each row as it is measured (its directory must exist)")
+    p.add_argument("--plot", type=output_file, metavar="PATH",
+                   help="also plot time and TFLOP/s against N (needs matplotlib; its directory must exist)")
     p.add_argument(
         "--quick", action="store_true", help=f"N in {QUICK_N}, forward only, {QUICK_REPEATS} repeats (unless given)"
     )
@@ -344,17 +359,24 @@ def configs(args: argparse.Namespace) -> list[Config]:
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name, values in (("--n", args.n), ("--d", args.d), ("--bh", [args.bh]), ("--repeats", [args.repeats])):
-        if any(v is not None and v < 1 for v in values or ()):
-            parser.error(f"{name}: expected positive integers")
-    if any(d > 128 for d in args.d or ()):
-        parser.error("--d: flash_numba supports head dims up to 128")
-    if args.peak is not None and not args.peak > 0:
-        parser.error("--peak: expected a positive number of TFLOP/s")
+    """What argparse cannot check alone: implementation names, blocks that fit, matplotlib for --plot."""
     known = list(kernels.NAMES) + list(VARIANTS) + list(TORCH_BACKENDS)
     for name in args.kernels or ():
         if name not in known:
-            parser.error(f"--kernels: unknown implementation {name!r}; choose from {', '.join(known)}")
+            parser.error(f"argument --kernels: unknown implementation {name!r}; choose from {', '.join(known)}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("argument --plot: needs matplotlib, which is not installed (pip install matplotlib)")
+    if args.csv and args.plot and os.path.abspath(args.csv) == os.path.abspath(args.plot):
+        parser.error("argument --plot: the same path as --csv")
+    cfgs = configs(args)
+    ours = {kernel_of(n)[0] for n in args.kernels or implementation_names(args.dtype) if n not in TORCH_BACKENDS}
+    for kernel in sorted(ours):
+        for d in sorted({c.d for c in cfgs}):
+            for pass_ in ("forward", "backward") if any(c.pass_ == "fwd+bwd" for c in cfgs) else ("forward",):
+                try:
+                    resolve_block(kernel, d, args.dtype, pass_=pass_)
+                except ValueError as exc:
+                    parser.error(f"argument --d: {kernel} cannot run d = {d} in {args.dtype} ({pass_}): {exc}")
 
 
 def _choose_impls(args: argparse.Namespace, torch) -> tuple[list[Impl], list[str]]:
@@ -373,8 +395,49 @@ def _choose_impls(args: argparse.Namespace, torch) -> tuple[list[Impl], list[str
     return impls, notes
 
 
+def sweep(cfgs: list[Config], impls: list[Impl], repeats: int, peak, torch, rows: list[Row], save) -> None:
+    """Measure every implementation on every configuration: each row is appended to ``rows`` and
+    given to ``save`` as soon as it is measured.
+
+    One table per configuration is printed as it completes.  An error that is
+    not a row's status (out of memory, a PyTorch backend unavailable) stops the
+    sweep: the failing configuration is saved as a row whose status is
+    ``error: ...`` and :class:`Failed` is raised.  The sweep does not go on,
+    because such an error is a bug or a broken CUDA context (an illegal
+    address poisons it), which every later configuration would meet again.
+    """
+    step, total = 0, len(cfgs) * len(impls)
+    for _, same_shape in itertools.groupby(cfgs, key=lambda c: (c.N, c.d)):  # one set of inputs per shape
+        same_shape = list(same_shape)
+        sets = input_sets(same_shape[0], torch)
+        for cfg in same_shape:
+            table = []
+            for impl in impls:
+                step += 1
+                _progress(step, total, f"{impl.name} N={cfg.N} d={cfg.d} causal={cfg.causal} {cfg.pass_}")
+                try:
+                    row = measure(impl, sets, cfg, repeats, torch)
+                except Exception as exc:  # not swallowed: saved as the last row, then raised as one line
+                    failed = Failed(impl.name, cfg, exc)
+                    row = Row(impl.name, cfg, status=f"error: {failed}")
+                    save(row)
+                    print()
+                    print(format_table(table + [row], peak))
+                    raise failed from exc
+                save(row)
+                table.append(row)
+                rows.append(row)
+            print()
+            print(format_table(table, peak))
+        del sets  # free this shape's inputs before the next is made
+
+
 def run(args: argparse.Namespace, command: str = "flash-numba bench") -> int:
-    """Validate, time and report; 0 on success, 1 if an implementation disagrees with the reference."""
+    """Validate, time and report; 0 on success, 1 if an implementation disagrees with the reference or fails.
+
+    The CSV gets each row as it is measured; a failure or Ctrl-C keeps the rows
+    measured before it (one line on stderr says what happened).
+    """
     torch = timing.torch_cuda()
     cfgs = configs(args)
     impls, notes = _choose_impls(args, torch)
@@ -384,7 +447,11 @@ def run(args: argparse.Namespace, command: str = "flash-numba bench") -> int:
         print("nothing to run: " + "; ".join(notes))
         return 1
 
-    mismatches, more_notes = validate(impls, cfgs, torch)
+    try:
+        mismatches, more_notes = validate(impls, cfgs, torch)
+    except Failed as failed:
+        print(f"flash-numba bench: validation failed: {failed}; nothing was timed", file=sys.stderr)
+        return 1
     for note in notes + more_notes:
         print(note)
     if mismatches:
@@ -403,30 +470,25 @@ def run(args: argparse.Namespace, command: str = "flash-numba bench") -> int:
         peak = fp32_peak().value
         peak_line = f"{peak:.1f} TFLOP/s measured by flash_numba.tools.microbench.fp32_peak()"
 
-    rows, step, total = [], 0, len(cfgs) * len(impls)
-    for _, same_shape in itertools.groupby(cfgs, key=lambda c: (c.N, c.d)):  # one set of inputs per shape
-        same_shape = list(same_shape)
-        sets = input_sets(same_shape[0], torch)
-        for cfg in same_shape:
-            table = []
-            for impl in impls:
-                step += 1
-                _progress(step, total, f"{impl.name} N={cfg.N} d={cfg.d} causal={cfg.causal} {cfg.pass_}")
-                table.append(measure(impl, sets, cfg, repeats, torch))
-            print()
-            print(format_table(table, peak))
-            rows += table
-        del sets  # free this shape's inputs before the next is made
+    name = device.info().name
+    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    header = [f"device: {device.describe()}", f"date: {date}", f"command: {command}"]
+    rows, failure = [], None
+    kept = f"; the rows measured so far are in {args.csv}" if args.csv else ""
+    try:
+        with csv_rows(args.csv, header + footnotes(repeats, peak_line), peak) as save:
+            sweep(cfgs, impls, repeats, peak, torch, rows, save)
+    except Failed as failed:
+        failure = failed
+    except KeyboardInterrupt:
+        print(f"\nflash-numba bench: interrupted after {len(rows)} row(s){kept}", file=sys.stderr)
+        return 130
 
     print()
     for note in footnotes(repeats, peak_line):
         print("* " + note)
-    name = device.info().name
-    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     if args.csv:
-        header = [f"device: {device.describe()}", f"date: {date}", f"command: {command}"]
-        write_csv(args.csv, rows, header + footnotes(repeats, peak_line), peak)
-        print(f"wrote {args.csv}")
+        print(f"wrote {args.csv}" + (" (up to the failure)" if failure else ""))
     if args.plot:
         first = cfgs[0]
         title = f"{name}, {date}: attention, B*H = {first.BH}"
@@ -434,12 +496,19 @@ def run(args: argparse.Namespace, command: str = "flash-numba bench") -> int:
             print(f"wrote {args.plot}")
         else:
             print("no plot: no times were measured (the simulator does not time kernels)")
+    if failure is not None:
+        print(f"flash-numba bench: failed: {failure}{kept}", file=sys.stderr)
+        return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``flash-numba bench [options]``: ``argv`` holds the options only (default ``sys.argv[1:]``)."""
-    parser = argparse.ArgumentParser(prog="flash-numba bench", description=__doc__.split("\n\n")[0])
+    """``flash-numba bench [options]``: ``argv`` holds the options only (default ``sys.argv[1:]``).
+
+    Every option and output path is checked before anything runs; a bad one
+    exits with status 2 and one line on stderr naming it.
+    """
+    parser = Parser(prog="flash-numba bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     _check_args(parser, args)

@@ -1,12 +1,14 @@
 """How the bench reports: a fixed-width table per configuration, footnotes, CSV and a plot.
 
 :class:`Row` is the result of one implementation on one configuration; the
-table, the CSV (:func:`write_csv`, read back by :func:`read_csv`) and the
-plot derive every number from it.
+table, the CSV (:func:`write_csv`, or a row at a time as it is measured:
+:func:`csv_rows`; read back by :func:`read_csv`) and the plot derive every
+number from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from ..device import SIMULATOR, CudaTimer
@@ -124,16 +126,30 @@ CSV_FIELDS = (
 )  # fmt: skip
 
 
+def csv_record(r: Row, peak_tflops: float | None) -> dict:
+    """One :class:`Row` as a CSV record over :data:`CSV_FIELDS`."""
+    c = r.cfg
+    frac = r.tflops / peak_tflops if r.tflops is not None and peak_tflops else None
+    values = (r.impl, c.B, c.H, c.N, c.d, c.dtype, c.causal, c.pass_, r.ms, r.tflops, frac, int(c.flops),
+              r.hbm_bytes, r.hbm_source, r.mem_bytes, r.status)
+    return dict(zip(CSV_FIELDS, values))
+
+
 def write_csv(path: str, rows: list[Row], header: list[str], peak_tflops: float | None) -> None:
     """Rows as CSV under ``# `` comment lines (device, date, command line, conventions)."""
-    records = []
-    for r in rows:
-        c = r.cfg
-        frac = r.tflops / peak_tflops if r.tflops is not None and peak_tflops else None
-        values = (r.impl, c.B, c.H, c.N, c.d, c.dtype, c.causal, c.pass_, r.ms, r.tflops, frac, int(c.flops),
-                  r.hbm_bytes, r.hbm_source, r.mem_bytes, r.status)
-        records.append(dict(zip(CSV_FIELDS, values)))
-    csvfile.write_csv(path, header, records, CSV_FIELDS)
+    csvfile.write_csv(path, header, [csv_record(r, peak_tflops) for r in rows], CSV_FIELDS)
+
+
+@contextlib.contextmanager
+def csv_rows(path: str | None, header: list[str], peak_tflops: float | None):
+    """A function ``save(row)`` that appends one :class:`Row` to the CSV at ``path`` at once (flushed),
+    under the ``header`` lines; it does nothing when ``path`` is None.  The file holds every row
+    saved before the block ends, however it ends."""
+    if path is None:
+        yield lambda row: None
+        return
+    with csvfile.RowWriter(path, header, CSV_FIELDS) as out:
+        yield lambda row: out.write(csv_record(row, peak_tflops))
 
 
 def read_csv(path: str) -> tuple[list[str], list[dict]]:

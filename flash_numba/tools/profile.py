@@ -41,6 +41,7 @@ from pathlib import Path
 
 from .. import device, kernels
 from . import passes
+from .argcheck import Parser, head_dim, make_dir, output_dir, positive
 from .csvfile import write_csv
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum")
@@ -253,23 +254,28 @@ def _child(args: argparse.Namespace) -> int:
 
 def main(argv=None) -> int:
     """Tabulate our counts, the model and (when ncu runs) the hardware's bytes; 0 unless something broke."""
-    parser = argparse.ArgumentParser(prog="flash-numba profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kernels", nargs="+", help="kernels (default: all)")
-    parser.add_argument("--BH", type=int, help="batch x heads (default 8; 1 in the simulator)")
-    parser.add_argument("--N", type=int, help="sequence length (default 1024; 32 in the simulator)")
-    parser.add_argument("--d", type=int, help="head dim (default 64; 16 in the simulator)")
-    parser.add_argument("--out", default="figures/out", help="folder for profile.csv and profile.md")
+    parser = Parser(prog="flash-numba profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernels", nargs="+", choices=kernels.NAMES, metavar="NAME",
+                        help=f"kernels (default: all of {', '.join(kernels.NAMES)})")
+    parser.add_argument("--BH", type=positive, help="batch x heads (default 8; 1 in the simulator)")
+    parser.add_argument("--N", type=positive, help="sequence length (default 1024; 32 in the simulator)")
+    parser.add_argument("--d", type=head_dim, help="head dim, 1 to 128 (default 64; 16 in the simulator)")
+    parser.add_argument("--out", type=output_dir, default="figures/out",
+                        help="folder for profile.csv and profile.md, made if missing (default figures/out)")
     parser.add_argument("--no-ncu", action="store_true", help="do not run Nsight Compute")
     parser.add_argument("--ncu", default=shutil.which("ncu"), help="path of ncu (default: from PATH)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     small = device.SIMULATOR  # the simulator runs Python threads: tiny sizes
-    args.BH = args.BH or (1 if small else 8)
-    args.N = args.N or (32 if small else 1024)
-    args.d = args.d or (16 if small else 64)
+    args.BH = (1 if small else 8) if args.BH is None else args.BH
+    args.N = (32 if small else 1024) if args.N is None else args.N
+    args.d = (16 if small else 64) if args.d is None else args.d
+    args.kernels = args.kernels or list(kernels.NAMES)
     if args.child:
         return _child(args)
-    args.kernels = args.kernels or list(kernels.NAMES)
+    if not args.no_ncu and args.ncu is not None and shutil.which(args.ncu) is None:
+        parser.error(f"argument --ncu: {args.ncu} is not an executable program")
+    out = make_dir(parser, "--out", args.out)
 
     print(device.describe())
     rows = our_counts(args)
@@ -294,8 +300,6 @@ def main(argv=None) -> int:
     print("\n".join(notes[1:]))
     print()
     print(GAP)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "profile.csv", [title, *notes], [r.fields() for r in rows])
     (out / "profile.md").write_text(markdown(rows, title, notes))
     print(f"wrote {out / 'profile.csv'} and {out / 'profile.md'}")

@@ -25,12 +25,12 @@ kernel at its roofline bound instead of at its measured speed.  FLOPs (figures
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
-import traceback
 from pathlib import Path
 
 from ... import device
+from ..argcheck import Parser, make_dir, output_dir
 from ..passes import device_label
 from . import (
     fig1_paper_table,
@@ -53,18 +53,24 @@ FIGURES = {
 
 
 def main(argv=None, default_out: str | Path = "figures/out") -> int:
-    """Make the figures; 0 if every selected figure was made or skipped with a reason, 1 if one failed."""
-    parser = argparse.ArgumentParser(prog="flash-numba figures", description=__doc__.split("\n\n")[0])
+    """Make the figures; 0 if every selected figure was made or skipped with a reason, 1 if one failed.
+
+    The options and ``--out`` are checked before any figure is made (a bad one:
+    exit status 2, one line naming it).  Each figure writes its CSV before its
+    PNG; one that fails is reported in one line, the others are still made,
+    and the exit status is 1.  Ctrl-C keeps the figures already written.
+    """
+    parser = Parser(prog="flash-numba figures", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", type=int, nargs="+", choices=sorted(FIGURES), metavar="N",
                         help="make only these figures (1-6)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes (a minute or two on a GPU)")
     parser.add_argument("--model-only", action="store_true",
                         help="run no kernel: bytes from the IO model, no times (figures 4, 5 skipped)")
-    parser.add_argument("--out", default=str(default_out), help=f"output folder (default {default_out})")
+    parser.add_argument("--out", type=output_dir, default=str(default_out),
+                        help=f"output folder, made if missing (default {default_out})")
     args = parser.parse_args(argv)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dir(parser, "--out", args.out)
     print(device.describe())
     run = Run(
         out=out,
@@ -73,7 +79,7 @@ def main(argv=None, default_out: str | Path = "figures/out") -> int:
         gpu=not args.model_only and not device.SIMULATOR,
         label=device_label(args.model_only),
     )
-    failed = []
+    failed, made = [], []
     for n in args.only or sorted(FIGURES):
         start = time.perf_counter()
         try:
@@ -81,10 +87,18 @@ def main(argv=None, default_out: str | Path = "figures/out") -> int:
         except Skipped as why:
             print(f"figure {n}: skipped: {why}")
             continue
-        except Exception:  # one broken figure does not stop the others; the run still fails
-            traceback.print_exc()
+        except KeyboardInterrupt:
+            done = f"; figures {', '.join(map(str, made))} are in {out}" if made else ""
+            print(f"\nflash-numba figures: interrupted during figure {n}{done}", file=sys.stderr)
+            return 130
+        except Exception as exc:  # one broken figure does not stop the others; the run still fails
             failed.append(n)
-            print(f"figure {n}: FAILED")
+            first = (str(exc).splitlines() or [""])[0]
+            print(f"figure {n}: FAILED: {type(exc).__name__}: {first}")
             continue
+        made.append(n)
         print(f"figure {n} ({time.perf_counter() - start:.1f} s): " + ", ".join(str(p) for p in paths))
+    if failed:
+        print(f"flash-numba figures: failed: figure(s) {', '.join(map(str, failed))}; the others are in {out}",
+              file=sys.stderr)
     return 1 if failed else 0
