@@ -174,10 +174,11 @@ def test_any_other_error_is_not_swallowed():
     def call(inp, cfg, count_hbm=False):
         raise RuntimeError("an illegal memory access was encountered")
 
-    with pytest.raises(RuntimeError, match="illegal memory access"):
+    with pytest.raises(bench.Failed, match="torch-math on B.H = 1 .*: RuntimeError: an illegal memory access") as e:
         bench.validate(
             [cases.Impl("torch-math", call, is_torch=True)], [cases.Config(1, 1, 8, 4, "float32", False, "fwd")]
         )
+    assert isinstance(e.value.__cause__, RuntimeError)  # the original error is chained, not lost
 
 
 def test_unknown_implementation_is_refused(capsys):
@@ -390,3 +391,105 @@ def test_a_real_sweep_on_a_gpu(tmp_path, capsys):
         assert int(r["peak_mem_bytes"]) >= 0
     for r in ours:
         assert r["hbm_source"] == "counted" and int(r["hbm_bytes"]) > 0
+
+
+# ---------------------------------------------------------------------------- no lost work
+
+SWEEP = ["--kernels", "flash2", "--n", "8", "16", "32", "--d", "4", "--bh", "1", "--causal", "false", "--pass", "fwd"]
+
+
+def _fake_sweep(monkeypatch, fail_at: int, exc: BaseException, csv_path=None):
+    """Validation passes at once; ``measure`` gives a made-up row, and raises ``exc`` on call ``fail_at``.
+
+    Before each call it records the rows the CSV already holds (what a crash at that moment would leave).
+    """
+    monkeypatch.setattr(bench, "validate", lambda impls, cfgs, torch=None: ([], []))
+    calls, on_disk = [], []
+
+    def measure(impl, sets, cfg, repeats, torch=None):
+        calls.append(cfg.N)
+        if csv_path is not None:
+            on_disk.append([r["N"] for r in report.read_csv(str(csv_path))[1]])
+        if len(calls) == fail_at:
+            raise exc
+        return report.Row(impl.name, cfg, hbm_bytes=100 * cfg.N, hbm_source="counted")
+
+    monkeypatch.setattr(bench, "measure", measure)
+    return calls, on_disk
+
+
+def test_a_sweep_that_fails_in_its_second_configuration_keeps_the_first_row(monkeypatch, tmp_path, capsys):
+    path = tmp_path / "bench.csv"
+    calls, on_disk = _fake_sweep(monkeypatch, 2, ValueError("boom\nsecond line"), path)
+    assert bench.main(SWEEP + ["--csv", str(path)]) == 1
+    assert calls == [8, 16]  # the sweep stops at the failure: N = 32 is not run
+    assert on_disk == [[], ["8"]]  # the first row was on disk before the second was measured
+    _, rows = report.read_csv(str(path))
+    assert [(r["N"], r["status"], r["hbm_bytes"]) for r in rows[:1]] == [("8", "ok", "800")]
+    where = "flash2 on B*H = 1 (B=1, H=1), N = 16, d = 4, float32, no mask, fwd: ValueError: boom"
+    assert [(r["N"], r["status"]) for r in rows[1:]] == [("16", f"error: {where}")]  # where it stopped
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"flash-numba bench: failed: {where}; the rows measured so far are in {path}"
+    assert not any("Traceback" in line for line in err)
+
+
+def test_ctrl_c_keeps_the_rows_measured(monkeypatch, tmp_path, capsys):
+    path = tmp_path / "bench.csv"
+    _fake_sweep(monkeypatch, 3, KeyboardInterrupt())
+    assert bench.main(SWEEP + ["--csv", str(path)]) == 130
+    assert [r["N"] for r in report.read_csv(str(path))[1]] == ["8", "16"]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"flash-numba bench: interrupted after 2 row(s); the rows measured so far are in {path}")
+
+
+def test_a_validation_error_is_one_line_and_nothing_is_timed(monkeypatch, capsys):
+    def boom(impls, cfgs, torch=None):
+        raise bench.Failed("flash2", cases.Config(1, 1, 9, 4, "float32", False, "fwd"), ZeroDivisionError("x"))
+
+    monkeypatch.setattr(bench, "validate", boom)
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("measured after a failed validation"))
+    assert bench.main(SWEEP) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "flash-numba bench: validation failed: flash2 on B*H = 1 (B=1, H=1), N = 9, d = 4, float32, no mask, fwd: "
+        "ZeroDivisionError: x; nothing was timed")
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--csv", "/no/such/dir/x.csv"], "--csv"),
+    (["--plot", "/no/such/dir/x.png"], "--plot"),
+    (["--csv", "same.csv", "--plot", "same.csv"], "--plot"),
+])
+def test_an_unwritable_output_is_refused_before_any_measuring(monkeypatch, capsys, argv, option):
+    called = []
+    for name in ("validate", "measure", "input_sets"):
+        monkeypatch.setattr(bench, name, lambda *a, _name=name, **k: called.append(_name))
+    with pytest.raises(SystemExit) as e:
+        bench.main(SWEEP + argv)
+    assert e.value.code == 2 and called == []
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"flash-numba bench: error: argument {option}: ")
+
+
+def test_a_block_that_does_not_fit_is_refused_before_any_measuring(monkeypatch, capsys):
+    def no_block(kernel, d, dtype, block=None, pass_="forward"):
+        raise ValueError(f"no block of {kernel} fits d = {d}")
+
+    monkeypatch.setattr(bench, "resolve_block", no_block)
+    monkeypatch.setattr(bench, "validate", lambda *a, **k: pytest.fail("validated"))
+    with pytest.raises(SystemExit) as e:
+        bench.main(SWEEP)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "flash-numba bench: error: argument --d: flash2 cannot run d = 4 in float32 (forward): "
+        "no block of flash2 fits d = 4\n")
+
+
+def test_plot_without_matplotlib_is_refused_at_once(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        bench.main(SWEEP + ["--plot", str(tmp_path / "x.png")])
+    assert e.value.code == 2
+    assert "argument --plot: needs matplotlib" in capsys.readouterr().err

@@ -40,7 +40,7 @@ from . import (
     fig5_runtime,
     fig6_roofline,
 )
-from .common import Run, Skipped, sizes_for
+from .common import Points, Run, Skipped, sizes_for
 
 FIGURES = {
     1: fig1_paper_table.make,
@@ -50,6 +50,10 @@ FIGURES = {
     5: fig5_runtime.make,
     6: fig6_roofline.make,
 }
+
+
+def _kept(points: Points) -> str:
+    return f" ({points.count} rows measured before it are in {points.path})" if points.count else ""
 
 
 def main(argv=None, default_out: str | Path = "figures/out") -> int:
@@ -82,20 +86,25 @@ def main(argv=None, default_out: str | Path = "figures/out") -> int:
     failed, made = [], []
     for n in args.only or sorted(FIGURES):
         start = time.perf_counter()
+        run.points = Points(out, n)
         try:
             paths = FIGURES[n](run)
         except Skipped as why:
+            run.points.remove()
             print(f"figure {n}: skipped: {why}")
             continue
         except KeyboardInterrupt:
+            run.points.close()
             done = f"; figures {', '.join(map(str, made))} are in {out}" if made else ""
-            print(f"\nflash-numba figures: interrupted during figure {n}{done}", file=sys.stderr)
+            print(f"\nflash-numba figures: interrupted during figure {n}{_kept(run.points)}{done}", file=sys.stderr)
             return 130
         except Exception as exc:  # one broken figure does not stop the others; the run still fails
+            run.points.close()
             failed.append(n)
             first = (str(exc).splitlines() or [""])[0]
-            print(f"figure {n}: FAILED: {type(exc).__name__}: {first}")
+            print(f"figure {n}: FAILED: {type(exc).__name__}: {first}{_kept(run.points)}")
             continue
+        run.points.remove()
         made.append(n)
         print(f"figure {n} ({time.perf_counter() - start:.1f} s): " + ", ".join(str(p) for p in paths))
     if failed:

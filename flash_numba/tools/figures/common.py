@@ -2,7 +2,9 @@
 
 Every PNG names the device and the date in its footer (:func:`save`); every
 CSV starts with ``#`` lines saying the same (:func:`header`,
-written by :func:`flash_numba.tools.csvfile.write_csv`).
+written by :func:`flash_numba.tools.csvfile.write_csv`).  While a figure is
+made, each row it measures goes at once to its :class:`Points` file, which
+keeps the measured rows when the figure fails or is interrupted.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from ... import __version__, kernels
 from .. import passes, timing
-from ..csvfile import write_csv
+from ..csvfile import RowWriter, read_csv, write_csv
 
 COLORS = {"standard": "C3", "flash1": "C0", "flash2": "C2", "flash2_fast": "C1", "torch SDPA": "0.3"}
 
@@ -73,10 +75,59 @@ class Run:
     label: str
     kernels: tuple = kernels.NAMES
     date: str = field(default_factory=lambda: datetime.date.today().isoformat())
+    points: Points | None = None  # the figure being made: where its rows go as they are measured
 
     @property
     def stamp(self) -> str:
         return f"{self.label} | {self.date} | flash_numba {__version__}"
+
+    def record(self, row: dict) -> dict:
+        """``row``, written at once to :attr:`points` (when a figure is being made by ``main``)."""
+        if self.points is not None:
+            self.points.add(row)
+        return row
+
+
+class Points:
+    """``<out>/fig<n>_points.csv``: the rows of figure n as they are measured, each flushed at once.
+
+    One line per value (``point``: the row's number, ``column``, ``value``),
+    so rows of any columns fit one file.  The file is made at the first row;
+    :meth:`remove` deletes it once the figure's own CSV is written, so it is
+    left only by a figure that failed or was interrupted, holding what it measured.
+    """
+
+    FIELDS = ("point", "column", "value")
+
+    def __init__(self, out: Path, figure: int):
+        self.path = Path(out) / f"fig{figure}_points.csv"
+        self.figure = figure
+        self.count = 0
+        self._file: RowWriter | None = None
+
+    def add(self, row: dict) -> None:
+        if self._file is None:
+            note = "rows measured, kept because the figure did not finish; point numbers a row"
+            self._file = RowWriter(self.path, [f"figure {self.figure}: {note}"], self.FIELDS)
+        for column, value in row.items():
+            self._file.write({"point": self.count, "column": column, "value": value})
+        self.count += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def remove(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def read_points(path) -> list:
+    """The rows of a :class:`Points` file, as dicts of strings."""
+    rows: dict = {}
+    for line in read_csv(path):
+        rows.setdefault(line["point"], {})[line["column"]] = line["value"]
+    return list(rows.values())
 
 
 class Skipped(Exception):
@@ -121,8 +172,9 @@ def sig(x: float) -> float:
     return float(f"{x:.5g}")
 
 
-def series(figure: int, key: dict, Ns, measure, slow_s: float, **fixed) -> list:
-    """Rows ``{**key, "N": N, **fixed, **values}`` for ``measure(N) -> (values, seconds)`` over ``Ns``.
+def series(run: Run, figure: int, key: dict, Ns, measure, slow_s: float, **fixed) -> list:
+    """Rows ``{**key, "N": N, **fixed, **values}`` for ``measure(N) -> (values, seconds)`` over ``Ns``,
+    each recorded (:meth:`Run.record`) as it is measured.
 
     The series stops after an out-of-memory error (its row gets a ``note`` and
     no values) or after a point whose ``seconds`` exceed ``slow_s``; any other
@@ -139,10 +191,10 @@ def series(figure: int, key: dict, Ns, measure, slow_s: float, **fixed) -> list:
                 raise
             timing.free_pending()
             row["note"] = f"out of memory at N = {N}"
-            rows.append(row)
+            rows.append(run.record(row))
             print(f"figure {figure}: {name}: {row['note']}; series stopped")
             break
-        rows.append({**row, **values})
+        rows.append(run.record({**row, **values}))
         if seconds > slow_s:
             print(f"figure {figure}: {name}: stopped after N = {N} (slow)")
             break
@@ -155,7 +207,7 @@ def kernel_series(run: Run, figure: int, Ns, measure, key: str = "kernel", **fix
     rows = []
     for kernel in run.kernels:
         passes.warm_up(kernel, run.sizes.d)
-        rows += series(figure, {key: kernel}, Ns, lambda N, kernel=kernel: measure(kernel, N), run.sizes.slow_s,
+        rows += series(run, figure, {key: kernel}, Ns, lambda N, kernel=kernel: measure(kernel, N), run.sizes.slow_s,
                        **fixed)
     return rows
 

@@ -58,7 +58,7 @@ def make(run: Run) -> list:
             else:
                 p = per_pass[pass_]
             paper = PAPER.get(kernel, (None,) * 3) if pass_ == "total" else (None,) * 3
-            rows.append(
+            rows.append(run.record(
                 {
                     "implementation": kernel,
                     "pass": pass_,
@@ -74,7 +74,7 @@ def make(run: Run) -> list:
                     "paper_ms": "" if paper[2] is None else paper[2],
                     "note": note,
                 }
-            )
+            ))
     title = f"Figure 1: standard attention vs FlashAttention, GPT-2 medium (B = {B}, H = {H}, N = {N}, d = {d})"
     csv_path = write_data(run, "fig1_paper_table", rows, title,
                           "model_*: IO model, float32 unless _fp16; counted_gb: counted at a smaller B*H and scaled "

@@ -38,7 +38,7 @@ def make(run: Run) -> list:
                 row["model_gb"] = sig(gb(m.total))
                 if run.gpu:  # every block size is a new kernel: its first call compiles it (untimed)
                     row["ms"] = sig(timing.median_ms(lambda: attention_forward(q, k, v, kernel=kernel, block=block)))
-                rows.append(row)
+                rows.append(run.record(row))
     csv_path = write_data(run, "fig2_block_size", rows,
         f"Figure 2: block size vs forward HBM bytes and runtime (N = {N}, d = {d}, B*H = {BH}, float32)",
         "model_*: IO model (equal to the counters: figure 3 and the tests check it)")

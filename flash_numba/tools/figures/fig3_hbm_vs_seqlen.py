@@ -22,10 +22,10 @@ def make(run: Run) -> list:
     for kernel in run.kernels:
         for N in s.seq_N:
             for pass_ in ("forward", "backward"):
-                rows.append(_bytes_row(kernel, pass_, N, d, "model", passes.model(kernel, pass_, 1, N, d)))
+                rows.append(run.record(_bytes_row(kernel, pass_, N, d, "model", passes.model(kernel, pass_, 1, N, d))))
             if run.count and N <= s.seq_count_max:
                 for pass_, hbm in zip(("forward", "backward"), passes.counted(kernel, 1, N, d)):
-                    rows.append(_bytes_row(kernel, pass_, N, d, "counted", hbm))
+                    rows.append(run.record(_bytes_row(kernel, pass_, N, d, "counted", hbm)))
                     n_counted += 1
                     if hbm != passes.model(kernel, pass_, 1, N, d):
                         n_differ += 1

@@ -23,7 +23,7 @@ def make(run: Run) -> list:
                          key="implementation", BH=BH, d=d)
     torch = timing.torch_cuda()
     if torch is not None:
-        rows += series(5, {"implementation": "torch SDPA"}, s.time_N, lambda N: _ms(*_torch_ms(torch, BH, N, d)),
+        rows += series(run, 5, {"implementation": "torch SDPA"}, s.time_N, lambda N: _ms(*_torch_ms(torch, BH, N, d)),
                        s.slow_s, BH=BH, d=d)
         torch.cuda.empty_cache()  # hand PyTorch's cached blocks back before Numba allocates again
     else:

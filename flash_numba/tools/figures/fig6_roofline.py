@@ -66,7 +66,7 @@ def _roofline_rows(run: Run, kernel: str, bw: float, peak: float) -> list:
             if ms is not None:
                 row["ms"] = sig(ms[name])
                 row["tflops"] = sig(fl[name] / (ms[name] * 1e-3) / 1e12)
-            rows.append(row)
+            rows.append(run.record(row))
     return rows
 
 
