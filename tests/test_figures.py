@@ -347,3 +347,55 @@ def test_an_io_model_error_fails_the_figures(tmp_path, monkeypatch, capsys):
     assert figures.main(["--model-only", "--only", "1", "3", "6", "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert all(f"figure {n}: FAILED" in out for n in (1, 3, 6)), out
+
+
+# ---------------------------------------------------------------------------- no lost work
+
+
+def _figure_that_measures(rows_before: int, then: BaseException | None):
+    """A stand-in figure: records ``rows_before`` rows as it measures them, then raises ``then`` (or returns)."""
+    def make(run):
+        for i in range(rows_before):
+            run.record({"kernel": "flash2", "N": 8 * (i + 1), "ms": 1.5 + i})
+        if then is not None:
+            raise then
+        return []
+
+    return make
+
+
+def test_a_figure_that_fails_midway_keeps_its_measured_rows(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(figures.FIGURES, 4, _figure_that_measures(2, ValueError("boom\nmore")))
+    monkeypatch.setitem(figures.FIGURES, 5, _figure_that_measures(3, None))
+    assert figures.main(["--model-only", "--only", "4", "5", "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    points = tmp_path / "fig4_points.csv"
+    assert f"figure 4: FAILED: ValueError: boom (2 row(s) it measured are in {points})" in out
+    assert "Traceback" not in out + err
+    assert err == f"flash-numba figures: failed: figure(s) 4; the others are in {tmp_path}\n"
+    assert common.read_points(points) == [{"kernel": "flash2", "N": "8", "ms": "1.5"},
+                                          {"kernel": "flash2", "N": "16", "ms": "2.5"}]
+    assert not (tmp_path / "fig5_points.csv").exists()  # a figure that finished leaves no points file
+
+
+def test_ctrl_c_in_a_figure_keeps_its_rows_and_the_figures_before(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(figures.FIGURES, 4, _figure_that_measures(1, None))
+    monkeypatch.setitem(figures.FIGURES, 5, _figure_that_measures(1, KeyboardInterrupt()))
+    assert figures.main(["--model-only", "--only", "4", "5", "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == (f"flash-numba figures: interrupted during figure 5 (1 row(s) it measured are in "
+                           f"{tmp_path / 'fig5_points.csv'}); figure(s) 4 are in {tmp_path}")
+    assert len(common.read_points(tmp_path / "fig5_points.csv")) == 1
+
+
+def test_a_figure_writes_its_csv_before_its_png(tmp_path, monkeypatch, capsys):
+    """Drawing fails: the data are already on disk, and so are the rows as they were measured."""
+    def no_png(run, fig, stem):
+        raise RuntimeError("cannot draw")
+
+    monkeypatch.setattr(fig3_hbm_vs_seqlen, "save", no_png)
+    assert figures.main(["--model-only", "--only", "3", "--out", str(tmp_path)]) == 1
+    assert "figure 3: FAILED: RuntimeError: cannot draw" in capsys.readouterr().out
+    rows = read_csv(tmp_path / "fig3_hbm_vs_seqlen.csv")
+    assert rows and all(r["source"] == "model" for r in rows)
+    assert len(common.read_points(tmp_path / "fig3_points.csv")) == len(rows)

@@ -53,7 +53,7 @@ FIGURES = {
 
 
 def _kept(points: Points) -> str:
-    return f" ({points.count} rows measured before it are in {points.path})" if points.count else ""
+    return f" ({points.count} row(s) it measured are in {points.path})" if points.count else ""
 
 
 def main(argv=None, default_out: str | Path = "figures/out") -> int:
@@ -95,7 +95,7 @@ def main(argv=None, default_out: str | Path = "figures/out") -> int:
             continue
         except KeyboardInterrupt:
             run.points.close()
-            done = f"; figures {', '.join(map(str, made))} are in {out}" if made else ""
+            done = f"; figure(s) {', '.join(map(str, made))} are in {out}" if made else ""
             print(f"\nflash-numba figures: interrupted during figure {n}{_kept(run.points)}{done}", file=sys.stderr)
             return 130
         except Exception as exc:  # one broken figure does not stop the others; the run still fails
