@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in DELEGATED:
-        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
+        return _interruptible(argv[0], lambda: importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]))
     parser = Parser(
         prog="flash-numba", description="FlashAttention from scratch in Numba CUDA: run, check and measure."
     )
@@ -236,4 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, help_) in DELEGATED.items():  # listed in --help; their options: flash-numba NAME --help
         sub.add_parser(name, help=help_, add_help=False)
     args = parser.parse_args(argv)
-    return args.run(args)
+    return _interruptible(args.command, lambda: args.run(args))
+
+
+def _interruptible(command: str, run: Callable[[], int | None]) -> int:
+    """``run()``'s exit status; Ctrl-C is one line and status 130 (bench and figures have saved what they measured)."""
+    import sys
+
+    try:
+        return int(run() or 0)
+    except KeyboardInterrupt:
+        print(f"\nflash-numba {command}: interrupted", file=sys.stderr)
+        return 130

@@ -225,3 +225,12 @@ def test_argcheck_types():
             parse(text)
     assert argcheck.positive_float("2.5") == 2.5
     assert argcheck.output_file("x.csv") == "x.csv"  # the current folder
+
+
+def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reference, "attention_forward", interrupted)
+    assert cli.main(["tour"]) == 130
+    assert capsys.readouterr().err == "\nflash-numba tour: interrupted\n"

@@ -164,6 +164,14 @@ def test_main_prints_every_measurement(capsys):
         assert name in out
 
 
+def test_main_refuses_arguments_in_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        microbench.main(["--fast"])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "python -m flash_numba.tools.microbench: error: unrecognized arguments: --fast\n"
+
+
 # ---------------------------------------------------------------------------- compile tier
 
 _COMPILE_SCRIPT = textwrap.dedent(

@@ -15,7 +15,11 @@ It works in three steps, in the manner of llm.c's ``dev/cuda`` benchmarks:
 3. **Report.**  A fixed-width table per configuration (N, d, causal, pass):
    time, TFLOP/s, the fraction of the fp32 peak (:func:`flash_numba.tools.microbench.fp32_peak`,
    once per run, or ``--peak``), the HBM bytes the kernels' code moves and the
-   device memory the call allocates; ``--csv`` and ``--plot`` save them.
+   device memory the call allocates; ``--csv`` and ``--plot`` save them.  The
+   CSV gets each row as soon as it is measured, so a sweep that fails (one
+   line names the configuration; the sweep stops, exit status 1) or is
+   interrupted keeps what it measured.  Every option and output path is
+   checked before step 1 (docs/RELIABILITY.md, "The command line").
 
 Implementations: every kernel module in :data:`flash_numba.kernels.NAMES`, the
 :data:`VARIANTS` (``flash2_fast-atomic``: flash2_fast's backward with

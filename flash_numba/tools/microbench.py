@@ -25,12 +25,14 @@ the same way, but nothing is timed: ``value`` and ``ms`` are ``None`` and
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32
 
 from ..device import SIMULATOR, CudaTimer, describe, info, jit, time_ms
+from .argcheck import Parser
 
 #: Warm-up launches before the timed ones.
 WARMUP = 3
@@ -365,8 +367,12 @@ def roofline(peak_flops: float | None = None, bandwidth: float | None = None) ->
     return Roofline(peak_flops, bandwidth, "; ".join(dict.fromkeys(notes)))
 
 
-def main() -> int:
-    """Print the three measurements and the roofline's ridge point."""
+def main(argv=()) -> int:
+    """``python -m flash_numba.tools.microbench``: print the three measurements and the roofline's ridge point.
+
+    It takes no options; any argument is refused (one line, exit status 2) before anything runs.
+    """
+    Parser(prog="python -m flash_numba.tools.microbench", description=main.__doc__.split("\n\n")[0]).parse_args(argv)
     print(describe())
     hbm, smem, fp32 = hbm_bandwidth(), shared_bandwidth(), fp32_peak()
     for m in (hbm, smem, fp32):
@@ -379,4 +385,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
