@@ -15,4 +15,6 @@
 * :mod:`~flash_numba.tools.timing`: GPU clocks and device memory: median times,
   per-launch times, peak memory, out-of-memory errors.
 * :mod:`~flash_numba.tools.csvfile`: CSV files with ``#`` comment lines on top.
+* :mod:`~flash_numba.tools.argcheck`: the command line's argument checks (one-line
+  errors, exit status 2, before any work).
 """

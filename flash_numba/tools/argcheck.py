@@ -39,7 +39,6 @@ def integer(low: int, high: int | None = None):
             raise argparse.ArgumentTypeError(f"expected {want}, got {value}")
         return value
 
-    parse.__name__ = want
     return parse
 
 

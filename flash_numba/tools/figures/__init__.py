@@ -3,7 +3,11 @@
     flash-numba figures [--only N ...] [--quick] [--model-only] [--out DIR]
 
 One module per figure, each with ``make(run) -> [paths]``; every figure is a
-PNG with its data beside it as CSV (figure 1 also as Markdown).
+PNG with its data beside it as CSV (figure 1 also as Markdown), the CSV
+written first.  While a figure is made, each row it measures goes at once to
+``fig<n>_points.csv`` (:class:`~.common.Points`), removed when the figure is
+done: a figure that fails or is interrupted leaves what it measured.  ``--out``
+is checked, and made if missing, before any figure starts.
 
 1. :mod:`.fig1_paper_table`: the FlashAttention paper's Figure 2 (left) table,
    GPT-2 medium, beside the paper's numbers, with the reasons they differ.
