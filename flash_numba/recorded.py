@@ -138,6 +138,17 @@ def ncu_rows() -> list[dict]:
     return out
 
 
+def ncu_per_call() -> list[dict]:
+    """:func:`ncu_rows` summed over the launches of each forward: ``BH, N, d, kernel, counted, dram, l2``."""
+    calls = {}
+    for r in ncu_rows():
+        key = (r["BH"], r["N"], r["d"], r["kernel"])
+        c = calls.setdefault(key, dict(zip(("BH", "N", "d", "kernel"), key), counted=0, dram=0, l2=0))
+        for x in ("counted", "dram", "l2"):
+            c[x] += r[x]
+    return list(calls.values())
+
+
 def ncu_table() -> str:
     """Counted bytes beside DRAM and L2 bytes per forward launch, labelled as recorded on the H200."""
     gpu = (NCU_CSV.parent / "ncu.txt").read_text().splitlines()[0].removeprefix("gpu: ")
