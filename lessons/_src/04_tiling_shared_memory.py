@@ -6,8 +6,8 @@
 #
 # The second tool FlashAttention needs: load a tile of data from HBM into shared memory once, and let
 # many threads use it many times. This lesson builds a tiled matrix product, the idea under standard
-# attention's kernels (lesson 2) and the flash kernels, shows why it needs barriers, measures what it saves in HBM bytes, and explains bank
-# conflicts, the one way shared memory can be slow.
+# attention's kernels (lesson 2) and the flash kernels, shows why it needs barriers, measures what it
+# saves in HBM bytes, and explains bank conflicts, the one way shared memory can be slow.
 
 # %%
 import sys
@@ -296,10 +296,10 @@ else:
 # %% [markdown]
 # The package's standard-attention kernels (lesson 2) tile further: a thread block keeps a block of
 # query rows (64 at $d = 64$, float32) on chip while the key blocks stream past, and each thread computes
-# several outputs from registers, so they read $K$ and $V$ once per block of query rows. Tiling divides the traffic of the *reads*,
-# but standard attention still writes and re-reads the $N \times N$ matrices. FlashAttention (lesson 5)
-# combines tiling with the online softmax of lesson 3 so
-# that $S$ and $P$ exist only as tiles in shared memory.
+# several outputs from registers, so they read $K$ and $V$ once per block of query rows. Tiling divides
+# the traffic of the *reads*, but standard attention still writes and re-reads the $N \times N$
+# matrices. FlashAttention (lesson 5) combines tiling with the online softmax of lesson 3 so that $S$
+# and $P$ exist only as tiles in shared memory.
 #
 # ## What to take away
 #

@@ -162,8 +162,8 @@ plt.show()
 # %% [markdown]
 # The head dimension is where the two bounds differ. The minimum of standard attention,
 # $\Theta(Nd + N^2)$, hardly depends on $d$ when $N \gg d$ (our kernels add flash2's re-reads of $K$ and
-# $V$, once per query block, which grow with $d$, as the table shows), while $\Theta(N^2 d^2 / M)$ grows like $d^2$: larger rows mean
-# smaller blocks (fewer rows fit in $M$) and so more passes. At $N = 4096$:
+# $V$, once per query block, which grow with $d$, as the table shows), while $\Theta(N^2 d^2 / M)$ grows
+# like $d^2$: larger rows mean smaller blocks (fewer rows fit in $M$) and so more passes. At $N = 4096$:
 
 # %%
 print(f"{'d':>4} {'flash1 (Br, Bc)':>16} {'Tc':>4} {'standard MB':>12} {'flash1 MB':>10} {'ratio':>6}")
