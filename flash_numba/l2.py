@@ -19,14 +19,28 @@ from pathlib import Path
 
 #: L2 cache per GPU in bytes (NVIDIA's datasheets and architecture whitepapers).
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
-#: Columns of the sweep's CSV, one row per (kernel, N): the launches of one forward summed.
-COLUMNS = ("kernel", "BH", "N", "d", "dtype", "Br", "Bc", "launches", "counted_read", "counted_written",
+#: Columns of the sweep's CSV, one row per (kernel, N, cache): the launches of one forward summed.
+#: ``cache``: "warm" (``ncu --cache-control none``: each launch finds L2 as the previous one left it, as in
+#: a real run) or "flushed" (``--cache-control all``, ncu's default: L2 emptied before each launch).
+#: ``counted_*``: our counters; ``compulsory``, ``re-reads``, ``S/P``: the IO model's split of the same total.
+COLUMNS = ("kernel", "cache", "BH", "N", "d", "dtype", "Br", "Bc", "launches", "counted_read", "counted_written",
            "compulsory", "re-reads", "S/P", "l2_bytes", "dram_read", "dram_write")
+CACHE_MODES = {"warm": "none", "flushed": "all"}  # our name -> ncu --cache-control
 
 
 def crossing_N(BH: int, l2_bytes: int, itemsize: int = 4) -> float:
     """The N at which S of the batch, ``BH * N^2 * itemsize`` bytes, equals ``l2_bytes``."""
     return math.sqrt(l2_bytes / (BH * itemsize))
+
+
+def write_sweep(path, header: dict, rows: list[dict]) -> None:
+    """Write a sweep CSV: ``# key: value`` lines (device, date, command...), then :data:`COLUMNS`."""
+    with open(path, "w", newline="") as f:
+        for key, value in header.items():
+            f.write(f"# {key}: {value}\n")
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows({c: r[c] for c in COLUMNS} for r in rows)
 
 
 def read_sweep(path) -> tuple[dict, list[dict]]:
@@ -43,13 +57,14 @@ def read_sweep(path) -> tuple[dict, list[dict]]:
         missing = [c for c in COLUMNS if c not in r]
         if missing:
             raise ValueError(f"path: {path} lacks the columns {missing}")
-        rows.append({c: (r[c] if c in ("kernel", "dtype") else int(r[c])) for c in COLUMNS})
+        rows.append({c: (r[c] if c in ("kernel", "cache", "dtype") else int(r[c])) for c in COLUMNS})
     return header, rows
 
 
 def figure(path, l2_bytes: int = L2_BYTES["H200"], l2_name: str = "H200"):
-    """DRAM bytes against N for each kernel of the sweep at ``path`` (solid), its counted bytes (dashed),
-    and the N where S of the batch outgrows the L2 cache (``l2_bytes``) marked.  Returns the Figure."""
+    """DRAM bytes against N for each kernel of the sweep at ``path`` (solid: L2 warm, as in a real run;
+    dotted: L2 flushed before each launch), its counted bytes (dashed), and the N where S of the batch
+    outgrows the L2 cache (``l2_bytes``) marked.  Returns the Figure."""
     import matplotlib.pyplot as plt
 
     header, rows = read_sweep(path)
@@ -59,12 +74,14 @@ def figure(path, l2_bytes: int = L2_BYTES["H200"], l2_name: str = "H200"):
     itemsize = {"float16": 2, "float32": 4, "float64": 8}[dtype]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, kernel in enumerate(dict.fromkeys(r["kernel"] for r in rows)):
-        sel = sorted((r for r in rows if r["kernel"] == kernel), key=lambda r: r["N"])
-        Ns = [r["N"] for r in sel]
-        ax.loglog(Ns, [r["dram_read"] + r["dram_write"] for r in sel], "o-", color=f"C{i}",
-                  label=f"{kernel}: DRAM (Nsight Compute)")
-        ax.loglog(Ns, [r["counted_read"] + r["counted_written"] for r in sel], "--", color=f"C{i}",
-                  label=f"{kernel}: counted (requested)")
+        for cache, style in (("warm", "o-"), ("flushed", "x:")):
+            sel = sorted((r for r in rows if r["kernel"] == kernel and r["cache"] == cache), key=lambda r: r["N"])
+            if sel:
+                ax.loglog([r["N"] for r in sel], [r["dram_read"] + r["dram_write"] for r in sel], style,
+                          color=f"C{i}", label=f"{kernel}: DRAM, L2 {cache}")
+        sel = sorted({r["N"]: r for r in rows if r["kernel"] == kernel}.values(), key=lambda r: r["N"])
+        ax.loglog([r["N"] for r in sel], [r["counted_read"] + r["counted_written"] for r in sel], "--",
+                  color=f"C{i}", label=f"{kernel}: counted (requested)")
     x = crossing_N(BH, l2_bytes, itemsize)
     ax.axvline(x, color="k", ls=":", lw=1)
     ax.annotate(f"S of the batch = {l2_name} L2 ({l2_bytes / 2**20:.0f} MB)\nat N = {x:,.0f}", (x, 0.97),
