@@ -11,7 +11,7 @@ can read S from L2 while S fits), and "flushed", ncu's default, where the L2 is 
 before each launch.  Then it counts our bytes (``count_hbm=True``) and splits them by
 term with the IO model, and writes, per (kernel, N, cache), counted bytes, the model's
 terms, L2 bytes and DRAM bytes to ``DIR/l2_sweep.csv`` (per launch to
-``DIR/l2_sweep_launches.csv``) and the figure of :func:`flash_numba.l2.figure` to
+``DIR/l2_sweep_launches.csv``) and the figure of :func:`flash_numba.tools.l2.figure` to
 ``DIR/l2_sweep.png``.  S of the batch is ``B*H * N^2 * 4`` bytes: at B*H = 8 it
 outgrows the H200's 50 MB L2 between N = 1024 (32 MB) and N = 2048 (128 MB).
 """
@@ -19,7 +19,6 @@ outgrows the H200's 50 MB L2 between N = 1024 (32 MB) and N = 2048 (128 MB).
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import os
 import shutil
@@ -30,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from flash_numba import api, device, l2, profile
+from flash_numba import api, device
 from flash_numba.iomodel import terms
+from flash_numba.tools import csvfile, l2, profile
 
 KERNELS = ("standard", "flash2_fast")
 #: ncu's names of our kernels' launches, in the order the child makes them for one N.
@@ -89,7 +89,7 @@ def run_ncu(exe: str, cache: str, BH: int, d: int, Ns, kernel_filter: bool = Tru
 
 def measure(BH: int, d: int, Ns, hw: dict) -> tuple[list, list]:
     """Count our bytes at each N (``count_hbm=True``) and attach ncu's ``hw[cache]`` launches in order:
-    ``(rows, per_launch)``, rows as :data:`flash_numba.l2.COLUMNS` (-1 where ncu gave nothing)."""
+    ``(rows, per_launch)``, rows as :data:`flash_numba.tools.l2.COLUMNS` (-1 where ncu gave nothing)."""
     hw = {cache: list(launches) for cache, launches in hw.items()}
     rows, per_launch = [], []
     for N in Ns:
@@ -127,10 +127,8 @@ def write(out: Path, rows: list, per_launch: list, argv) -> None:
                      + ",".join(profile.METRICS)}
     l2.write_sweep(out / "l2_sweep.csv", header, rows)
     if per_launch:
-        with open(out / "l2_sweep_launches.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(per_launch[0]))
-            w.writeheader()
-            w.writerows(per_launch)
+        csvfile.write_csv(out / "l2_sweep_launches.csv", [f"{key}: {value}" for key, value in header.items()],
+                          per_launch)
     print(f"{'kernel':<12} {'cache':<8} {'N':>5} {'counted MB':>11} {'S/P MB':>9} {'L2 MB':>9} {'DRAM MB':>9}")
     for r in rows:
         counted, dram = r["counted_read"] + r["counted_written"], r["dram_read"] + r["dram_write"]

@@ -57,7 +57,7 @@ def provenance(path: Path = BENCH_CSV) -> dict:
 def bench_rows(implementations=None, pass_: str | None = None, N: int | None = None, path: Path = BENCH_CSV
                ) -> list[dict]:
     """Rows of a recorded benchmark (strings as in the CSV), filtered by implementation, pass and N."""
-    from .bench import read_csv
+    from .tools.bench_report import read_csv
 
     _, rows = read_csv(str(path))
     return [

@@ -1,7 +1,6 @@
 """The L2 sweep: its CSV, its figure (on a synthetic sweep), the script's bookkeeping in the simulator,
 the recorded Nsight Compute table, and standard.forward_launches."""
 
-import csv
 import importlib.util
 from pathlib import Path
 
@@ -9,9 +8,10 @@ import matplotlib
 import numpy as np
 import pytest
 
-from flash_numba import iomodel, l2, profile, recorded, reference
+from flash_numba import iomodel, recorded, reference
 from flash_numba.iomodel import terms
 from flash_numba.kernels import standard
+from flash_numba.tools import csvfile, l2, profile
 
 matplotlib.use("Agg")
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "l2_sweep.py"
@@ -101,8 +101,8 @@ def test_sweep_bookkeeping_in_the_simulator(tmp_path):
     script.write(tmp_path, rows, per_launch, ["--out", str(tmp_path)])
     header, back = l2.read_sweep(tmp_path / "l2_sweep.csv")
     assert back == rows and header["command"].endswith(f"--out {tmp_path}")
-    with open(tmp_path / "l2_sweep_launches.csv", newline="") as f:
-        assert [r["launch"] for r in csv.DictReader(f)][:3] == list(standard.FORWARD_NAMES)
+    assert [r["launch"] for r in csvfile.read_csv(tmp_path / "l2_sweep_launches.csv")][:3] == list(
+        standard.FORWARD_NAMES)
     assert (tmp_path / "l2_sweep.png").stat().st_size > 0
 
 

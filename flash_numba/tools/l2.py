@@ -13,9 +13,9 @@ outgrows L2, and writes the CSV that :func:`read_sweep` reads and
 
 from __future__ import annotations
 
-import csv
 import math
-from pathlib import Path
+
+from . import csvfile
 
 #: L2 cache per GPU in bytes (NVIDIA's datasheets and architecture whitepapers).
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
@@ -35,25 +35,14 @@ def crossing_N(BH: int, l2_bytes: int, itemsize: int = 4) -> float:
 
 def write_sweep(path, header: dict, rows: list[dict]) -> None:
     """Write a sweep CSV: ``# key: value`` lines (device, date, command...), then :data:`COLUMNS`."""
-    with open(path, "w", newline="") as f:
-        for key, value in header.items():
-            f.write(f"# {key}: {value}\n")
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows({c: r[c] for c in COLUMNS} for r in rows)
+    csvfile.write_csv(path, [f"{key}: {value}" for key, value in header.items()], rows, COLUMNS)
 
 
 def read_sweep(path) -> tuple[dict, list[dict]]:
     """``(header, rows)`` of a sweep CSV: the ``# key: value`` lines, and the rows with numbers as ints."""
-    header, lines = {}, []
-    for line in Path(path).read_text().splitlines():
-        if line.startswith("#"):
-            key, _, value = line[1:].partition(":")
-            header[key.strip()] = value.strip()
-        elif line.strip():
-            lines.append(line)
+    header = dict(line.split(": ", 1) for line in csvfile.read_comments(path) if ": " in line)
     rows = []
-    for r in csv.DictReader(lines):
+    for r in csvfile.read_csv(path):
         missing = [c for c in COLUMNS if c not in r]
         if missing:
             raise ValueError(f"path: {path} lacks the columns {missing}")
