@@ -147,7 +147,7 @@ def sweep(out: Path, BH: int, d: int, Ns, argv) -> int:
     for cache, mode in l2.CACHE_MODES.items():
         launches, note = run_ncu(exe, mode, BH, d, Ns)
         print(note, flush=True)
-        if not launches:  # the kernel-name filter matched nothing: the child launches only our kernels anyway
+        if len(launches) != _n_launches(Ns):  # the name filter missed some: the child launches only ours anyway
             launches, note = run_ncu(exe, mode, BH, d, Ns, kernel_filter=False)
             print(note, flush=True)
         hw[cache] = launches if len(launches) == _n_launches(Ns) else []
