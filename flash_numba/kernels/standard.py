@@ -661,16 +661,16 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
 
     ``q`` (..., Nq, d), ``k`` and ``v`` (..., Nk, d), device or host arrays as for
     :func:`flash_numba.attention_forward` (host arrays are copied to the device once, here;
-    leading dims are flattened to BH); ``block`` as there (None: the block the API would choose).
+    leading dims are flattened to BH); ``causal``, ``scale`` and ``block`` as there (block None:
+    the block the API would choose).
     Returns ``(launches, arrays)``: ``launches`` is ``[(name, run)]`` in order, ``name``
     as the counters call the kernel (:data:`FORWARD_NAMES`), ``run()`` one launch of the
     plain (uncounted) kernel; ``arrays`` the device arrays they read and fill,
     ``{"q", "k", "v", "S", "P", "O", "L", "ml"}`` (``ml``: m_i and l_i, (BH, 2, Nq)).
     Running the launches in order computes what :func:`forward` computes.
     """
-    from ..hbm import Counters
-
     from ..api import resolve_block
+    from ..hbm import Counters
 
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
     block = resolve_block("standard", prob.d, prob.dtype, block, "forward")
