@@ -11,6 +11,11 @@ not measured now".
 * :func:`hierarchy`: lesson 1's measured HBM and shared-memory bandwidths and
   float32 peak (``C/lesson_01.log``), with the GPU's SMs and memory.
 * :func:`provenance`: the device, date and command lines of a recorded file.
+* The rebuilt standard kernel (``h200-2026-11-30-s4/standard/``, issue 14):
+  :data:`STANDARD_BENCH_CSV` (pass it as ``path`` to :func:`bench_rows` and
+  :func:`bench_table`: standard, flash2_fast and PyTorch's math SDPA), :func:`standard_kernel_times`
+  (each standard kernel alone) and :func:`ncu_rows` / :func:`ncu_table` (Nsight Compute's DRAM
+  and L2 bytes of the standard and flash2_fast forwards beside the counted bytes).
 
 The files are part of the git repository, not of the installed package: from a
 clone (``pip install -e .``) they are found; elsewhere :func:`available` is False.
@@ -26,11 +31,17 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / SESSI
 BENCH_CSV = RESULTS / "final" / "D" / "bench.csv"
 LESSON1_LOG = RESULTS / "C" / "lesson_01.log"
 LABEL = "recorded, not measured now"
+STANDARD = RESULTS.parent / "h200-2026-11-30-s4" / "standard"
+STANDARD_BENCH_CSV = STANDARD / "bench.csv"
+STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
+NCU_CSV = STANDARD / "ncu_bytes.csv"
+#: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
+L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
 
 def available() -> bool:
     """True when the committed results are on disk (a clone of the repository)."""
-    return BENCH_CSV.exists() and LESSON1_LOG.exists()
+    return all(p.exists() for p in (BENCH_CSV, LESSON1_LOG, STANDARD_BENCH_CSV, STANDARD_KERNELS_CSV, NCU_CSV))
 
 
 def provenance(path: Path = BENCH_CSV) -> dict:
@@ -43,11 +54,12 @@ def provenance(path: Path = BENCH_CSV) -> dict:
     return out
 
 
-def bench_rows(implementations=None, pass_: str | None = None, N: int | None = None) -> list[dict]:
-    """Rows of the recorded benchmark (strings as in the CSV), filtered by implementation, pass and N."""
+def bench_rows(implementations=None, pass_: str | None = None, N: int | None = None, path: Path = BENCH_CSV
+               ) -> list[dict]:
+    """Rows of a recorded benchmark (strings as in the CSV), filtered by implementation, pass and N."""
     from .tools.bench_report import read_csv
 
-    _, rows = read_csv(str(BENCH_CSV))
+    _, rows = read_csv(str(path))
     return [
         r for r in rows
         if (implementations is None or r["implementation"] in implementations)
@@ -57,10 +69,10 @@ def bench_rows(implementations=None, pass_: str | None = None, N: int | None = N
     ]
 
 
-def bench_table(implementations=None, pass_: str = "fwd", N: int = 4096) -> str:
+def bench_table(implementations=None, pass_: str = "fwd", N: int = 4096, path: Path = BENCH_CSV) -> str:
     """A fixed-width table of recorded times, with its provenance, labelled as recorded."""
-    rows = bench_rows(implementations, pass_, N)
-    p = provenance()
+    rows = bench_rows(implementations, pass_, N, path)
+    p = provenance(path)
     lines = [f"{LABEL}: {p.get('device', '?')}", f"  on {p.get('date', '?')}, {p['file']}",
              f"  command: {p.get('command', '?')}",
              f"{'implementation':<20} {'B*H':>4} {'N':>6} {'d':>3} {'pass':>8} {'ms':>9} {'TFLOP/s':>8} {'of peak':>8}"]
@@ -99,3 +111,51 @@ def hierarchy_levels() -> dict:
         "shared memory, all SMs": (h["sm_count"] * h["shared_per_sm"], h["shared_gbs"] * 1e9),
         "HBM": (h["hbm_bytes"], h["hbm_gbs"] * 1e9),
     }
+
+
+def standard_kernel_times(causal: bool = False) -> dict:
+    """``{launch name: ms}``: each standard kernel alone at B*H = 32, N = 4096, d = 64, float32
+    (median of 20 calls, CUDA events; :data:`STANDARD_KERNELS_CSV`)."""
+    import csv
+
+    with open(STANDARD_KERNELS_CSV, newline="") as f:
+        return {r["kernel"]: float(r["ms_median"]) for r in csv.DictReader(f) if (r["causal"] == "True") == causal}
+
+
+def ncu_rows() -> list[dict]:
+    """Nsight Compute's bytes per forward launch (:data:`NCU_CSV`), as ints: ``BH, N, d, kernel, launch,
+    counted`` (bytes the code requested, = the IO model), ``dram`` (DRAM read + write), ``l2``
+    (``lts__t_bytes.sum``: bytes the L2 slices served)."""
+    import csv
+
+    out = []
+    with open(NCU_CSV, newline="") as f:
+        for r in csv.DictReader(f):
+            x = {key: int(r[key]) for key in r if key not in ("kernel", "launch", "ncu_kernel")}
+            out.append({"BH": x["BH"], "N": x["N"], "d": x["d"], "kernel": r["kernel"], "launch": r["launch"],
+                        "counted": x["counted_read"] + x["counted_written"],
+                        "dram": x["ncu_dram_read"] + x["ncu_dram_write"], "l2": x["ncu_l2_bytes"]})
+    return out
+
+
+def ncu_per_call() -> list[dict]:
+    """:func:`ncu_rows` summed over the launches of each forward: ``BH, N, d, kernel, counted, dram, l2``."""
+    calls = {}
+    for r in ncu_rows():
+        key = (r["BH"], r["N"], r["d"], r["kernel"])
+        c = calls.setdefault(key, dict(zip(("BH", "N", "d", "kernel"), key), counted=0, dram=0, l2=0))
+        for x in ("counted", "dram", "l2"):
+            c[x] += r[x]
+    return list(calls.values())
+
+
+def ncu_table() -> str:
+    """Counted bytes beside DRAM and L2 bytes per forward launch, labelled as recorded on the H200."""
+    gpu = (NCU_CSV.parent / "ncu.txt").read_text().splitlines()[0].removeprefix("gpu: ")
+    lines = [f"recorded on the H200, not measured now: {gpu}",
+             f"  Nsight Compute, {NCU_CSV.relative_to(RESULTS.parents[2])}",
+             f"{'B*H':>4} {'N':>5} {'launch':<20} {'counted MB':>11} {'L2 MB':>9} {'DRAM MB':>9} {'DRAM/counted':>13}"]
+    for r in ncu_rows():
+        lines.append(f"{r['BH']:>4} {r['N']:>5} {r['launch']:<20} {r['counted'] / 1e6:>11.1f} {r['l2'] / 1e6:>9.1f} "
+                     f"{r['dram'] / 1e6:>9.1f} {r['dram'] / r['counted']:>13.2f}")
+    return "\n".join(lines)

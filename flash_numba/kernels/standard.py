@@ -621,29 +621,61 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
 # --------------------------------------------------------------------------------------
 
 
-def forward(prob, ops, block, counters):
-    """S and L, P = softmax(S), O = P V: three launches, S and P in HBM.  Returns device arrays O, L."""
+def _forward_steps(prob, ops, block, counters):
+    """The forward's three launches as ``[(name, run)]`` (``run()`` launches one kernel) and the
+    device arrays they fill, ``{"S", "P", "O", "L", "ml"}``: allocated here, once."""
     Br, Bc = block
     BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
     count, causal = counters.enabled, prob.causal
-    counters.describe("standard", prob, block, "forward")
     Tr = -(-Nq // Br)
-    S = _inputs.empty((BH, Nq, Nk), dt)
-    L = _inputs.empty((BH, Nq), acc)
-    ml = _inputs.empty((BH, 2, Nq), acc)  # m_i, l_i
-    scores_kernel(d, Br, Bc, dt.name, causal, count)[Tr * BH, NT](
-        q, k, S, L, ml, Nq, Nk, acc.type(prob.scale), counters.array(FORWARD_NAMES[0])
+    out = dict(
+        S=_inputs.empty((BH, Nq, Nk), dt), P=_inputs.empty((BH, Nq, Nk), dt), O=_inputs.empty((BH, Nq, d), dt),
+        L=_inputs.empty((BH, Nq), acc), ml=_inputs.empty((BH, 2, Nq), acc),  # ml: m_i, l_i
     )
-    P = _inputs.empty((BH, Nq, Nk), dt)
-    softmax_kernel(Br, Bc, dt.name, causal, count)[-(-BH * Nq // SOFTMAX_ROWS), NT](
-        S, ml, P, Nq, Nk, counters.array(FORWARD_NAMES[1])
-    )
-    O = _inputs.empty((BH, Nq, d), dt)
-    rowprod_kernel(d, Br, Bc, dt.name, causal, count)[Tr * BH, NT](
-        P, v, O, Nq, Nk, acc.type(1), counters.array(FORWARD_NAMES[2])
-    )
-    return O, L
+    S, P, O, L, ml = (out[x] for x in ("S", "P", "O", "L", "ml"))
+    scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
+    softmax = softmax_kernel(Br, Bc, dt.name, causal, count)
+    rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count)
+    c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
+    scale, one = acc.type(prob.scale), acc.type(1)
+    steps = [
+        (FORWARD_NAMES[0], lambda: scores[Tr * BH, NT](q, k, S, L, ml, Nq, Nk, scale, c0)),
+        (FORWARD_NAMES[1], lambda: softmax[-(-BH * Nq // SOFTMAX_ROWS), NT](S, ml, P, Nq, Nk, c1)),
+        (FORWARD_NAMES[2], lambda: rowprod[Tr * BH, NT](P, v, O, Nq, Nk, one, c2)),
+    ]
+    return steps, out
+
+
+def forward(prob, ops, block, counters):
+    """S and L, P = softmax(S), O = P V: three launches, S and P in HBM.  Returns device arrays O, L."""
+    counters.describe("standard", prob, block, "forward")
+    steps, out = _forward_steps(prob, ops, block, counters)
+    for _, run in steps:
+        run()
+    return out["O"], out["L"]
+
+
+def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
+    """The forward of ``q, k, v`` as its three kernel launches, to run (and time) one at a time.
+
+    ``q`` (..., Nq, d), ``k`` and ``v`` (..., Nk, d), device or host arrays as for
+    :func:`flash_numba.attention_forward` (host arrays are copied to the device once, here;
+    leading dims are flattened to BH); ``causal``, ``scale`` and ``block`` as there (block None:
+    the block the API would choose).
+    Returns ``(launches, arrays)``: ``launches`` is ``[(name, run)]`` in order, ``name``
+    as the counters call the kernel (:data:`FORWARD_NAMES`), ``run()`` one launch of the
+    plain (uncounted) kernel; ``arrays`` the device arrays they read and fill,
+    ``{"q", "k", "v", "S", "P", "O", "L", "ml"}`` (``ml``: m_i and l_i, (BH, 2, Nq)).
+    Running the launches in order computes what :func:`forward` computes.
+    """
+    from ..api import resolve_block
+    from ..hbm import Counters
+
+    prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
+    block = resolve_block("standard", prob.d, prob.dtype, block, "forward")
+    steps, out = _forward_steps(prob, ops, block, Counters(False))
+    return steps, {**{name: ops[name].dev for name in ("q", "k", "v")}, **out}
 
 
 def backward(prob, ops, block, counters):

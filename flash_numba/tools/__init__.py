@@ -8,6 +8,8 @@
   the paper's figures (one module per figure), PNG + CSV.
 * :mod:`~flash_numba.tools.profile`: ``flash-numba profile``, our HBM byte
   counters beside Nsight Compute's DRAM bytes, per kernel launch.
+* :mod:`~flash_numba.tools.l2`: the L2 cache between the counters and DRAM: L2 sizes,
+  the CSV of ``benchmarks/l2_sweep.py`` (counted, L2 and DRAM bytes against N) and its figure.
 * :mod:`~flash_numba.tools.microbench`: this GPU's ceilings (HBM and shared-memory
   bandwidth, float32 peak), each measured by one small kernel.
 * :mod:`~flash_numba.tools.passes`: one pass of a kernel on random device

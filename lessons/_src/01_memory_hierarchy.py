@@ -24,7 +24,7 @@ import numpy as np
 
 import flash_numba as fn
 from flash_numba import device, iomodel, lessonkit, pictures, recorded
-from flash_numba.tools import microbench
+from flash_numba.tools import l2, microbench
 from flash_numba import exercises as ex
 
 SIM = device.SIMULATOR
@@ -136,9 +136,11 @@ assert abs(rows[0][1] / rows[0][2] - intensity(N, N, d, e)) < 1e-9  # the S row 
 
 # %% [markdown]
 # The softmax has an intensity below 1 FLOP/byte whatever the GPU: it is memory-bound everywhere, and its
-# time is the time to read $S$ and write $P$. The two products could be compute-bound if they moved only
-# their minimum bytes, but our simple tiled kernels re-read their inputs once per row or column of tiles
-# (lesson 4), which pulls them under the ridge too. FlashAttention attacks the $N \times N$ traffic itself: it never
+# time is the time to read $S$ and write $P$. The two products would be far above the ridge if they moved
+# only their minimum bytes; ours (lesson 2) also re-read $K$ and $V$ once per block of 64 query rows,
+# which brings them down to about 16 FLOP/byte: under a T4's ridge, about at an H200's. (The L2 cache
+# serves most of those re-reads, see below, so the DRAM sees fewer bytes than this count.)
+# FlashAttention attacks the $N \times N$ traffic itself: it never
 # writes $S$ or $P$. Its forward pass does $4 N^2 d$ FLOPs (the two products) and moves a number of
 # bytes that lesson 6 derives; the IO model gives it here for flash2 with the block sizes this device
 # would use:
@@ -170,12 +172,42 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
+# ## What the counters count, and what the DRAM sees
+#
+# The byte counts in this course (the counters and the IO models) are the bytes a kernel's code
+# *requests* from global memory: the paper's HBM accesses, in a model with two levels, SRAM and HBM.
+# A GPU has a third level between them: the **L2 cache**, shared by all SMs (4 MB on a T4, 40 MB on an
+# A100, 50 MB on an H200; NVIDIA's datasheets). A read whose data is still in L2 never reaches DRAM:
+# the re-reads of $K_j$ and $V_j$ by the thread blocks of different query blocks mostly hit in L2,
+# while $S$ of a whole batch (2 GB at $B \cdot H = 32$, $N = 4096$, float32) cannot stay there: it is
+# written to DRAM and read back. At small sizes everything fits and the DRAM sees far fewer bytes than
+# the counts. NVIDIA's profiler, Nsight Compute, measures both (lesson 6 says how); the project ran it
+# on an H200 for lesson 2's kernels and flash2_fast's forward:
+
+# %%
+if recorded.available():
+    print(recorded.ncu_table())
+t4_l2 = l2.L2_BYTES["T4"]
+n_t4 = l2.crossing_N(1, t4_l2)
+print(f"\nT4: {t4_l2 / 2**20:.0f} MB of L2; S of one head in float32 fills it at N = {n_t4:,.0f} "
+      f"({n_t4**2 * 4 / 2**20:.0f} MB), S of {16} heads at N = {l2.crossing_N(16, t4_l2):,.0f}")
+
+# %% [markdown]
+# Read the last column: standard's softmax at $B \cdot H = 32$, $N = 4096$ sends nearly every byte it
+# counts to DRAM ($S$ in, $P$ out), while the products send about 0.6 of theirs and flash2_fast, whose
+# only large traffic is those re-reads, under 0.2. (Nsight Compute empties the caches before each
+# kernel it profiles, so even the small size, where $S$ would fit in the 50 MB L2, reads $S$ from DRAM
+# in the softmax.) On a T4 the L2 holds $S$ of one head only up to $N = 1024$: past that, standard's
+# $S$ and $P$ go through DRAM, and the re-reads of $K$ and $V$ still mostly hit.
+#
 # ## What to take away
 #
 # * Shared memory is much faster than HBM but tiny; HBM is large and, for most of attention, the limit.
 # * Intensity decides: under the ridge point a kernel's time is its bytes divided by the bandwidth.
 # * The softmax and the writing of $S$ and $P$ make standard attention memory-bound. Lesson 2 measures
 #   that on the kernels themselves.
+# * The counters count bytes requested; the L2 cache serves re-reads, so DRAM sees fewer, but never
+#   fewer than $S$ and $P$ once they outgrow it.
 
 # %% [markdown]
 # ## The levels in one picture
@@ -215,4 +247,5 @@ softmax_I = points[1][1]
 assert softmax_I < 1 < roof.ridge, "the softmax is memory-bound"
 assert np.isclose(roof.attainable(softmax_I), BW * softmax_I)
 assert flash_bytes < sum(r[3] for r in rows)
+assert l2.crossing_N(1, l2.L2_BYTES["T4"]) == 1024, "S of one head, float32, N = 1024: 4 MB"
 print("lesson 1: all checks passed")

@@ -88,16 +88,21 @@ assert ex.check_solution("standard_attention")
 # ## The three kernels
 #
 # `flash_numba/kernels/standard.py` runs those three steps as three kernels, with the $N \times N$
-# matrices in HBM between them:
+# matrices in HBM between them. It is the paper's baseline done well: the same blocks $(B_r, B_c)$ and
+# the same register tiles as the fastest flash kernel (`flash2_fast`, lesson 9), so that the only
+# difference between the two is where $S$ and $P$ live.
 #
-# 1. `matmul_kernel`: $S = \text{scale} \cdot QK^\top$, a tiled matrix product (lesson 4), one thread per
-#    element of $S$, written to HBM.
-# 2. `softmax_kernel`: one block of 32 threads per row of $S$. Three passes over the row in HBM: its
-#    maximum $m_i$, then $\ell_i = \sum_j e^{S_{ij} - m_i}$, then $P_{ij} = e^{S_{ij} - m_i} / \ell_i$ written to
-#    HBM (and $L_i$).
-# 3. `matmul_kernel` again: $O = PV$.
+# 1. `scores_kernel` ("S = scale*Q@K^T"): the thread block of query block $i$ keeps $Q_i$ on chip while
+#    the key blocks $K_j$ stream past, and writes each tile $S_{ij}$ to HBM. On the way it keeps the row
+#    statistics $m_i$, $\ell_i$ online (lesson 3) and writes them and $L_i = m_i + \log \ell_i$ once.
+# 2. `softmax_kernel` ("P = softmax(S)"): one warp per row reads the row of $S$ once and writes
+#    $P_{ij} = e^{S_{ij} - m_i} / \ell_i$. One pass, because the first kernel already has $m_i$ and
+#    $\ell_i$; a softmax that starts from $S$ alone needs the maximum and the sum first (two more passes
+#    over the row, or one with lesson 3's online softmax).
+# 3. `rowprod_kernel` ("O = P@V"): the thread block of query block $i$ streams the tiles $P_{ij}$ and
+#    $V_j$ past an $O_i$ held in registers and writes $O_i$ once.
 #
-# Here is the softmax kernel; the three `for j in range(t, Nk, NT)` loops are the three passes:
+# Here is the softmax kernel; the `while` loops are its one pass over the row:
 
 # %%
 import inspect
@@ -107,61 +112,56 @@ print(inspect.getsource(standard.softmax_kernel))
 # %% [markdown]
 # Run them through the public function with `count_hbm=True`: each kernel counts the bytes its threads
 # read from and write to HBM. The IO model (`flash_numba.iomodel.standard`) predicts the same numbers in
-# closed form; they agree exactly.
+# closed form; they agree exactly. `iomodel.terms` splits the bytes into three terms: *compulsory*
+# (each input read once, each output written once), *re-reads* ($K$ and $V$ once per query block) and
+# *S/P* ($S$ and $P$ written and read back, with $m$ and $\ell$).
 
 # %%
 q, k, v = (rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(3))
 o_ref, lse_ref = reference.attention_forward(q, k, v)
 res = fn.standard_attention_forward(q, k, v, count_hbm=True)
 err = np.abs(res.o - o_ref).max() / np.abs(o_ref).max()
-print(f"max |O - O_ref| / max |O_ref| = {err:.1e}")
+print(f"max |O - O_ref| / max |O_ref| = {err:.1e}, blocks (Br, Bc) = {res.block}")
 print(res.hbm.table(f"standard attention forward, B*H = {BH}, N = {N}, d = {d}, float32 (bytes)"))
-model = iomodel.forward("standard", BH, N, N, d, np.float32)
+model = iomodel.forward("standard", BH, N, N, d, np.float32, False, res.block)
 print("counted == IO model:", res.hbm == model)
-nn_bytes = 2 * BH * N * N * 4
-print(f"S and P alone take {nn_bytes:,} bytes; Q, K, V and O take {4 * BH * N * d * 4:,}")
+split = iomodel.terms.split("standard", "forward", BH, N, N, d, np.float32, False, res.block)
+flash2_total = iomodel.forward("flash2", BH, N, N, d, np.float32, False, res.block).total
+print("by term:", ", ".join(f"{t} {b:,}" for t, b in split.items()))
+print(f"standard - flash2 at the same blocks = {res.hbm.total - flash2_total:,} bytes = the S/P term")
 print()
-print(lessonkit.counted_beside_model(res.hbm, "standard", BH, N, d, np.float32))
+print(lessonkit.counted_beside_model(res.hbm, "standard", BH, N, d, np.float32, block=res.block))
 
 # %% [markdown]
-# Every byte of $S$ is written once and read three times by the softmax; every byte of $P$ is written
-# once and read by the last product. The products also re-read their inputs, once per row or column of
-# output tiles (lesson 4 explains why). With $N \gg d$ the $N^2$ terms dominate: standard attention moves
-# $\Theta(Nd + N^2)$ bytes.
+# Every byte of $S$ is written once and read once, by the softmax; every byte of $P$ is written once and
+# read once, by the last product. Everything else is what flash2 reads and writes with the same blocks:
+# $Q$ once, $K$ and $V$ once per query block, $O$ and $L$ once. So *standard minus flash2* is exactly the
+# S/P term, $4 N^2$ elements per head (plus $4N$ for $m$ and $\ell$): the $\Theta(N^2)$ that the paper's
+# Theorem 2 says FlashAttention removes. Standard attention moves $\Theta(Nd + N^2 d / B_r + N^2)$ bytes.
 #
 # ## Time per step
 #
-# To time the steps one at a time, launch the three kernels directly on device arrays (the launch
-# configurations are in their docstrings). Running them once also checks that they give the same $O$.
+# `standard.forward_launches` returns the same three launches, one callable each, on device arrays it
+# allocates once, so each step can be timed alone. Running them once also checks that they give the same
+# $O$.
 
 # %%
-f32 = np.dtype(np.float32)
-T = standard.TILE
-q_d, k_d, v_d = (cuda.to_device(x) for x in (q, k, v))
-S_d = cuda.device_array((BH, N, N), f32)
-P_d = cuda.device_array((BH, N, N), f32)
-L_d = cuda.device_array((BH, N), f32)
-O_d = cuda.device_array((BH, N, d), f32)
-no_count = cuda.to_device(np.zeros(2, np.int64))  # the counter argument; the plain kernels never touch it
-qk = standard.matmul_kernel(f32, False, True)  # C = alpha * A @ B^T
-pv = standard.matmul_kernel(f32)  # C = alpha * A @ B
-softmax = standard.softmax_kernel(f32)
-scale = np.float32(1 / math.sqrt(d))
-steps = {
-    "S = scale*Q@K^T": lambda: qk[(math.ceil(N / T), math.ceil(N / T), BH), (T, T)](q_d, k_d, S_d, scale, no_count),
-    "P = softmax(S)": lambda: softmax[(N, BH), standard.ROW_THREADS](S_d, P_d, L_d, no_count),
-    "O = P@V": lambda: pv[(math.ceil(d / T), math.ceil(N / T), BH), (T, T)](P_d, v_d, O_d, np.float32(1), no_count),
-}
-for run in steps.values():
+launches, arrays = standard.forward_launches(q, k, v)
+for name, run in launches:
     run()
-assert np.allclose(O_d.copy_to_host(), res.o, rtol=1e-5, atol=1e-6)
-times = {name: median_ms(run) for name, run in steps.items()}
+assert np.allclose(arrays["O"].copy_to_host(), res.o, rtol=1e-5, atol=1e-6)
+times = {name: median_ms(run) for name, run in launches}
 
 # %%
-flops = {"S = scale*Q@K^T": 2 * BH * N * N * d, "P = softmax(S)": 5 * BH * N * N, "O = P@V": 2 * BH * N * N * d}
+def step_flops(BH, N, d):
+    """FLOPs of each step: 2 N^2 d per product, 3 per element of the softmax (subtract, exp, multiply)."""
+    return {"S = scale*Q@K^T": 2 * BH * N * N * d, "P = softmax(S)": 3 * BH * N * N, "O = P@V": 2 * BH * N * N * d}
+
+
+flops = step_flops(BH, N, d)
 print(f"{'step':<16} {'MB counted':>10} {'ms':>8} {'share':>6} {'GB/s':>7} {'TFLOP/s':>8}")
 total_ms = None if SIM else sum(times.values())
-for name in steps:
+for name in times:
     mb = res.hbm.per_kernel[name].total / 1e6
     if SIM:
         print(f"{name:<16} {mb:>10.3f} {'n/a':>8}")
@@ -172,12 +172,28 @@ if SIM:
     print(f"not timed: {device.CudaTimer.note}")
 
 # %% [markdown]
+# In the simulator, here are the same steps on an H200 at $B \cdot H = 32$, $N = 4096$, $d = 64$
+# (recorded, not measured now; bytes from the IO model, equal to the counters):
+
+# %%
+if recorded.available():
+    rec_ms = recorded.standard_kernel_times()
+    rec_bytes = iomodel.forward("standard", 32, 4096, 4096, 64, np.float32).per_kernel
+    rec_flops = step_flops(32, 4096, 64)
+    print(f"{recorded.LABEL}: {recorded.provenance(recorded.STANDARD_BENCH_CSV)['device']}")
+    print(f"  {recorded.STANDARD_KERNELS_CSV.name}: each kernel alone, median of 20 calls")
+    for name in rec_flops:
+        ms, gb = rec_ms[name], rec_bytes[name].total / 1e9
+        print(f"  {name:<16} {ms:6.3f} ms {ms / sum(rec_ms[x] for x in rec_flops):>5.0%} {gb:6.2f} GB "
+              f"{gb / ms:5.2f} TB/s {rec_flops[name] / ms / 1e9:5.1f} TFLOP/s")
+
+# %% [markdown]
 # On a GPU, compare the GB/s column with the HBM bandwidth of lesson 1 and the TFLOP/s column with the
-# float32 peak. The softmax can only stream bytes, so its rate is a fraction of the bandwidth. Our
-# products are deliberately plain (one output element per thread, no register tiling) and stay far
-# below the peak, so on a GPU they may well take longer than the softmax. Libraries run the products
-# close to the peak, on tensor cores in half precision; what is left then is the time the roofline
-# allows. The lower bound of each step,
+# float32 peak. The softmax can only stream bytes: on the H200 it runs at about the HBM bandwidth. The
+# products are register-tiled and run at about half the float32 peak; in float32 on the CUDA cores they
+# take most of the time, and the $N^2$ traffic inside them (writing $S$, reading $P$) hides behind their
+# arithmetic. Libraries run the products close to the peak, on tensor cores in half precision; what is
+# left then is the time the roofline allows. The lower bound of each step,
 # $\max(F/\pi,\ B_{\min}/\beta)$ with its minimum bytes $B_{\min}$ (each input read once, the output
 # written once), at $B \cdot H = 16$, $N = 4096$, $d = 64$, on this GPU in float32 and on the paper's
 # A100 in float16 with tensor cores (312 TFLOP/s and 1.555 TB/s, NVIDIA A100 40 GB datasheet):
@@ -192,13 +208,12 @@ a100 = ("an A100 in float16 on tensor cores (datasheet)", 1.555e12, 312e12, 2)
 
 
 Hb, Nb, db = 16, 4096, 64  # the sizes of the bounds (arithmetic only: the same in the simulator)
-flops_b = {"S = scale*Q@K^T": 2 * Hb * Nb * Nb * db, "P = softmax(S)": 5 * Hb * Nb * Nb,
-           "O = P@V": 2 * Hb * Nb * Nb * db}
+flops_b = step_flops(Hb, Nb, db)
 elems_b = {"S = scale*Q@K^T": 2 * Hb * Nb * db + Hb * Nb * Nb, "P = softmax(S)": 2 * Hb * Nb * Nb,
            "O = P@V": Hb * Nb * Nb + 2 * Hb * Nb * db}  # minimum elements moved
 bound_share = {}
 for label, bw, peak, e in (here, a100):
-    bounds = {name: max(flops_b[name] / peak, elems_b[name] * e / bw) for name in steps}
+    bounds = {name: max(flops_b[name] / peak, elems_b[name] * e / bw) for name in times}
     total = sum(bounds.values())
     bound_share[label] = bounds["P = softmax(S)"] / total
     print(f"lower bounds on {label}:")
@@ -223,12 +238,13 @@ except ImportError:
     HAVE_TORCH_GPU = False
 
 if HAVE_TORCH_GPU:
+    scale = 1 / math.sqrt(d)
     for dt in (torch.float32, torch.float16):
         tq, tk, tv = (torch.as_tensor(x, device="cuda").to(dt) for x in (q, k, v))
         ts = {}
-        tS = torch.matmul(tq, tk.transpose(1, 2)) * scale.item()
+        tS = torch.matmul(tq, tk.transpose(1, 2)) * scale
         tP = torch.softmax(tS, dim=-1)
-        ts["S = scale*Q@K^T"] = median_ms(lambda: torch.matmul(tq, tk.transpose(1, 2)).mul_(scale.item()))
+        ts["S = scale*Q@K^T"] = median_ms(lambda: torch.matmul(tq, tk.transpose(1, 2)).mul_(scale))
         ts["P = softmax(S)"] = median_ms(lambda: torch.softmax(tS, dim=-1))
         ts["O = P@V"] = median_ms(lambda: torch.matmul(tP, tv))
         tot = sum(ts.values())
@@ -274,8 +290,11 @@ else:
 # %% [markdown]
 # ## What to take away
 #
-# * Standard attention stores two $N \times N$ matrices and moves $\Theta(Nd + N^2)$ bytes.
-# * The softmax only moves bytes; with fast products, the $N^2$ traffic is the cost.
+# * Standard attention stores two $N \times N$ matrices and moves $\Theta(Nd + N^2)$ bytes; done well, it
+#   moves exactly flash2's bytes plus the S/P term.
+# * The softmax only moves bytes. With fast products (tensor cores, half precision) the $N^2$ traffic is
+#   the cost; in float32 on CUDA cores the products are, and removing $S$ and $P$ saves memory and DRAM
+#   traffic far more than time.
 # * The memory runs out at a sequence length the cells above computed for this device.
 #
 # Lessons 3 and 4 collect the two tools that remove the $N \times N$ matrices: a softmax computed in one
@@ -287,25 +306,35 @@ else:
 # In the simulator nothing is timed. The project ran the same kernels on an NVIDIA H200; the table
 # below is loaded from the committed benchmark file and printed with the GPU, the date and the command
 # it came from: recorded, not measured now (on a GPU the cells above measure this one).
-# The paper's point, seen at $N = 4096$ ($B \cdot H = 32$, $d = 64$): standard attention against the
-# flash kernels, forward and backward, and the memory each needed (`peak_mem_bytes` in the same file).
+# At $N = 4096$ ($B \cdot H = 32$, $d = 64$, float32): these kernels against `flash2_fast` (the same
+# blocks and register tiles, no $S$ or $P$) and PyTorch's math path (`torch-math`: $S$ and $P$
+# materialised, cuBLAS products), forward and forward + backward, the bytes each counts and the memory
+# each needed (`peak_mem_bytes` in the same file).
 
 # %%
 if recorded.available():
-    print(recorded.bench_table(["standard", "flash2", "flash2_fast"], "fwd", 4096))
-    print(recorded.bench_table(["standard", "flash2", "flash2_fast"], "fwd+bwd", 4096).split("\n", 3)[3])
-    peak = {r["implementation"]: int(r["peak_mem_bytes"]) for r in recorded.bench_rows(None, "fwd", 4096)}
-    print(f"peak memory of the call: standard {peak['standard'] / 2**20:.0f} MiB, "
-          f"flash2 {peak['flash2'] / 2**20:.0f} MiB ({peak['standard'] / peak['flash2']:.0f}x less)")
+    impls, path = ["standard", "flash2_fast", "torch-math"], recorded.STANDARD_BENCH_CSV
+    print(recorded.bench_table(impls, "fwd", 4096, path))
+    print(recorded.bench_table(impls, "fwd+bwd", 4096, path).split("\n", 3)[3])
+    fwd = {r["implementation"]: r for r in recorded.bench_rows(None, "fwd", 4096, path)}
+    std_r, fl_r = fwd["standard"], fwd["flash2_fast"]
+    print(f"forward: standard counts {int(std_r['hbm_bytes']) / int(fl_r['hbm_bytes']):.1f}x flash2_fast's bytes, "
+          f"takes {float(std_r['ms']) / float(fl_r['ms']):.2f}x its time and "
+          f"{int(std_r['peak_mem_bytes']) / int(fl_r['peak_mem_bytes']):.0f}x its memory")
+
+# %% [markdown]
+# About three times the bytes, little more time: in float32 on CUDA cores these products are compute-bound
+# (about 40% of the float32 peak), so the S/P traffic costs little time but gigabytes of memory. The
+# paper's large speedups come with float16 products on tensor cores, where the same traffic is most of
+# the time (the bounds above). Lesson 6 shows what the DRAM sees of these bytes.
 
 # %% [markdown]
 # Where the bytes go as $N$ grows, from the IO models (one head, $d = 64$, float32): standard
-# attention's three kernels against the flash kernels'. $S$ and $P$ make the $N^2$ terms; they dominate
-# from the first $N$ on the axis.
+# attention's three kernels against the flash kernels'. The S/P term is most of standard's bytes at
+# every $N$ on the axis; its re-reads of $K$ and $V$, $\Theta(N^2 d / B_r)$, are flash2's.
 #
 # **Predict, then run.** At $N = 16384$, how many MB does standard attention's softmax kernel move (it
-# reads $S$ and writes $P$, both $N \times N$ float32, and reads $S$ more than once: look at its row in
-# the counted table above)?
+# reads $S$ once and writes $P$, both $N \times N$ float32, and reads $m_i$, $\ell_i$ for each row)?
 
 # %%
 my_prediction = None  # MB moved by "P = softmax(S)" at N = 16384, one head
@@ -321,7 +350,8 @@ lessonkit.show(pictures.hbm_bytes_by_term())
 # %%
 assert err < 1e-5, err
 assert res.hbm == model
-assert res.hbm.per_kernel["P = softmax(S)"].bytes_read == 3 * BH * N * N * 4, "three passes over S"
+assert res.hbm.per_kernel["P = softmax(S)"].bytes_read == BH * (N * N + 2 * N) * 4, "one pass over S"
+assert res.hbm.total - flash2_total == split["S/P"] > 0, "standard - flash2 is the S/P term"
 assert (times["P = softmax(S)"] is None) == SIM
 assert bound_share[a100[0]] > 0.4, "in float16 on tensor cores the softmax is the largest share of the bound"
 assert 2 * heads * n_max**2 * e <= mem < 2 * heads * (n_max + 1) ** 2 * e

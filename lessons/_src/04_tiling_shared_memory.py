@@ -5,9 +5,9 @@
 # # Lesson 4: Tiling and shared memory
 #
 # The second tool FlashAttention needs: load a tile of data from HBM into shared memory once, and let
-# many threads use it many times. This lesson builds the tiled matrix product that standard attention's
-# kernels use, shows why it needs barriers, measures what it saves in HBM bytes, and explains bank
-# conflicts, the one way shared memory can be slow.
+# many threads use it many times. This lesson builds a tiled matrix product, the idea under standard
+# attention's kernels (lesson 2) and the flash kernels, shows why it needs barriers, measures what it
+# saves in HBM bytes, and explains bank conflicts, the one way shared memory can be slow.
 
 # %%
 import sys
@@ -25,8 +25,8 @@ from numba import cuda, float32
 
 from flash_numba import device, lessonkit, pictures, simtrace
 from flash_numba import exercises as ex
-from flash_numba.iomodel import standard as io_standard
-from flash_numba.kernels import standard
+from flash_numba.iomodel import matmul16 as io_matmul16
+from flash_numba.kernels import matmul16
 
 SIM = device.SIMULATOR
 print(device.describe())
@@ -69,7 +69,7 @@ for T in (8, 16, 32):
     print(f"  tiles T = {T:<2} {tiled_bytes(M, N, K, T, 4) / 1e9:6.2f} GB")
 
 # %% [markdown]
-# The package's `flash_numba.kernels.standard.matmul` is this tiled product with $T = 16$. With
+# The package's `flash_numba.kernels.matmul16.matmul` is this tiled product with $T = 16$. With
 # `count_hbm=True` it counts the bytes its threads load and store, which match the formula:
 
 # %%
@@ -77,11 +77,11 @@ rng = np.random.default_rng(4)
 Mt, Kt, Nt = (20, 24, 18) if SIM else (1000, 64, 1200)
 a = rng.standard_normal((Mt, Kt)).astype(np.float32)
 b = rng.standard_normal((Kt, Nt)).astype(np.float32)
-c, hbm = standard.matmul(a, b, count_hbm=True)
+c, hbm = matmul16.matmul(a, b, count_hbm=True)
 mm_err = np.abs(c - a.astype(np.float64) @ b).max()
 print(f"A {Mt}x{Kt} @ B {Kt}x{Nt}: max |C - C_ref| = {mm_err:.1e}")
 print(hbm.table())
-print("formula:", f"{tiled_bytes(Mt, Nt, Kt, standard.TILE, 4):,} bytes")
+print("formula:", f"{tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4):,} bytes")
 
 # %% [markdown]
 # ## Barriers
@@ -263,7 +263,7 @@ else:
 Na, da = 4096, 64
 for name, (m_, n_, k_) in {"S = Q K^T": (Na, Na, da), "O = P V": (Na, da, Na)}.items():
     untiled = naive_bytes(m_, n_, k_, 4)
-    tiled16 = io_standard.matmul(1, m_, n_, k_, np.float32).total
+    tiled16 = io_matmul16.matmul(1, m_, n_, k_, np.float32).total
     print(f"{name}: untiled {untiled / 1e9:.2f} GB, 16 x 16 tiles {tiled16 / 1e9:.2f} GB "
           f"({untiled / tiled16:.1f}x less)")
 
@@ -294,9 +294,12 @@ else:
     print("the access trace exists only in the simulator; the model says", reads_A, "reads of each element")
 
 # %% [markdown]
-# Tiling divides the traffic of the *reads*, but standard attention still writes and re-reads the
-# $N \times N$ matrices. FlashAttention (lesson 5) combines tiling with the online softmax of lesson 3 so
-# that $S$ and $P$ exist only as tiles in shared memory.
+# The package's standard-attention kernels (lesson 2) tile further: a thread block keeps a block of
+# query rows (64 at $d = 64$, float32) on chip while the key blocks stream past, and each thread computes
+# several outputs from registers, so they read $K$ and $V$ once per block of query rows. Tiling divides
+# the traffic of the *reads*, but standard attention still writes and re-reads the $N \times N$
+# matrices. FlashAttention (lesson 5) combines tiling with the online softmax of lesson 3 so that $S$
+# and $P$ exist only as tiles in shared memory.
 #
 # ## What to take away
 #
@@ -308,8 +311,8 @@ else:
 # ## Check
 
 # %%
-assert mm_err < 1e-4 and hbm.total == tiled_bytes(Mt, Nt, Kt, standard.TILE, 4)
-assert hbm.total == io_standard.matmul(1, Mt, Nt, Kt, np.float32).total
+assert mm_err < 1e-4 and hbm.total == tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4)
+assert hbm.total == io_matmul16.matmul(1, Mt, Nt, Kt, np.float32).total
 assert same
 assert conflict_degree(32) == 32 and conflict_degree(33) == 1 and conflict_degree(17) == 1
 assert (t_tiled is None) == SIM and (bank_ms[32] is None) == SIM

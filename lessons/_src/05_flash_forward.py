@@ -168,7 +168,8 @@ flash_model = iomodel.forward("flash1", BH, N, N, d, np.float32, False, res.bloc
 std_model = iomodel.forward("standard", BH, N, N, d, np.float32)  # equal to its counters (lesson 2)
 print("counted == IO model:", res.hbm == flash_model)
 print(lessonkit.counted_beside_model(res.hbm, "flash1", BH, N, d, np.float32, block=res.block))
-print(f"standard attention at this size: {std_model.total:,} bytes, {std_model.total / res.hbm.total:.1f}x flash1")
+print(f"standard attention at this size: {std_model.total:,} bytes, {std_model.total / res.hbm.total:.2f}x flash1"
+      + (" (tiny N and blocks: flash1's re-reads outweigh S and P here; real sizes below)" if SIM else ""))
 
 # %% [markdown]
 # ## Your turn: lines 9-13 in a kernel
@@ -271,10 +272,11 @@ else:
 
 # %%
 if recorded.available():
-    print(recorded.bench_table(["standard", "flash2", "flash2_fast"], "fwd", 4096))
-    peak = {r["implementation"]: int(r["peak_mem_bytes"]) for r in recorded.bench_rows(None, "fwd", 4096)}
-    print(f"memory of one call at N = 4096: standard {peak['standard'] / 2**20:.0f} MiB, flash2 "
-          f"{peak['flash2'] / 2**20:.0f} MiB: {peak['standard'] / peak['flash2']:.0f}x less")
+    path = recorded.STANDARD_BENCH_CSV  # the run of the rebuilt standard kernels (lesson 2)
+    print(recorded.bench_table(["standard", "flash2_fast"], "fwd", 4096, path))
+    peak = {r["implementation"]: int(r["peak_mem_bytes"]) for r in recorded.bench_rows(None, "fwd", 4096, path)}
+    print(f"memory of one call at N = 4096: standard {peak['standard'] / 2**20:.0f} MiB, flash2_fast "
+          f"{peak['flash2_fast'] / 2**20:.0f} MiB: {peak['standard'] / peak['flash2_fast']:.0f}x less")
     print("(the paper: ~20x less at N = 4K, against its own baselines; the ratio grows with N, as S and P do)")
 
 # %% [markdown]
@@ -302,7 +304,7 @@ lessonkit.show(pictures.tiling_steps(N=12, Br=4, Bc=6))
 assert err_np < 1e-12, err_np
 assert err_o < 1e-5 and err_l < 1e-5, (err_o, err_l)
 assert res.hbm == flash_model
-assert res.hbm.total < std_model.total
+assert SIM or res.hbm.total < std_model.total  # real sizes: the ratios below, in the simulator too
 assert read16 == list(iomodel.flash1.forward(1, 16, 16, 4, np.float32, False, (4, 4)).per_kernel.values())[1].bytes_read
 assert min(ratios) > 1 and abs(ratios[-1] / ratios[-2] - 1) < 0.05, "fewer bytes, by a ratio that settles"
 assert (t_f1 is None) == SIM

@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import device, iomodel, kernels, lessonkit
+from flash_numba import device, iomodel, kernels, lessonkit, recorded
 from flash_numba import exercises as ex
 
 SIM = device.SIMULATOR
@@ -161,9 +161,9 @@ plt.show()
 
 # %% [markdown]
 # The head dimension is where the two bounds differ. The minimum of standard attention,
-# $\Theta(Nd + N^2)$, hardly depends on $d$ when $N \gg d$ (our tiled products add re-reads that grow
-# with $d/16$, which the table shows), while $\Theta(N^2 d^2 / M)$ grows like $d^2$: larger rows mean
-# smaller blocks (fewer rows fit in $M$) and so more passes. At $N = 4096$:
+# $\Theta(Nd + N^2)$, hardly depends on $d$ when $N \gg d$ (our kernels add flash2's re-reads of $K$ and
+# $V$, once per query block, which grow with $d$, as the table shows), while $\Theta(N^2 d^2 / M)$ grows
+# like $d^2$: larger rows mean smaller blocks (fewer rows fit in $M$) and so more passes. At $N = 4096$:
 
 # %%
 print(f"{'d':>4} {'flash1 (Br, Bc)':>16} {'Tc':>4} {'standard MB':>12} {'flash1 MB':>10} {'ratio':>6}")
@@ -181,8 +181,9 @@ for dd in (16, 32, 64, 128):
 # The counters count the bytes the code *requests* from global memory, the quantity of Theorem 2. The
 # DRAM traffic the GPU actually performs differs:
 #
-# * the L2 cache (tens of MB on recent GPUs) serves repeated reads, such as the $T_r$ re-reads of $K_j$
-#   and $V_j$ by different thread blocks of flash2, without touching HBM;
+# * the L2 cache (4 MB on a T4, 40 MB on an A100, 50 MB on an H200) serves repeated reads, such as the
+#   $T_r$ re-reads of $K_j$ and $V_j$ by different thread blocks of flash2, without touching HBM; a
+#   matrix larger than L2, such as standard's $S$ of a whole batch, goes to DRAM and back;
 # * memory moves in 32-byte sectors, so a scattered 4-byte access costs a whole sector;
 # * writes are collected in L2 and written back later, sometimes merged.
 #
@@ -200,6 +201,20 @@ elif shutil.which("ncu") is None:
 else:
     print("ncu is installed; from a terminal:")
 print("    flash-numba profile" if has_profile else "    (flash_numba.tools.profile is not installed)")
+if recorded.available():  # what it gave for lesson 2's kernels and flash2_fast (DRAM = read + write)
+    print(recorded.ncu_table())
+    for r in recorded.ncu_per_call():
+        print(f"B*H = {r['BH']:>2}, N = {r['N']}: {r['kernel']:<11} forward counted {r['counted'] / 1e9:6.3f} GB, "
+              f"DRAM {r['dram'] / 1e9:6.3f} GB ({r['dram'] / r['counted']:.2f} of it)")
+
+# %% [markdown]
+# The counters and Theorem 2 count every request; the DRAM sees what the L2 cache lets through. At
+# $B \cdot H = 32$, $N = 4096$, flash2_fast's DRAM bytes are a fraction of its count (its re-reads of
+# $K$ and $V$ hit in L2), while standard's are well over half of its count: its $S$ and $P$, 2 GB each,
+# go to DRAM and back. The gap in DRAM bytes between the two is much larger than the gap in counted
+# bytes. At the small size everything would fit in the H200's 50 MB L2; Nsight Compute empties the caches
+# before each kernel it profiles, so there each launch starts cold. On a T4 (4 MB of L2), $S$ of a single
+# head outgrows the cache at $N = 1024$ in float32.
 
 # %% [markdown]
 # **Predict, then run.** Double $B_c$ from 64 to 128 at $N = 4096$, $d = 64$: by what factor do flash1's
@@ -230,4 +245,8 @@ assert all(b1 > b2 for (_, b1), (_, b2) in zip(sweep, sweep[1:])), "bytes fall a
 assert all(abs(s - 2) < 0.1 for s in slopes.values()), slopes
 assert all(r2 < r1 for r1, r2 in zip(d_ratio, d_ratio[1:])), "flash1's advantage shrinks as d grows"
 assert (not sweep_ms) == SIM
+if recorded.available():
+    big = {r["kernel"]: r for r in recorded.ncu_per_call() if r["N"] == 4096}
+    gap = {x: big["standard"][x] / big["flash2_fast"][x] for x in ("counted", "dram")}
+    assert gap["dram"] > 2 * gap["counted"], "DRAM widens the gap: S and P do not fit in L2, K and V re-reads do"
 print("lesson 6: all checks passed")

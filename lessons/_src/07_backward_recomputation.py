@@ -194,7 +194,9 @@ print(f"finite differences {numeric:.10f}, backward pass {analytic:.10f}: relati
 # ## What storing P would cost
 #
 # Standard attention's backward reads $P$ (and writes and reads $dP$ and $dS$, all $N \times N$). Our
-# standard backward recomputes $S$ and $P$ too, since the API keeps nothing between calls; PyTorch's
+# standard backward recomputes $P = e^{S - L}$ from $Q$, $K$ and $L$ too, since the API keeps nothing
+# between calls, but then writes $P$ and $dS$ to HBM (keeping $dP$ in registers) and reads them back
+# for $dV$, $dK$ and $dQ$; PyTorch's
 # autograd would instead keep $P$ from the forward pass: $N^2$ elements per head held in memory from the
 # forward to the backward pass, against $N$ for $L$. The bytes, from the IO models at a real size:
 
@@ -215,8 +217,10 @@ print(f"the price: recomputing S adds {recompute_flops / backward_flops:.0%} to 
 # %% [markdown]
 # Some more arithmetic for a large cut in bytes and no $N \times N$ memory: on a memory-bound problem
 # that trade wins, and it is why the FlashAttention paper's backward pass beats the standard one although
-# it computes more. On a GPU, time them (flash1 is the slow, readable version; lesson 9's flash2 is the
-# one to compare):
+# it computes more. In float32 on CUDA cores the products are compute-bound and the trade saves memory
+# rather than time: on the H200 our standard's forward + backward ran faster than flash2_fast's
+# deterministic one (lesson 2's recorded table). On a GPU, time them (flash1 is the slow, readable
+# version; lesson 9's flash2 is the one to compare):
 
 # %%
 t = {}

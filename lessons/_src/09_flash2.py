@@ -287,7 +287,7 @@ print(f"two runs bitwise identical: {bitwise}; max relative error of dQ, dK, dV:
 # %%
 if recorded.available():
     print(recorded.bench_table(["flash2", "flash2_fast", "torch-efficient"], "fwd", 4096))
-    rows = recorded.bench_rows(["standard", "flash2", "flash2_fast", "torch-efficient"], None, 4096)
+    rows = recorded.bench_rows(["flash2", "flash2_fast", "torch-efficient"], None, 4096)  # standard: lesson 2
     lessonkit.show(pictures.recorded_times(rows, f"{recorded.LABEL}: N = 4096, B*H = 32, d = 64, float32"))
 
 # %% [markdown]

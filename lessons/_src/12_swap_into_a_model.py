@@ -86,8 +86,8 @@ for name, a, b, e in zip(("O", "dQ", "dK", "dV"), ours, theirs, exact):
 #
 # ## What autograd keeps
 #
-# The graph node of our function holds five tensors until the backward runs. SDPA's math backend (and
-# our `standard` kernel) would keep $P$, an $N \times N$ matrix per head, instead of $L$.
+# The graph node of our function holds five tensors until the backward runs. SDPA's math backend keeps
+# $P$, an $N \times N$ matrix per head, instead of $L$ (our `standard` kernels recompute $P$ from $L$).
 #
 # **Predict, then run.** How many bytes does our function keep for the backward of this call ($Q$, $K$,
 # $V$, $O$ and $L$, float32, at this lesson's $B$, $H$, $N$, $d$)?
