@@ -7,6 +7,8 @@
 #   bench        the harness (benchmarks/bench.py) at N = 1024, 4096, 8192, every implementation: table, CSV, plot
 #   figures      figures/make_all.py --quick (figures 1-6 into OUTDIR/figures)
 #   profile      flash-numba profile: our HBM byte counters beside Nsight Compute's DRAM bytes
+#   l2           benchmarks/l2_sweep.py: DRAM and L2 bytes against N for standard and flash2_fast (crossing the L2)
+#   gpt          benchmarks/train_gpt_h200.sh: the example GPT trained with SDPA and with our attention
 # then the correctness steps, side by side:
 #   tests        the `gpu` test tier (pytest -m gpu -v -n 6; test_lessons.py excluded: the device has no nbformat)
 #   sanitize     compute-sanitizer memcheck, racecheck and synccheck over every kernel (benchmarks/sanitize.py --quick)
@@ -59,6 +61,18 @@ step_figures() {
   tail -n 8 "$out/figures.txt"
 }
 
+step_l2() {
+  timeout 240 python3 benchmarks/l2_sweep.py --out "$out/l2" > "$out/l2.txt" 2>&1
+  echo "l2 rc=$?"
+  tail -n 12 "$out/l2.txt"
+}
+
+step_gpt() {
+  timeout 280 bash benchmarks/train_gpt_h200.sh "$out/gpt" > "$out/gpt.txt" 2>&1
+  echo "gpt rc=$?"
+  tail -n 6 "$out/gpt.txt"
+}
+
 step_profile() {
   timeout 90 python3 -m flash_numba profile --out "$out/profile" > "$out/profile.txt" 2>&1
   echo "profile rc=$?"
@@ -86,7 +100,10 @@ step_sanitize() {
 
 # Each lesson's Python source as a script, in three groups side by side (150 s per lesson).
 step_lessons() {
-  for group in "00 01 02 03" "04 05 06 07" "08 09 10"; do
+  local all=() groups=("" "" "")
+  for f in lessons/_src/[0-9][0-9]_*.py; do all+=("$(basename "$f" | cut -c1-2)"); done
+  for i in "${!all[@]}"; do groups[$((i % 3))]+="${all[$i]} "; done
+  for group in "${groups[@]}"; do
     (for n in $group; do
        f=$(ls lessons/_src/${n}_*.py); t1=$(date +%s)
        (cd lessons && timeout 150 python3 "_src/$(basename "$f")" > "$out/lesson_$n.log" 2>&1)
@@ -108,7 +125,7 @@ step_reliability() {
 timing=() correctness=()
 for s in "${steps[@]}"; do
   case $s in
-    bench|figures|profile) timing+=("$s") ;;
+    bench|figures|profile|l2|gpt) timing+=("$s") ;;
     tests|sanitize|lessons|reliability) correctness+=("$s") ;;
     timing) timing+=(bench figures profile) ;;
     correctness) correctness+=(tests sanitize lessons reliability) ;;
