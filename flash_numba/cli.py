@@ -33,7 +33,7 @@ TOUR_TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-12}
 
 
 def available_kernels() -> tuple[dict, dict]:
-    """``({name: module}, {name: why not})`` for the modules in :data:`kernels.NAMES`."""
+    """``({name: KernelSpec}, {name: why not})`` for the kernels in :data:`kernels.NAMES`."""
     found, missing = {}, {}
     for name in kernels.NAMES:
         try:
@@ -65,7 +65,7 @@ def _block_table(mods: dict) -> list[str]:
     head = f"{'kernel':<{w}}  {'pass':<8}  {'dtype':<8}" + "".join(f"  {'d=' + str(d):>9}" for d in INFO_DS)
     lines = ["block sizes (Br, Bc) chosen by flash_numba.resolve_block:", head]
     for name, mod in mods.items():
-        if not getattr(mod, "USES_BLOCKS", True):
+        if not mod.uses_blocks:
             continue
         for pass_ in ("forward", "backward"):
             for dtype in DTYPES:
