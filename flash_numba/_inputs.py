@@ -180,7 +180,14 @@ class Problem:
         return acc_dtype(self.dtype)
 
 
-def check_scale(scale, d: int) -> float:
+def check_scale(scale, d: int, dtype=np.float64) -> float:
+    """``scale`` as a float, checked in the dtype the kernels use it in.
+
+    The kernels multiply by ``scale`` in the accumulation dtype (float32 for
+    float16 and float32 storage), and flash2_fast by ``scale * log2(e)`` (it
+    exponentiates with exp2), so both must be finite there: ``scale=1e39`` is
+    finite as a Python float but +inf in float32.
+    """
     if scale is None:
         return 1.0 / math.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
@@ -188,6 +195,11 @@ def check_scale(scale, d: int) -> float:
     scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale: must be finite, got {scale}")
+    acc = acc_dtype(dtype)
+    limit = float(np.finfo(acc).max) / math.log2(math.e)
+    if abs(scale) > limit:
+        raise ValueError(f"scale: {scale:g} overflows {acc} (the kernels use scale * log2(e) in {acc}; "
+                         f"need |scale| <= {limit:.3g})")
     return scale
 
 
@@ -314,7 +326,7 @@ def _problem(args: dict, causal: bool, scale, torch_device) -> Problem:
             raise TypeError(f"lse: expected dtype {want_dt} for {dtype} inputs, got {got_dt}")
 
     BH = int(np.prod(lead)) if lead else 1
-    scale = check_scale(scale, d)
+    scale = check_scale(scale, d, dtype)
     on_device = args["q"].on_device
     return Problem(lead, BH, Nq, Nk, d, dtype, on_device, scale, bool(causal), torch_device)
 

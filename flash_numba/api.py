@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _inputs, kernels
+from . import _inputs, device, kernels
 from .hbm import Counters, HBMCount
+
+# Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
+# launch's state in module globals): calls from several Python threads take turns.
+# On a GPU calls run concurrently; each allocates its own outputs.
+_SIMULATOR_LOCK = threading.Lock()
+
+
+def _one_launch_at_a_time():
+    return _SIMULATOR_LOCK if device.SIMULATOR else contextlib.nullcontext()
 
 
 @dataclass
@@ -53,7 +64,7 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
     blk = spec.block(prob.d, prob.dtype, "forward", block)
     counters = Counters(count_hbm)
-    with _inputs.allocate_like(prob):
+    with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         o, lse = spec.forward(prob, ops, blk, counters)
     return ForwardResult(
         _inputs.finish(prob, o, (prob.Nq, prob.d)),
@@ -75,7 +86,7 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, dete
     blk = spec.block(prob.d, prob.dtype, "backward", block)
     run = spec.run_backward(bool(deterministic))  # the atomic backward where the kernel has one
     counters = Counters(count_hbm)
-    with _inputs.allocate_like(prob):
+    with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         dq, dk, dv = run(prob, ops, blk, counters)
     return BackwardResult(
         _inputs.finish(prob, dq, (prob.Nq, prob.d)),

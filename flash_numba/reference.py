@@ -32,11 +32,21 @@ FlashAttention >= 2.1 and PyTorch's ``causal_lower_right`` bias; PyTorch's
 ``is_causal=True`` aligns top-left, which agrees only when ``Nq == Nk``).
 A masked score is ``-inf``, so its probability is 0.
 
-The ``-inf`` rule: when ``Nq > Nk`` the first ``Nq - Nk`` query rows see no
-key at all.  Such a row gets ``o = 0`` and ``lse = -inf`` (``m = -inf``,
-``l = 0``), and contributes nothing to any gradient; never NaN.  The code
-avoids ``exp(-inf - (-inf))`` by subtracting a max of 0 in place of ``-inf``
-(:func:`_finite`), the same guard the kernels need.
+Non-finite values (the rule of docs/RELIABILITY.md, section 2, which every
+kernel follows):
+
+* A row that the causal mask hides completely (``Nq > Nk``: the first
+  ``Nq - Nk`` rows see no key) gets ``o = 0`` and ``lse = -inf`` and contributes
+  nothing to any gradient; never NaN.  This is the only row that gets
+  ``lse = -inf``.
+* Every other row follows IEEE arithmetic as PyTorch does: NaN in, NaN out;
+  a row whose visible scores are all ``-inf`` (nothing masked them: the inputs
+  made them so) or that has a ``+inf`` score has no defined softmax, and gets
+  ``o = NaN`` and ``lse = NaN``.
+* A masked key contributes nothing, whatever its values: a NaN or Inf in k or v
+  at a position a row cannot see never reaches that row (no ``0 * Inf``).
+* The backward takes ``P = exp(S - L)`` with the ``L`` it is given, unclamped,
+  on visible entries (0 on masked ones), and ``D = rowsum(dO * O)``.
 
 Why float64: every input is converted to float64 first, whatever its dtype,
 and all arithmetic is float64.  Its rounding (about 1e-16) is far below the
@@ -81,6 +91,27 @@ def _lse(m, l):
     return np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
 
 
+def _visible(Nq: int, Nk: int, causal: bool) -> np.ndarray:
+    """Bool ``(Nq, Nk)``: which keys each query row sees."""
+    return causal_mask(Nq, Nk) if causal else np.ones((Nq, Nk), dtype=bool)
+
+
+def _masked_matmul(A, B, vis):
+    """``A @ B`` where entries of ``A`` outside ``vis`` contribute nothing, even against an Inf or NaN in ``B``.
+
+    A: ``(..., M, K)`` with 0 outside ``vis`` ``(M, K)``; B: ``(..., K, n)``.  A plain
+    product would give ``0 * Inf = NaN`` there; the extra work is only done for the
+    non-finite entries of B (none, in the common case).
+    """
+    out = np.where(vis, A, 0.0) @ np.where(np.isfinite(B), B, 0.0)  # (..., M, n)
+    for idx in zip(*np.nonzero(~np.isfinite(B))):  # idx = (*lead, kk, c)
+        *lead, kk, c = idx
+        lead = tuple(lead)
+        a = A[lead + (slice(None), kk)]  # (M,)
+        out[lead + (slice(None), c)] += np.where(vis[:, kk], a * B[idx], 0.0)
+    return out
+
+
 def _qkv(q, k, v, scale):
     """Check shapes, convert to float64, resolve the scale; returns ``(q, k, v, scale)``."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
@@ -117,12 +148,16 @@ def attention_forward(q, k, v, *, causal=False, scale=None):
     ``m = rowmax(S)``, ``l = rowsum(exp(S - m))``.
     """
     q, k, v, scale = _qkv(q, k, v, scale)
-    S = _scores(q, k, scale, causal)  # (..., Nq, Nk)
-    m = S.max(axis=-1)  # (..., Nq)
-    P = np.exp(S - _finite(m)[..., None])  # (..., Nq, Nk), unnormalised
-    l = P.sum(axis=-1)  # (..., Nq)
-    o = (P @ v) / np.where(l > 0, l, 1.0)[..., None]  # (..., Nq, d); 0 on rows with l == 0
-    return o, _lse(m, l)
+    vis = _visible(q.shape[-2], k.shape[-2], causal)  # (Nq, Nk)
+    hidden = ~vis.any(axis=-1)  # (Nq,): rows that see no key
+    S = _scores(q, k, scale, causal)  # (..., Nq, Nk), -inf where masked
+    m = np.where(hidden, 0.0, S.max(axis=-1))  # (..., Nq); NaN propagates, -inf or +inf give NaN below
+    with np.errstate(invalid="ignore", divide="ignore"):
+        P = np.where(vis, np.exp(S - m[..., None]), 0.0)  # (..., Nq, Nk), unnormalised
+        l = P.sum(axis=-1)  # (..., Nq)
+        o = _masked_matmul(P, v, vis) / np.where(hidden, 1.0, l)[..., None]  # (..., Nq, d); 0 on hidden rows
+        lse = np.where(hidden, -np.inf, m + np.log(np.where(hidden, 1.0, l)))  # (..., Nq)
+    return o, lse
 
 
 def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
@@ -135,14 +170,16 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
     """
     q, k, v, scale = _qkv(q, k, v, scale)
     o, do, L = (np.asarray(x, dtype=np.float64) for x in (o, do, lse))
+    vis = _visible(q.shape[-2], k.shape[-2], causal)  # (Nq, Nk)
     S = _scores(q, k, scale, causal)  # (..., Nq, Nk)
-    P = np.exp(S - _finite(L)[..., None])  # (..., Nq, Nk); masked entries give 0
-    dv = P.swapaxes(-1, -2) @ do  # (..., Nk, d)
-    dP = do @ v.swapaxes(-1, -2)  # (..., Nq, Nk)
-    D = (do * o).sum(axis=-1)  # (..., Nq)
-    dS = P * (dP - D[..., None])  # (..., Nq, Nk)
-    dq = scale * (dS @ k)  # (..., Nq, d)
-    dk = scale * (dS.swapaxes(-1, -2) @ q)  # (..., Nk, d)
+    with np.errstate(invalid="ignore", over="ignore"):
+        P = np.where(vis, np.exp(S - L[..., None]), 0.0)  # (..., Nq, Nk); the given L, unclamped
+        dv = _masked_matmul(P.swapaxes(-1, -2), do, vis.T)  # (..., Nk, d)
+        dP = do @ v.swapaxes(-1, -2)  # (..., Nq, Nk); masked entries are dropped below
+        D = (do * o).sum(axis=-1)  # (..., Nq)
+        dS = np.where(vis, P * (dP - D[..., None]), 0.0)  # (..., Nq, Nk)
+        dq = scale * _masked_matmul(dS, k, vis)  # (..., Nq, d)
+        dk = scale * _masked_matmul(dS.swapaxes(-1, -2), q, vis.T)  # (..., Nk, d)
     return dq, dk, dv
 
 

@@ -60,3 +60,19 @@ def test_bad_kernel_names_the_argument():
         flash_numba.attention_forward(q, k, v, kernel="nope")
     with pytest.raises(ValueError, match=r"^kernel: 'standard' is not a FlashAttention kernel"):
         flash_numba.flash_attention_forward(q, k, v, kernel="standard")
+
+
+def test_calls_from_several_threads_agree_with_one_thread():
+    """In the simulator calls take turns (it runs one kernel at a time); on a GPU they run side by
+    side.  Either way every thread gets the single-threaded answer, bit for bit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    q, k, v, do = _inputs(5, Nq=6, Nk=7, d=4)
+    want = flash_numba.attention_forward(q, k, v, kernel="flash2").o
+
+    def call(_):
+        return flash_numba.attention_forward(q, k, v, kernel="flash2").o
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(call, range(8)))
+    assert all(np.array_equal(g, want) for g in got)

@@ -93,6 +93,8 @@ CASES = [
     ("scale-str", ALL, TypeError, r"^scale:", {"scale": "0.5"}),
     ("scale-bool", ALL, TypeError, r"^scale:", {"scale": True}),
     ("scale-complex", ALL, TypeError, r"^scale:", {"scale": 0.5j}),
+    ("scale-overflows-float32", ALL, ValueError, r"^scale: 1e\+39 overflows float32", {"scale": 1e39}),
+    ("scale-log2e-overflows", ALL, ValueError, r"^scale: -2.4e\+38 overflows float32", {"scale": -2.4e38}),
     ("causal-1", ALL, TypeError, r"^causal:", {"causal": 1}),
     ("causal-None", ALL, TypeError, r"^causal:", {"causal": None}),
     ("causal-str", ALL, TypeError, r"^causal:", {"causal": "True"}),
