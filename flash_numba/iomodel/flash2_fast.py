@@ -29,10 +29,11 @@ import numpy as np
 
 from .._inputs import acc_dtype
 from ..hbm import HBMCount, KernelBytes
+from ..kernels import _rowsum
+from ..kernels.flash2_fast import layout
 from ..kernels.causal import first_visible_q_block, visible_kv_blocks
 from . import flash2 as _flash2
 
-FORWARD_NAME = "flash2_fast forward"
 
 
 def visited_keys(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
@@ -45,7 +46,7 @@ def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     read = BH * (s * Nq * d + 2 * s * d * visited_keys(Nq, Nk, Br, Bc, causal))
     written = BH * (s * Nq * d + a * Nq)
-    return HBMCount({FORWARD_NAME: KernelBytes(read, written)})
+    return HBMCount({layout.FORWARD_NAME: KernelBytes(read, written)})
 
 
 def visited_queries(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
@@ -53,59 +54,45 @@ def visited_queries(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
     return sum(max(0, Nq - first_visible_q_block(j0, Br, Nq, Nk, causal) * Br) for j0 in range(0, Nk, Bc))
 
 
-def _fast_kernels(BH, Nq, Nk, d, dtype, causal, block):
-    """flash2's model when the block runs flash2's backward, else (D's bytes, dK/dV's reads and writes)."""
-    from ..kernels import _rowsum
-    from ..kernels import flash2_fast as kernel
-
+def _fast_parts(BH, Nq, Nk, d, dtype, causal, block):
+    """None when ``block`` runs flash2's backward; else the parts both fast backward passes share:
+    (item sizes s and a, D's bytes, the dK/dV kernel's reads and writes without atomics, query rows it visits)."""
     Br, Bc = block
-    flash2_model = _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
-    if not kernel.uses_fast_backward(Br, Bc, d, dtype):
-        return flash2_model, None
+    if not layout.uses_fast_backward(Br, Bc, d, dtype):
+        return None
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
-    kv_read = BH * (2 * s * d * Nk + (2 * s * d + 2 * a) * visited_queries(Nq, Nk, Br, Bc, causal))
-    kv_written = BH * 2 * s * Nk * d
-    return flash2_model.per_kernel[_rowsum.NAME], (kv_read, kv_written)
+    rows = visited_queries(Nq, Nk, Br, Bc, causal)
+    rowsum = _flash2.backward(BH, Nq, Nk, d, dtype, causal, block).per_kernel[_rowsum.NAME]
+    return s, a, rowsum, BH * (2 * s * d * Nk + (2 * s * d + 2 * a) * rows), BH * 2 * s * Nk * d, rows
 
 
 def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     """D = rowsum(dO*O), "dK, dV" and "dQ" (or flash2's model for blocks that run flash2's backward)."""
-    from ..kernels import _rowsum
-    from ..kernels import flash2_fast as kernel
-
-    rowsum, kv = _fast_kernels(BH, Nq, Nk, d, dtype, causal, block)
-    if kv is None:
-        return rowsum
-    Br, Bc = block
-    s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
-    q_read = BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * visited_keys(Nq, Nk, Br, Bc, causal))
-    q_written = BH * s * Nq * d
-    return HBMCount(
-        {
-            _rowsum.NAME: rowsum,
-            kernel.BACKWARD_KV_NAME: KernelBytes(*kv),
-            kernel.BACKWARD_Q_NAME: KernelBytes(q_read, q_written),
-        }
-    )
+    parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block)
+    if parts is None:
+        return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
+    s, a, rowsum, kv_read, kv_written, _ = parts
+    keys = visited_keys(Nq, Nk, *block, causal)
+    dq = KernelBytes(BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * keys), BH * s * Nq * d)
+    return HBMCount({_rowsum.NAME: rowsum, layout.BACKWARD_KV_NAME: KernelBytes(kv_read, kv_written),
+                     layout.BACKWARD_Q_NAME: dq})
 
 
 def backward_atomic(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
-    """``deterministic=False``: D, the zeroed dQ accumulator, dK/dV/dQ with atomics and (float16) the cast."""
-    from ..kernels import _rowsum
-    from ..kernels import flash2_fast as kernel
+    """``deterministic=False``: D, the zeroed dQ accumulator, dK/dV/dQ with atomics and (float16) the cast.
 
-    rowsum, kv = _fast_kernels(BH, Nq, Nk, d, dtype, causal, block)
-    if kv is None:
-        return rowsum
-    Br, Bc = block
-    s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
-    # one atomic add (a read and a write of a bytes) per dQ element per (key block, query row) visited
-    atomics = a * BH * d * visited_queries(Nq, Nk, Br, Bc, causal)
+    One atomic add (a read and a write of a bytes) per dQ element per (key block, query row) visited.
+    """
+    parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block)
+    if parts is None:
+        return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
+    s, a, rowsum, kv_read, kv_written, rows = parts
+    atomics, n = a * BH * d * rows, BH * Nq * d
     model = {
         _rowsum.NAME: rowsum,
-        kernel.ZERO_DQ_NAME: KernelBytes(0, BH * Nq * d * a),
-        kernel.BACKWARD_KVQ_NAME: KernelBytes(kv[0] + atomics, kv[1] + atomics),
+        layout.ZERO_DQ_NAME: KernelBytes(0, n * a),
+        layout.BACKWARD_KVQ_NAME: KernelBytes(kv_read + atomics, kv_written + atomics),
     }
     if s != a:
-        model[kernel.CAST_DQ_NAME] = KernelBytes(BH * Nq * d * a, BH * Nq * d * s)
+        model[layout.CAST_DQ_NAME] = KernelBytes(n * a, n * s)
     return HBMCount(model)

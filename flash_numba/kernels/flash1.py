@@ -89,20 +89,21 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
     return MAX_THREADS, MAX_THREADS
 
 
+def _constants(d, Br, Bc, dtype):
+    """(ACC, D = d, T = max(Br, Bc) threads per block, storage item size, accumulation item size, float16?)."""
+    dtype = np.dtype(dtype)
+    ISZ, ASZ = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
+    return acc_nb_type(dtype), d, max(Br, Bc), ISZ, ASZ, ISZ != ASZ
+
+
 @functools.lru_cache(maxsize=None)
 def _forward_kernels(d, Br, Bc, dtype, causal, count):
     """``(init_O_l_m, algorithm1)`` specialised for one shape, dtype, causal and COUNT."""
-    dtype = np.dtype(dtype)
-    ACC = acc_nb_type(dtype)
-    D = d
-    T = max(Br, Bc)  # threads per block
-    ISZ = dtype.itemsize  # bytes of one element of q, k, v, o
-    ASZ = _inputs.acc_dtype(dtype).itemsize  # bytes of one element of O (accumulator), l, m, L
-    CONVERT = ISZ != ASZ  # float16: O accumulates in float32 and is converted at the end
-    CAUSAL = causal
-    COUNT = count
-    ZERO = ACC(0)
-    NEG_INF = ACC(-math.inf)
+    # ISZ: bytes of an element of q, k, v, o; ASZ: of O (the accumulator), l, m, L;
+    # CONVERT (float16): O accumulates in float32 and is converted at the end
+    ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
+    CAUSAL, COUNT = causal, count
+    ZERO, NEG_INF = ACC(0), ACC(-math.inf)
 
     @jit
     def init_O_l_m(O, l, m, counter):
@@ -242,16 +243,10 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
 @functools.lru_cache(maxsize=None)
 def _backward_kernels(d, Br, Bc, dtype, causal, count):
     """``(init_dQ, algorithm4)`` specialised for one shape, dtype, causal and COUNT."""
-    dtype = np.dtype(dtype)
-    ACC = acc_nb_type(dtype)
-    D = d
-    T = max(Br, Bc)  # threads per block
-    ISZ = dtype.itemsize  # bytes of one element of q, k, v, o, do, dq, dk, dv
-    ASZ = _inputs.acc_dtype(dtype).itemsize  # bytes of one element of dQ (accumulator), L
-    CONVERT = ISZ != ASZ  # float16: dQ accumulates in float32 and is converted at the end
-    CAUSAL = causal
-    COUNT = count
-    ZERO = ACC(0)
+    # ISZ: bytes of an element of q, k, v, o, do, dq, dk, dv; ASZ: of dQ (the accumulator), L;
+    # CONVERT (float16): dQ accumulates in float32 and is converted at the end
+    ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
+    CAUSAL, COUNT, ZERO = causal, count, ACC(0)
 
     @jit
     def init_dQ(dQ, counter):
