@@ -77,6 +77,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             for x in range(TD):
                 acc[a, x] = ZERO
 
+        row_key = last_visible_key(row0 + ty * TM, Nq, Nk)  # causal: the last key this thread's first row sees
         for j in range(visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)):
             col0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous KT, Vs, PT
@@ -101,7 +102,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                 for a in range(TM):
                     lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
                     if CAUSAL:
-                        lim = min(lim, last_visible_key(row0 + ty * TM + a, Nq, Nk) - cb)
+                        lim = min(lim, row_key + a - cb)
                     for b in range(TN):
                         if b > lim:
                             s[a, b] = NEG_INF
