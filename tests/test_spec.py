@@ -16,6 +16,7 @@ def test_every_kernel_has_a_spec_named_after_it(name):
     assert isinstance(spec, KernelSpec)
     assert spec.name == name
     assert kernels.get(name) is spec  # one object per kernel
+    assert spec.__doc__ == kernels.module(name).__doc__  # what the kernel is
 
 
 def test_an_unknown_kernel_is_refused_by_name():

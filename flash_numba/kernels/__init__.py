@@ -53,6 +53,7 @@ def _standard_spec() -> KernelSpec:
     """The spec of ``standard``, built here while that module is rewritten (it moves into the module)."""
     mod = module("standard")
     return KernelSpec(
+        doc=mod.__doc__,
         name="standard",
         forward=mod.forward,
         backward=mod.backward,

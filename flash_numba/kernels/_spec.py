@@ -85,6 +85,7 @@ class KernelSpec:
     io_backward_atomic: Callable | None = None
     max_registers: Mapping[str, int] = field(default_factory=dict)
     caps_from_cc: tuple[int, int] = (0, 0)
+    doc: str = ""  # what the kernel is: its module's docstring (``spec.__doc__`` returns it)
 
     def __post_init__(self):
         if self.uses_blocks and (self.shared_bytes is None or self.block_limits is None):
@@ -94,6 +95,8 @@ class KernelSpec:
         ):
             raise TypeError(f"{self.name}: backward_atomic, its launches and its IO model go together")
         object.__setattr__(self, "max_registers", MappingProxyType(dict(self.max_registers)))
+        if self.doc:
+            object.__setattr__(self, "__doc__", self.doc)
 
     @property
     def supports_atomic(self) -> bool:

@@ -438,6 +438,7 @@ def compile_all(ccs, dtypes, ds):
 
 
 SPEC = KernelSpec(
+    doc=__doc__,
     name="flash1",
     forward=forward,
     backward=backward,

@@ -611,6 +611,7 @@ def compile_all(ccs, dtypes, ds):
 
 
 SPEC = KernelSpec(
+    doc=__doc__,
     name="flash2",
     forward=forward,
     backward=backward,

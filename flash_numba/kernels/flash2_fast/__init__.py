@@ -208,6 +208,7 @@ def compile_all(ccs, dtypes, ds):
 
 
 SPEC = KernelSpec(
+    doc=__doc__,
     name="flash2_fast",
     forward=forward,
     backward=backward,
