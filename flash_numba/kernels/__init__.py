@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from ._spec import KernelSpec, lazy
+from ._spec import KernelSpec
 
 NAMES = ("standard", "flash1", "flash2", "flash2_fast")
 
@@ -67,8 +67,6 @@ def _standard_spec() -> KernelSpec:
             "dQ = scale*dS@K",
             "dK = scale*dS^T@Q",
         ),
-        io_forward=lazy("flash_numba.iomodel.standard", "forward"),
-        io_backward=lazy("flash_numba.iomodel.standard", "backward"),
         compile_all=mod.compile_all,
         uses_blocks=False,
         shared_bytes=mod.shared_bytes,

@@ -50,7 +50,8 @@ class KernelSpec:
         backward(prob, ops, block, counters) -> (dq, dk, dv)          # deterministic
         backward_atomic(prob, ops, block, counters) -> (dq, dk, dv)   # optional: dQ by atomics
 
-    IO models (bytes in closed form, equal to what the instrumented launches count)::
+    IO models (bytes in closed form, equal to what the instrumented launches count), by
+    default ``forward``, ``backward`` and ``backward_atomic`` of ``flash_numba.iomodel.<name>``::
 
         io_forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount
         io_backward(...), io_backward_atomic(...)     # the latter iff backward_atomic
@@ -72,9 +73,9 @@ class KernelSpec:
     backward: Callable
     forward_launches: tuple[str, ...]
     backward_launches: tuple[str, ...]
-    io_forward: Callable
-    io_backward: Callable
     compile_all: Callable
+    io_forward: Callable | None = None  # None: forward of flash_numba.iomodel.<name>
+    io_backward: Callable | None = None  # None: backward of flash_numba.iomodel.<name>
     uses_blocks: bool = True
     shared_bytes: Callable | None = None
     block_limits: Callable | None = None
@@ -88,6 +89,12 @@ class KernelSpec:
     doc: str = ""  # what the kernel is: its module's docstring (``spec.__doc__`` returns it)
 
     def __post_init__(self):
+        io = f"flash_numba.iomodel.{self.name}"  # the IO model's module, by convention
+        for field_name, function in (("io_forward", "forward"), ("io_backward", "backward")):
+            if getattr(self, field_name) is None:
+                object.__setattr__(self, field_name, lazy(io, function))
+        if self.backward_atomic is not None and self.io_backward_atomic is None:
+            object.__setattr__(self, "io_backward_atomic", lazy(io, "backward_atomic"))
         if self.uses_blocks and (self.shared_bytes is None or self.block_limits is None):
             raise TypeError(f"{self.name}: a kernel with blocks needs shared_bytes and block_limits")
         if (self.backward_atomic is None) != (self.io_backward_atomic is None) or (

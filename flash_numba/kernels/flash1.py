@@ -59,7 +59,7 @@ from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
 from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type
-from ._spec import KernelSpec, lazy
+from ._spec import KernelSpec
 from ._tiles import load_rows
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
@@ -438,15 +438,7 @@ def compile_all(ccs, dtypes, ds):
 
 
 SPEC = KernelSpec(
-    doc=__doc__,
-    name="flash1",
-    forward=forward,
-    backward=backward,
-    forward_launches=FORWARD_NAMES,
-    backward_launches=BACKWARD_NAMES,
-    io_forward=lazy("flash_numba.iomodel.flash1", "forward"),
-    io_backward=lazy("flash_numba.iomodel.flash1", "backward"),
-    compile_all=compile_all,
-    shared_bytes=shared_bytes,
-    block_limits=block_limits,
+    name="flash1", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
+    shared_bytes=shared_bytes, block_limits=block_limits,  # the paper's block rule (blocks.choose)
 )

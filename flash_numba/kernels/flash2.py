@@ -93,7 +93,7 @@ from .causal import first_visible_q_block_dev as first_visible_q_block
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
 from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type
-from ._spec import KernelSpec, check_pass, lazy
+from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
 NT = TY * TX  # 128 threads per block
@@ -611,15 +611,7 @@ def compile_all(ccs, dtypes, ds):
 
 
 SPEC = KernelSpec(
-    doc=__doc__,
-    name="flash2",
-    forward=forward,
-    backward=backward,
-    forward_launches=(FORWARD_NAME,),
-    backward_launches=BACKWARD_NAMES,
-    io_forward=lazy("flash_numba.iomodel.flash2", "forward"),
-    io_backward=lazy("flash_numba.iomodel.flash2", "backward"),
-    compile_all=compile_all,
-    shared_bytes=shared_bytes,
-    block_limits=block_limits,
+    name="flash2", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    forward_launches=(FORWARD_NAME,), backward_launches=BACKWARD_NAMES,
+    shared_bytes=shared_bytes, block_limits=block_limits,  # the paper's block rule (blocks.choose)
 )

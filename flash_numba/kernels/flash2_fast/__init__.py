@@ -47,7 +47,7 @@ from ...device import SIMULATOR, STATIC_SHARED_LIMIT
 from .. import _rowsum
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, acc_nb_type, array_type
-from .._spec import KernelSpec, lazy
+from .._spec import KernelSpec
 from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, zero_kernel
 from .forward import forward_kernel
 from .layout import (
@@ -208,22 +208,11 @@ def compile_all(ccs, dtypes, ds):
 
 
 SPEC = KernelSpec(
-    doc=__doc__,
-    name="flash2_fast",
-    forward=forward,
-    backward=backward,
-    backward_atomic=backward_atomic,
+    name="flash2_fast", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    backward_atomic=backward_atomic,  # deterministic=False
     forward_launches=(FORWARD_NAME,),
     backward_launches=(_rowsum.NAME, BACKWARD_KV_NAME, BACKWARD_Q_NAME),
     atomic_backward_launches=(_rowsum.NAME, ZERO_DQ_NAME, BACKWARD_KVQ_NAME, CAST_DQ_NAME),
-    io_forward=lazy("flash_numba.iomodel.flash2_fast", "forward"),
-    io_backward=lazy("flash_numba.iomodel.flash2_fast", "backward"),
-    io_backward_atomic=lazy("flash_numba.iomodel.flash2_fast", "backward_atomic"),
-    compile_all=compile_all,
-    shared_bytes=shared_bytes,
-    block_limits=block_limits,
-    choose_block=choose_block,
-    check_block=check_block,
-    max_registers=MAX_REGISTERS,
-    caps_from_cc=CAPPED_FROM_CC,
+    shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
+    max_registers=MAX_REGISTERS, caps_from_cc=CAPPED_FROM_CC,
 )
