@@ -64,8 +64,11 @@ class Compiled(NamedTuple):
     max_registers: int | None = None
 
 
-def compile_ptx(pyfunc, argtypes, cc, fastmath=False) -> str:
+def compile_ptx(pyfunc, argtypes, cc, fastmath=None) -> str:
     """PTX for the Python function of a kernel at the given argument types and cc.
+
+    ``fastmath``: the kernel's ``fastmath`` option (None: the function's ``_fastmath``
+    attribute, else off; :func:`compile_kernel` reads it from the dispatcher).
 
     Typing and lowering to LLVM IR (two thirds of the time) come out the same for
     every cc from 7.5 up, so the LLVM library of a kernel is kept (:func:`_library`)
@@ -73,6 +76,7 @@ def compile_ptx(pyfunc, argtypes, cc, fastmath=False) -> str:
     """
     cc = tuple(cc)
     lowering_cc = _SAME_LOWERING_FROM if cc >= _SAME_LOWERING_FROM else cc
+    fastmath = getattr(pyfunc, "_fastmath", False) if fastmath is None else fastmath
     fastmath = frozenset(fastmath) if isinstance(fastmath, (set, frozenset)) else bool(fastmath)
     (ptx,) = _library(pyfunc, tuple(argtypes), lowering_cc, fastmath).get_asm_strs(cc=cc)
     return ptx

@@ -40,7 +40,13 @@ exercise               lesson  the learner writes
 ``causal_skip``        8       the test that a (query, key) block is wholly masked
 ``flash2_update``      9       FlashAttention-2's step, normalisation delayed
 ``kv_cache_bytes``     10      the size of a KV cache
+``bug_zoo``            11      the bug of each mystery kernel, named from its verdict
+``split_heads``        12      a model's fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)
 =====================  ======  =====================================================
+
+The FlashAttention *kernel* exercises (``flash1_block``, ``dkdv_block``,
+``causal_tiles``, ``flash2_loop``; lessons 5-9) live in
+:mod:`flash_numba.kernel_exercises` and register here: ``check`` runs them too.
 """
 
 from __future__ import annotations
@@ -132,7 +138,7 @@ def solution(name: str) -> None:
     """Print the source of the packaged solution of exercise ``name``."""
     ex = _get(name)
     print(f"# Solution of {name!r} (lesson {ex.lesson}): {ex.task}")
-    print(inspect.getsource(ex.solution))
+    print(inspect.getsource(getattr(ex.solution, "py_func", ex.solution)))  # a device function: its Python source
 
 
 def check(name: str, answer, *, raise_on_fail: bool = False, **params) -> bool:
@@ -198,8 +204,24 @@ def _fmt(x) -> str:
     return repr(x)
 
 
-def _diff_notes(yours, spec) -> tuple:
-    """A line saying where two arrays differ most (or why they cannot be compared)."""
+#: What a NaN in a kernel's output usually means (the simulator poisons shared and local memory with NaN).
+KERNEL_NAN = ("yours has {n} NaN: the simulator fills shared and local memory with NaN, so a thread read a tile "
+              "element no thread had written yet (a missing cuda.syncthreads() before the read, or a loop past "
+              "the part of the tile that was loaded)")
+
+
+#: What a kernel whose output changes from run to run on the same inputs has (the checkers launch a failing
+#: case again to see).
+RACE_NOTE = ("{name} changed between runs on the same inputs: threads race. In the simulator each thread runs on "
+             "until it waits at a barrier, so a missing cuda.syncthreads() lets one thread read a tile before "
+             "the others have written it, or overwrite it while they still read it")
+
+
+def _diff_notes(yours, spec, kernel: bool = False) -> tuple:
+    """A line saying where two arrays differ most (or why they cannot be compared).
+
+    ``kernel``: the answer is a kernel, whose NaN comes from unwritten shared memory, not from exp(-inf + inf).
+    """
     y = np.asarray(yours)
     s = np.asarray(spec)
     if y.shape != s.shape:
@@ -209,7 +231,8 @@ def _diff_notes(yours, spec) -> tuple:
     y, s = y.astype(np.float64), s.astype(np.float64)
     notes = []
     if np.isnan(y).any():
-        notes.append(f"yours has {int(np.isnan(y).sum())} NaN (an exp(-inf - (-inf)) or 0/0?)")
+        n_nan = int(np.isnan(y).sum())
+        notes.append(KERNEL_NAN.format(n=n_nan) if kernel else f"yours has {n_nan} NaN (an exp(-inf - (-inf)) or 0/0?)")
     both_inf = np.isinf(y) & np.isinf(s) & (np.sign(y) == np.sign(s))
     err = np.where(both_inf, 0.0, np.abs(y - s))
     err = np.where(np.isnan(err), np.inf, err)
@@ -517,13 +540,23 @@ def _run_tiled_matmul(kernel, tile: int):
         spec = a.astype(np.float64) @ b.astype(np.float64)
         c = cuda.to_device(np.full((M, N), np.nan, dtype=np.float32))
         counter = cuda.to_device(np.zeros(2, dtype=np.int64))
+        grid = (-(-N // tile), -(-M // tile)), (tile, tile)
+
+        def launch():
+            out = cuda.to_device(np.full((M, N), np.nan, dtype=np.float32))
+            kernel[grid](cuda.to_device(a), cuda.to_device(b), out, cuda.to_device(np.zeros(2, dtype=np.int64)))
+            return out.copy_to_host()
+
         try:
-            kernel[(-(-N // tile), -(-M // tile)), (tile, tile)](cuda.to_device(a), cuda.to_device(b), c, counter)
+            kernel[grid](cuda.to_device(a), cuda.to_device(b), c, counter)
             got = c.copy_to_host()
         except Exception as exc:
             return len(shapes), _Mismatch(label, _fmt(exc), _fmt(spec), ("an index past the edge of A, B or C?",))
         if not _close(got, spec, 1e-5, 1e-5):
-            return len(shapes), _Mismatch(label, _fmt(got), _fmt(spec), _diff_notes(got, spec))
+            notes = _diff_notes(got, spec, kernel=True)
+            if any(not np.array_equal(got, launch(), equal_nan=True) for _ in range(3)):
+                notes = (RACE_NOTE.format(name="C"), *notes)
+            return len(shapes), _Mismatch(label, _fmt(got), _fmt(spec), notes)
         read, written = (int(x) for x in counter.copy_to_host())
         want = tiled_matmul_bytes(M, N, K, tile)
         if (read, written) != want:
@@ -791,6 +824,33 @@ def _run_kv_cache_bytes(answer):
     if mismatch is not None and not mismatch.yours.startswith("raised"):
         mismatch.notes += ("a cache keeps K and V, for every layer, head, token and sequence",)
     return n, mismatch
+
+
+# ============================================================================= lesson 12: into a model
+
+
+def _split_heads_solution(qkv, n_head):
+    B, N, C3 = qkv.shape
+    d = C3 // (3 * n_head)
+    # (B, N, 3C) -> (B, N, 3, H, d) -> (3, B, H, N, d): the channels are [q | k | v], each [head 0 | head 1 | ...]
+    q, k, v = qkv.reshape(B, N, 3, n_head, d).transpose(2, 0, 3, 1, 4)
+    return q, k, v
+
+
+@_register("split_heads", 12, "a fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)", _split_heads_solution)
+def _run_split_heads(answer):
+    rng = _rng("split_heads")
+    cases = [
+        (f"B = {B}, N = {N}, C = {C}, H = {H}", (rng.standard_normal((B, N, 3 * C)), H))
+        for B, N, C, H in [(1, 4, 2, 1), (2, 5, 4, 2), (2, 3, 12, 4)]
+    ]
+    n, mismatch = _compare(cases, answer, _split_heads_solution, rtol=0.0, atol=0.0)
+    if mismatch is not None and not mismatch.yours.startswith("raised"):
+        mismatch.notes += ("a reshape alone keeps the numbers in (B, N) order: move the 3 and H axes in front of N",)
+    return n, mismatch
+
+
+from . import bugzoo, kernel_exercises  # noqa: E402,F401  (register the FlashAttention kernel exercises)
 
 
 def describe() -> str:

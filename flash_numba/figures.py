@@ -56,15 +56,12 @@ DTYPE = np.dtype(np.float32)
 #: recomputed per key block) are left out.  Non-causal attention.
 FLOPS = {
     # standard forward
-    "S = scale*Q@K^T": (2, 1, 0),  # Q K^T; times scale
-    "P = softmax(S)": (0, 7, 0),  # max; subtract, exp, add; subtract, exp, multiply
+    "S = scale*Q@K^T": (2, 5, 0),  # Q K^T; scale, online max, subtract, exp, add (L = m + log l)
+    "P = softmax(S)": (0, 3, 0),  # subtract m, exp, multiply by 1/l
     "O = P@V": (2, 0, 0),
     # standard backward
-    "S (recompute)": (2, 1, 0),
-    "P = exp(S-L) (recompute)": (0, 2, 0),  # subtract, exp
+    "P, dS = P*(dP-D)": (4, 5, 0),  # Q K^T, dO V^T; scale, subtract, exp, subtract, multiply
     "dV = P^T@dO": (2, 0, 0),
-    "dP = dO@V^T": (2, 0, 0),
-    "dS = P*(dP-D)": (0, 4, 0),  # D_i: multiply, add; dS: subtract, multiply
     "dQ = scale*dS@K": (2, 0, 0),
     "dK = scale*dS^T@Q": (2, 0, 0),
     # flash1

@@ -14,6 +14,14 @@ the L2 cache instead of HBM, fetch whole 32-byte sectors, or merge writes; only
 a hardware profiler (Nsight Compute's ``dram__bytes_*``) sees that.
 ``flash_numba.iomodel`` predicts these counts exactly in closed form, and the
 tests assert counted == predicted.
+
+Bytes by term.  The counters count totals per kernel launch; they do not know
+which array a byte belongs to.  The split of a call's bytes into terms
+(compulsory, re-reads, S/P round trips; see :mod:`flash_numba.iomodel.terms`)
+is attributed by the IO model: a counted result carries the model's split of
+the same call (``HBMCount.terms``), and the tests assert that the counted
+per-kernel bytes equal the model's, so the attribution adds up to exactly the
+counted total.
 """
 
 from __future__ import annotations
@@ -39,12 +47,17 @@ class KernelBytes:
 class HBMCount:
     """Bytes read from and written to HBM by one call, with a per-kernel breakdown.
 
-    ``per_kernel`` maps a kernel's name (``"scores S = scale*Q@K^T"``...) to its
+    ``per_kernel`` maps a kernel's name (``"S = scale*Q@K^T"``...) to its
     :class:`KernelBytes`, in launch order.  Two counts compare equal when every
     kernel's bytes agree, which is how the tests hold kernels to the IO model.
+    ``terms`` (or None) maps the terms of :mod:`flash_numba.iomodel.terms`
+    (``"compulsory"``, ``"re-reads"``, ``"S/P"``) to bytes, as the IO model
+    attributes them; they add up to :attr:`total` when the counts match the model.
+    It takes no part in comparisons.
     """
 
     per_kernel: dict[str, KernelBytes] = field(default_factory=dict)
+    terms: dict[str, int] | None = field(default=None, compare=False)
 
     @property
     def bytes_read(self) -> int:
@@ -65,7 +78,10 @@ class HBMCount:
                 old = merged[name]
                 kb = KernelBytes(old.bytes_read + kb.bytes_read, old.bytes_written + kb.bytes_written)
             merged[name] = kb
-        return HBMCount(merged)
+        terms = None
+        if self.terms is not None and other.terms is not None:
+            terms = {t: self.terms.get(t, 0) + other.terms.get(t, 0) for t in {**self.terms, **other.terms}}
+        return HBMCount(merged, terms)
 
     def table(self, title: str | None = None) -> str:
         """A fixed-width table, one row per kernel and a total row."""
@@ -75,6 +91,8 @@ class HBMCount:
         for name, kb in self.per_kernel.items():
             lines.append(f"{name:<{w}}  {kb.bytes_read:>14,}  {kb.bytes_written:>14,}  {kb.total:>14,}")
         lines.append(f"{'total':<{w}}  {self.bytes_read:>14,}  {self.bytes_written:>14,}  {self.total:>14,}")
+        for term, nbytes in (self.terms or {}).items():
+            lines.append(f"{'  term ' + term:<{w}}  {'':>14}  {'':>14}  {nbytes:>14,}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -117,6 +135,12 @@ class Counters:
         self._cuda = cuda
         self._arrays: dict[str, object] = {}
         self._dummy = None if enabled else _dummy_counter()
+        self._call = None
+
+    def describe(self, kernel: str, prob, block, pass_: str) -> None:
+        """Record what runs (kernel module, problem, block, pass), so that :meth:`result`
+        can attach the IO model's split of the bytes by term."""
+        self._call = (kernel, prob, block, pass_)
 
     def array(self, name: str):
         """The device array a kernel named ``name`` adds its bytes to."""
@@ -133,4 +157,13 @@ class Counters:
         for name, arr in self._arrays.items():
             r, w = (int(x) for x in arr.copy_to_host())
             per[name] = KernelBytes(r, w)
-        return HBMCount(per)
+        terms = None
+        if self._call is not None:
+            from .iomodel import terms as _terms
+
+            kernel, prob, block, pass_ = self._call
+            terms = _terms.split(
+                kernel, pass_, prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.causal, block,
+                deterministic=getattr(prob, "deterministic", True),
+            )
+        return HBMCount(per, terms)

@@ -54,8 +54,8 @@ UNITS = {
 GAP = """\
 Why the hardware's bytes differ from ours:
 * L2 hits.  We count the bytes the code requests, every re-read included: the
-  standard matrix product reads each input N/16 times, flash2 reads K and V once
-  per query block, flash1 reads and writes O, l, m once per K/V block.  The L2
+  standard kernels and flash2 read K and V once per query block (standard also
+  writes S and P and reads them back), flash1 reads and writes O, l, m once per K/V block.  The L2
   cache (6 MB on a T4, 40 MB on an A100, 50 MB on an H100 or H200) serves a
   re-read when the data is still there, so DRAM reads fall below our count,
   towards one read of each array.

@@ -41,9 +41,9 @@ def _sources(path, kind=None) -> list[str]:
 
 
 def test_the_course_is_complete():
-    """Lessons 00..10, one notebook per source, each listed in lessons/README.md."""
+    """Lessons 00..12, one notebook per source, each listed in lessons/README.md."""
     numbers = [int(p.name[:2]) for p in NOTEBOOKS]
-    assert numbers == list(range(11)), [p.name for p in NOTEBOOKS]
+    assert numbers == list(range(13)), [p.name for p in NOTEBOOKS]
     assert [p.stem for p in NOTEBOOKS] == [s.stem for s in _build.sources()]
     readme = (LESSONS / "README.md").read_text()
     for p in NOTEBOOKS:
@@ -87,6 +87,18 @@ def test_lesson_shape(path):
     assert checked and checked <= solved, f"exercises {checked - solved} are not also run on the solution"
     assert "NotImplementedError" in text
     assert "assert" in code[-1] and "all checks passed" in code[-1], "the last cell must be the check cell"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_takeaways_a_prediction_and_a_figure(path):
+    """Each lesson ends with "What to take away" (3-5 points), asks for a prediction, and draws a figure."""
+    markdown = "\n".join(_sources(path, "markdown"))
+    code = "\n".join(_sources(path, "code"))
+    assert "## What to take away" in markdown
+    points = markdown.split("## What to take away", 1)[1].split("\n## ", 1)[0]
+    assert 3 <= sum(line.startswith("* ") for line in points.splitlines()) <= 5, points
+    assert "Predict, then run" in markdown and "compare_prediction(" in code
+    assert "lessonkit.show(" in code or "plt.show()" in code
 
 
 def test_every_exercise_appears_in_a_lesson():

@@ -156,3 +156,26 @@ def test_without_the_shim_numpy_25_breaks_compilation():
     proc = _run_as_numpy_25("")
     assert proc.returncode != 0
     assert "AttributeError: module 'numpy' has no attribute 'row_stack'" in proc.stderr
+
+
+def test_the_package_imports_and_runs_without_torch():
+    """PyTorch is an optional extra: only flash_numba.torch needs it, and says how to install it."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torch"] = None  # any `import torch` now raises ImportError
+        import numpy as np
+        import flash_numba
+        o = flash_numba.attention(*(np.ones((1, 2, 2), np.float32),) * 3)
+        assert np.allclose(o, 1.0)
+        try:
+            import flash_numba.torch
+        except ImportError as exc:
+            assert "pip install 'flash-numba[torch]'" in str(exc), exc
+        else:
+            raise AssertionError("flash_numba.torch imported without torch")
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr

@@ -10,6 +10,8 @@ A kernel's :class:`~flash_numba.kernels.KernelSpec` names its model
 (``io_forward``, ``io_backward``, ``io_backward_atomic``); the two functions here
 pick it.  The counts are exactly what the instrumented kernels count (the tests
 assert equality): bytes the kernels' code requests from global memory, per launch.
+:func:`forward` and :func:`backward` here also attach the split by term
+(compulsory, re-reads, S/P; :mod:`.terms`) as ``HBMCount.terms``.
 """
 
 from .. import kernels
@@ -18,9 +20,12 @@ from ..hbm import HBMCount
 
 def forward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     """Bytes of a forward call; ``block=None`` means the block the kernel would choose here."""
+    from . import terms
+
     spec = kernels.get(kernel)
     block = spec.block(d, dtype, "forward") if block is None else block
-    return spec.io_forward(BH, Nq, Nk, d, dtype, causal, block)
+    model = spec.io_forward(BH, Nq, Nk, d, dtype, causal, block)
+    return HBMCount(model.per_kernel, terms.split(kernel, "forward", BH, Nq, Nk, d, dtype, causal, block))
 
 
 def backward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None, deterministic=True) -> HBMCount:
@@ -28,6 +33,10 @@ def backward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None, determ
 
     ``deterministic=False``: the call with that option (the atomic backward where the kernel has one).
     """
+    from . import terms
+
     spec = kernels.get(kernel)
     block = spec.block(d, dtype, "backward") if block is None else block
-    return spec.io_model("backward", deterministic)(BH, Nq, Nk, d, dtype, causal, block)
+    model = spec.io_model("backward", deterministic)(BH, Nq, Nk, d, dtype, causal, block)
+    split = terms.split(kernel, "backward", BH, Nq, Nk, d, dtype, causal, block, deterministic)
+    return HBMCount(model.per_kernel, split)

@@ -22,6 +22,10 @@ The backward pass (Algorithm 4, Theorem 5) has the same form: K, V read and dK,
 dV written once; per pass Q, O, dO, dQ and L read and dQ written:
 2 N d + 2 N d + Tc (5 N d + N) elements, again Theta(N^2 d^2 / M).
 
+By term (:mod:`.terms`): compulsory ``2 N d + 2 N d`` elements (Q, K, V read, O written once,
+and L); everything else is re-reads, Theta(Tc N d) = Theta(N^2 d^2 / M): Q, O, l, m read and O,
+l, m written once per pass; no S/P term.
+
 What this model counts that the big-O drops: the constant factors (3 N d + 4 N
 per pass instead of Theta(N d)); the 2 N d for K and V; the rounding up in
 Tc; the init kernels (O, l, m and dQ written once); the final pass that turns

@@ -23,6 +23,11 @@ D.  "dK, dV" reads K_j, V_j once per key block and Q_i, dO_i, L_i, D_i once per
 Q_i, dO_i, L_i, D_i once per query block and K_j, V_j once per pair, and writes
 dQ once.
 
+By term (:mod:`.terms`): compulsory ``s (2 Nq d + 2 Nk d) + a Nq``; the forward's
+re-reads are ``2 s d (sum_i kv_i - Nk)``, K and V read again by every query block
+after the first (``2 s N d (Tr - 1)`` without a mask), the Theta(N^2 d / Br) term;
+no S/P term.
+
 Causal attention visits only the pairs (i, j) whose key block holds a key that
 some row of the query block sees (key c is visible to query r iff
 c <= r + Nk - Nq); the sums below run over exactly those pairs, about half of

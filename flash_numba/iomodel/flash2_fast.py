@@ -16,6 +16,10 @@ and, for every query block it visits (from the first one that sees key block j),
 Q_i, dO_i, L_i, D_i, then writes dK_j, dV_j; the dQ kernel reads Q_i, dO_i, L_i,
 D_i once and the K, V rows of every key block it visits, then writes dQ_i.
 
+By term (:mod:`.terms`): the forward's re-reads are flash2's, ``2 s d (sum_i n_i Bc - Nk)``
+(K and V again per query block); the backward's re-reads include D, the second pass's
+Q, dO, L, D and K, V per pair, or the atomic adds; no S/P term.
+
 With ``deterministic=False`` the dQ kernel is gone: a zeroing kernel writes the
 dQ accumulator (accumulation dtype) once, the dK/dV kernel adds dS_ij K_j into it
 with one atomic add per element per visited (key block, query row): each counted

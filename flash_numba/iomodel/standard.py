@@ -1,33 +1,37 @@
 """HBM bytes of the standard-attention kernels (:mod:`flash_numba.kernels.standard`), in closed form.
 
-Notation: ``e`` bytes per element of the storage dtype, ``e_L`` of L (4, or 8 for
-float64), ``T = 16`` the tile side, ``ceil(x) = ceil(x / T)`` tile counts.
+Notation, per (batch, head): item sizes ``s`` (storage dtype: q, k, v, o, S, P,
+dS and the gradients) and ``a`` (L, D: float32, float64 for float64); for query
+block i (``rows_i`` rows), ``kv_i`` the key rows of the tiles it visits (Nk, or
+fewer when causal: the same pairs as flash2, :func:`flash2.kv_rows_read`);
+``R = sum_i rows_i kv_i`` the elements of S in visited tiles (Nq Nk without a
+mask); ``Q_R = sum_i rows_i * ceil(kv_i / Bc)`` the query rows the key-block
+kernels load.
 
-The tiled product ``C (M, N) = op(A) (M, K) @ op(B) (K, N)``, per batch index: the
-thread block of each C tile stages the K-strip of A of its tile row and of B of
-its tile column, so A is read once per tile column and B once per tile row::
+Forward::
 
-    read  = e * (ceil(N/T) * M * K  +  ceil(M/T) * K * N)
-    write = e * M * N
+    "S = scale*Q@K^T"  read  s Nq d + s d sum_i kv_i       write s R + 3 a Nq  (S; L, m, l)
+    "P = softmax(S)"   read  s R + 2 a Nq                  write s R           (P; reads m, l)
+    "O = P@V"          read  s R + s d sum_i kv_i          write s Nq d        (O)
 
-The softmax reads each row of S three times (max, sum, write passes) and writes P
-and L; ``P = exp(S - L)`` reads S_ij and L_i per element; ``dS = P * (dP - D)``
-reads P and dP twice (for D, then for dS).  Causal masking changes nothing: S is
-computed in full and the masked entries are written as -inf.
+Q read once, K and V once per query block, O and L written once: flash2's
+forward bytes exactly (at the same block), plus the S/P term ``4 s R + 4 a Nq``
+(S and P each written and read back once, and the softmax's row statistics m, l
+written and read once).  For N = Nq = Nk without a mask that is
+``2 s N d + 2 s N d Tr + s N d + a N`` plus ``4 s N^2 + 4 a N``: Theta(N^2 d / Br + N^2),
+the N^2 of S and P that the paper's Theorem 2 says FlashAttention removes.
 
-Forward, per batch index (N = Nq = Nk, dividing T; bytes / e)::
+Backward::
 
-    S = scale*Q@K^T     read 2 N^2 d / T          write N^2
-    P = softmax(S)      read 3 N^2                write N^2 (+ N L)
-    O = P@V             read N^2 ceil(d/T) + N^2 d / T   write N d
+    "D = rowsum(dO*O)"   read 2 s Nq d                          write a Nq
+    "P, dS = P*(dP-D)"   read 2 s Nq d + 2 a Nq + 2 s d sum kv_i write 2 s R   (P and dS)
+    "dV = P^T@dO"        read s R + s d Q_R                     write s Nk d
+    "dK = scale*dS^T@Q"  read s R + s d Q_R                     write s Nk d
+    "dQ = scale*dS@K"    read s R + s d sum_i kv_i              write s Nq d
 
-    total  = N d + (5 + ceil(d/T) + 3 d/T) N^2 = Theta(N d + N^2)
-
-for a head dim d <= 128 (d / T <= 8): the paper's Theta(N d + N^2) for standard
-attention, with the N^2 term from S and P going through HBM.  The tiles only set
-the constant; the backward (seven kernels, four N x N matrices written) is again
-Theta(N d + N^2).  These are bytes the code requests; on a GPU the L2 cache serves
-many of the tile re-reads (see :mod:`flash_numba.hbm`).
+with the N x N term ``5 s R`` (P and dS written once; P read once, dS twice).
+These are bytes the code requests; the L2 cache serves some of the re-reads
+(see :mod:`flash_numba.hbm`).
 """
 
 from __future__ import annotations
@@ -36,45 +40,58 @@ import numpy as np
 
 from .._inputs import acc_dtype
 from ..hbm import HBMCount, KernelBytes
-
-TILE = 16  # as flash_numba.kernels.standard.TILE
-
-
-def _tiles(x: int) -> int:
-    return -(-x // TILE)
+from ..kernels.standard import BACKWARD_NAMES, FORWARD_NAMES
+from .flash2 import kv_rows_read
+from .matmul16 import TILE, matmul  # noqa: F401  (lesson 4's product, imported from here before)
 
 
-def matmul(BH, M, N, K, dtype) -> KernelBytes:
-    """Bytes of one launch of the tiled product ``(BH, M, K) @ (BH, K, N)`` (any transposes)."""
-    e = np.dtype(dtype).itemsize
-    return KernelBytes(BH * e * (_tiles(N) * M * K + _tiles(M) * K * N), BH * e * M * N)
+def _sums(Nq, Nk, causal, block):
+    """(sum_i kv_i, R = sum_i rows_i kv_i, Q_R = sum_i rows_i ceil(kv_i / Bc))."""
+    Br, Bc = block
+    kv = kv_rows_read(Nq, Nk, causal, block)
+    rows = [min(Br, Nq - i * Br) for i in range(len(kv))]
+    R = sum(r * x for r, x in zip(rows, kv))
+    QR = sum(r * -(-x // Bc) for r, x in zip(rows, kv))
+    return sum(kv), R, QR
 
 
 def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     """Bytes of :func:`flash_numba.kernels.standard.forward`, per kernel."""
-    e, e_L = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
-    rows, nn = BH * Nq, BH * Nq * Nk
+    s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
+    kv, R, _ = _sums(Nq, Nk, causal, block)
     return HBMCount(
         {
-            "S = scale*Q@K^T": matmul(BH, Nq, Nk, d, dtype),
-            "P = softmax(S)": KernelBytes(3 * nn * e, nn * e + rows * e_L),
-            "O = P@V": matmul(BH, Nq, d, Nk, dtype),
+            FORWARD_NAMES[0]: KernelBytes(BH * s * (Nq * d + kv * d), BH * (s * R + 3 * a * Nq)),
+            FORWARD_NAMES[1]: KernelBytes(BH * (s * R + 2 * a * Nq), BH * s * R),
+            FORWARD_NAMES[2]: KernelBytes(BH * s * (R + kv * d), BH * s * Nq * d),
         }
     )
 
 
 def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     """Bytes of :func:`flash_numba.kernels.standard.backward`, per kernel."""
-    e, e_L = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
-    nn = BH * Nq * Nk
+    s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
+    kv, R, QR = _sums(Nq, Nk, causal, block)
+    col = KernelBytes(BH * s * (R + d * QR), BH * s * Nk * d)
     return HBMCount(
         {
-            "S (recompute)": matmul(BH, Nq, Nk, d, dtype),
-            "P = exp(S-L) (recompute)": KernelBytes(nn * (e + e_L), nn * e),
-            "dV = P^T@dO": matmul(BH, Nk, d, Nq, dtype),
-            "dP = dO@V^T": matmul(BH, Nq, Nk, d, dtype),
-            "dS = P*(dP-D)": KernelBytes(4 * nn * e, nn * e),
-            "dQ = scale*dS@K": matmul(BH, Nq, d, Nk, dtype),
-            "dK = scale*dS^T@Q": matmul(BH, Nk, d, Nq, dtype),
+            BACKWARD_NAMES[0]: KernelBytes(BH * 2 * s * Nq * d, BH * a * Nq),
+            BACKWARD_NAMES[1]: KernelBytes(BH * (2 * s * Nq * d + 2 * a * Nq + 2 * s * d * kv), BH * 2 * s * R),
+            BACKWARD_NAMES[2]: col,
+            BACKWARD_NAMES[3]: col,
+            BACKWARD_NAMES[4]: KernelBytes(BH * s * (R + kv * d), BH * s * Nq * d),
         }
     )
+
+
+def sp_bytes(BH, Nq, Nk, d, dtype, causal, block, pass_="forward") -> int:
+    """The S/P term: bytes of the N x N matrices through HBM (and the softmax's row statistics).
+
+    Forward ``4 s R + 4 a Nq``: S written and read, P written and read, m and l written and read.
+    Backward ``5 s R``: P and dS written, P read once, dS twice.
+    """
+    s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
+    _, R, _ = _sums(Nq, Nk, causal, block)
+    if pass_ == "forward":
+        return BH * (4 * s * R + 4 * a * Nq)
+    return BH * 5 * s * R

@@ -25,7 +25,6 @@ Shared pieces: :mod:`.causal` (which key blocks a query block sees), :mod:`._til
 
 from __future__ import annotations
 
-import functools
 import importlib
 
 from ._spec import KernelSpec
@@ -44,31 +43,4 @@ def module(name: str):
 
 def get(name: str) -> KernelSpec:
     """The :class:`KernelSpec` of kernel ``name``; ValueError naming the choices otherwise."""
-    mod = module(name)
-    return _standard_spec() if name == "standard" else mod.SPEC
-
-
-@functools.lru_cache(maxsize=None)
-def _standard_spec() -> KernelSpec:
-    """The spec of ``standard``, built here while that module is rewritten (it moves into the module)."""
-    mod = module("standard")
-    return KernelSpec(
-        doc=mod.__doc__,
-        name="standard",
-        forward=mod.forward,
-        backward=mod.backward,
-        forward_launches=("S = scale*Q@K^T", "P = softmax(S)", "O = P@V"),
-        backward_launches=(
-            "S (recompute)",
-            "P = exp(S-L) (recompute)",
-            "dV = P^T@dO",
-            "dP = dO@V^T",
-            "dS = P*(dP-D)",
-            "dQ = scale*dS@K",
-            "dK = scale*dS^T@Q",
-        ),
-        compile_all=mod.compile_all,
-        uses_blocks=False,
-        shared_bytes=mod.shared_bytes,
-        block_limits=mod.block_limits,
-    )
+    return module(name).SPEC

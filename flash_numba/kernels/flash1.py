@@ -60,7 +60,7 @@ from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
 from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type
 from ._spec import KernelSpec
-from ._tiles import load_rows
+from ._tile_ops import load_rows
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
 
@@ -369,6 +369,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
 
 def forward(prob, ops, block, counters):
     """O and L = m + log(l) for ``prob``: the init kernel, then Algorithm 1."""
+    counters.describe("flash1", prob, block, "forward")  # the IO model splits the bytes by term
     Br, Bc = block
     init, algorithm1 = _forward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
     BH, Nq, d, acc = prob.BH, prob.Nq, prob.d, prob.acc
@@ -386,6 +387,7 @@ def forward(prob, ops, block, counters):
 
 def backward(prob, ops, block, counters):
     """dQ, dK, dV for ``prob``: the init kernel, then Algorithm 4."""
+    counters.describe("flash1", prob, block, "backward")  # the IO model splits the bytes by term
     Br, Bc = block
     init, algorithm4 = _backward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
     BH, Nq, Nk, d, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.acc

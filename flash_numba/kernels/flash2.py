@@ -88,7 +88,7 @@ from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
 from . import _rowsum
-from ._tiles import load_rows, load_vector
+from ._tile_ops import load_rows, load_vector
 from .causal import first_visible_q_block_dev as first_visible_q_block
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
@@ -551,6 +551,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
 
 def forward(prob, ops, block, counters):
     """O and L = m + log(l): one launch, grid (Tr, B*H)."""
+    counters.describe("flash2", prob, block, "forward")  # the IO model splits the bytes by term
     Br, Bc = block
     kernel = _forward_kernel(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
@@ -563,6 +564,7 @@ def forward(prob, ops, block, counters):
 
 def backward(prob, ops, block, counters):
     """dQ, dK, dV: D = rowsum(dO * O), then dK, dV (grid (Tc, B*H)), then dQ (grid (Tr, B*H))."""
+    counters.describe("flash2", prob, block, "backward")  # the IO model splits the bytes by term
     Br, Bc = block
     BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
     count = counters.enabled

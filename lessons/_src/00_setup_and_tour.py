@@ -39,7 +39,7 @@ if "google.colab" in sys.modules:
 import numpy as np
 
 import flash_numba as fn
-from flash_numba import device, iomodel, reference
+from flash_numba import device, iomodel, lessonkit, pictures, recorded, reference
 from flash_numba import exercises as ex
 
 SIM = device.SIMULATOR
@@ -178,6 +178,45 @@ assert ex.check_solution("axpy")  # the packaged solution passes the same checke
 # ex.solution("axpy")  # uncomment to print the solution
 
 # %% [markdown]
+# ## Measured on a real GPU
+#
+# In the simulator nothing is timed. The project ran the same kernels on an NVIDIA H200; the table
+# below is loaded from the committed benchmark file and printed with the GPU, the date and the command
+# it came from: recorded, not measured now (on a GPU the cells above measure this one).
+
+# %%
+if recorded.available():
+    print(recorded.bench_table(["standard", "flash2", "flash2_fast", "torch-efficient"], "fwd", 4096))
+    title = f"{recorded.LABEL}: {recorded.hierarchy()['gpu']}"
+    lessonkit.show(pictures.memory_hierarchy(recorded.hierarchy_levels(), title))
+else:
+    print("the recorded results live in the repository (benchmarks/results/): clone it to see them")
+
+# %% [markdown]
+# **Predict, then run.** At another $N$ (half this one in the simulator, where standard attention's
+# $N^2$ threads are slow; twice this one on a GPU), is standard attention's share of the bytes larger,
+# smaller or the same? Write the ratio of standard attention's bytes to flash2's that you expect.
+
+# %%
+my_prediction = None  # standard / flash2 bytes at the other N
+
+# %%
+N2 = N // 2 if SIM else 2 * N
+q2, k2, v2 = (rng.standard_normal((BH, N2, d)).astype(np.float32) for _ in range(3))
+std2 = fn.attention_forward(q2, k2, v2, kernel="standard", count_hbm=True).hbm.total  # one entry point, any kernel
+ratio2 = std2 / fn.attention_forward(q2, k2, v2, kernel="flash2", count_hbm=True).hbm.total
+lessonkit.compare_prediction(f"standard / flash2 bytes at N = {N2}", my_prediction, round(ratio2, 2))
+
+# %% [markdown]
+# ## What to take away
+#
+# * The same kernels run on a GPU and in the simulator, with the same results and the same byte counts; only a GPU can
+#   time them.
+# * Standard attention and FlashAttention give the same $O$; FlashAttention moves a fraction of the bytes and never
+#   stores an $N \times N$ matrix.
+# * On a GPU, bytes become time: the recorded H200 table shows what that is worth, and that a tuned library kernel
+#   goes further still.
+#
 # ## Check
 #
 # The last cell of every lesson asserts what the lesson showed, so a run that goes wrong fails loudly.

@@ -23,7 +23,7 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
 import numpy as np
 
 import flash_numba as fn
-from flash_numba import device, iomodel, microbench
+from flash_numba import device, iomodel, lessonkit, microbench, pictures, recorded
 from flash_numba import exercises as ex
 
 SIM = device.SIMULATOR
@@ -175,6 +175,32 @@ plt.show()
 # * Intensity decides: under the ridge point a kernel's time is its bytes divided by the bandwidth.
 # * The softmax and the writing of $S$ and $P$ make standard attention memory-bound. Lesson 2 measures
 #   that on the kernels themselves.
+
+# %% [markdown]
+# ## The levels in one picture
+#
+# **Predict, then run.** How many times the bytes per second of HBM does shared memory deliver? (On a GPU
+# the cells above measured both; in the simulator the next cell uses the committed H200 measurement,
+# recorded, not measured now.)
+
+# %%
+my_prediction = None  # shared-memory bandwidth / HBM bandwidth
+
+# %%
+if not SIM:
+    info = device.info()
+    levels = {"shared memory, all SMs": (info.sm_count * info.shared_mem_per_sm, smem.value * 1e9),
+              "HBM": (info.total_memory or 1, hbm.value * 1e9)}  # (1 byte where the driver does not say)
+    title = f"measured now: {info.name}"
+elif recorded.available():
+    levels, title = recorded.hierarchy_levels(), f"{recorded.LABEL}: {recorded.hierarchy()['gpu']}"
+else:
+    levels, title = None, "no GPU and no recorded results (clone the repository)"
+print(title)
+if levels:
+    ratio_smem = levels["shared memory, all SMs"][1] / levels["HBM"][1]
+    lessonkit.compare_prediction("shared / HBM bandwidth", my_prediction, round(ratio_smem, 1))
+    lessonkit.show(pictures.memory_hierarchy(levels, title))
 
 # %% [markdown]
 # ## Check

@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from flash_numba import device, reference
+from flash_numba import device, lessonkit, pictures, reference
 from flash_numba import exercises as ex
 
 print(device.describe())
@@ -107,6 +107,7 @@ def stats(row, cuts):
     return m, l
 
 
+# %%
 worst_m, worst_l = 0.0, 0.0
 splits = [[c] for c in range(1, len(row))]  # every split into two blocks
 splits += [sorted(rng.choice(np.arange(1, 24), n, replace=False)) for n in (3, 7, 23)]  # 4, 8 and 24 blocks
@@ -158,8 +159,33 @@ print("max |o - o_ref| =", np.abs(o_row - o_ref[0]).max())
 print("L:", m + math.log(l), "reference:", lse_ref[0])
 
 # %% [markdown]
-# That loop is FlashAttention for one query row. Lesson 5 does it for a block of $B_r$ rows at once,
-# with blocks of $B_c$ keys held in shared memory: Algorithm 1 of the paper.
+# ## The running statistics, drawn
+#
+# One row whose maximum arrives in the last block: each time $m$ jumps, the sum so far is multiplied
+# by $e^{m_{old} - m_{new}}$ (the triangles), then the new block's terms are added.
+#
+# **Predict, then run.** For the row `[0.5, 1, -0.5, 1.5, 0, 2, 6, 1, 0.5]` in blocks of 3, what is
+# $\ell$ after the last block (the sum of $e^{x - 6}$)?
+
+# %%
+my_prediction = None  # l after the last block
+
+# %%
+row = np.array([0.5, 1, -0.5, 1.5, 0, 2, 6, 1, 0.5])
+m_row, l_row = stats(row, [3, 6])
+lessonkit.compare_prediction("l after the last block", my_prediction, round(l_row, 4))
+lessonkit.show(pictures.online_softmax_late_max(row, block=3))
+
+# %% [markdown]
+# The loop of the previous section is FlashAttention for one query row. Lesson 5 does it for a block of
+# $B_r$ rows at once, with blocks of $B_c$ keys held in shared memory: Algorithm 1 of the paper.
+#
+# ## What to take away
+#
+# * The softmax needs the row maximum and sum, but both can be kept as running values, block by block.
+# * When the maximum grows, everything summed so far is rescaled by $e^{m_{old} - m_{new}}$: exact, not approximate,
+#   for any split of the row.
+# * The same rescaling carries an unnormalised output $\tilde o$ along: FlashAttention for one row.
 #
 # ## Check
 

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from flash_numba import device
+from flash_numba import device, lessonkit, pictures, simtrace
 from flash_numba import exercises as ex
 from flash_numba.iomodel import standard as io_standard
 from flash_numba.kernels import standard
@@ -95,9 +95,17 @@ print("formula:", f"{tiled_bytes(Mt, Nt, Kt, standard.TILE, 4):,} bytes")
 # 2. after the multiply-adds, before the next step loads new tiles: otherwise a fast thread overwrites an
 #    element a slow thread is still reading (write after read).
 #
-# A missing barrier is a *race*: on a GPU the result is wrong only sometimes, depending on timing. The
-# simulator cannot show this (its threads take turns in a way that hides most races), so check your
-# barriers by reasoning, not by running.
+# A missing barrier is a *race*: on a GPU the result is wrong only sometimes, depending on timing. In the
+# simulator each thread is a Python thread that runs on until it waits at a barrier, and this package
+# fills shared memory with NaN there, so both races above usually do show: without barrier 1 a thread
+# reads tile elements nobody has stored yet (NaN in $C$); without barrier 2 it reads elements of the next
+# tile (wrong values that change from run to run; the checker below runs a failing case again to see).
+# Usually is not always, and a GPU schedules threads differently: reason about your barriers, do not
+# rely on a run (lesson 11 shows more races and what tools find them on a GPU).
+#
+# One trap of the simulator: it keeps one shared array per *source line*, so
+# `a, b = cuda.shared.array(4, float32), cuda.shared.array(4, float32)` gives `a` and `b` the same memory
+# there (on a GPU they are two arrays). Declare each shared array on its own line.
 #
 # ## Your turn: the tiled matrix product
 #
@@ -161,6 +169,7 @@ def matmul_untiled(a, b, c):
         c[row, col] = acc
 
 
+# %%
 tiled = matmul_tiled if mine else ex.solution_fn("tiled_matmul", tile=TILE)
 n = 24 if SIM else 2048
 A, B = (cuda.to_device(rng.standard_normal((n, n)).astype(np.float32)) for _ in range(2))
@@ -229,6 +238,7 @@ def make_column_reader(width):
     return kernel
 
 
+# %%
 iters, n_blocks = (4, 1) if SIM else (1 << 14, 8 * device.info().sm_count)
 out = cuda.device_array((n_blocks, 8, 32), np.float32)
 bank_ms = {}
@@ -258,9 +268,42 @@ for name, (m_, n_, k_) in {"S = Q K^T": (Na, Na, da), "O = P V": (Na, da, Na)}.i
           f"({untiled / tiled16:.1f}x less)")
 
 # %% [markdown]
+# ## Who reads what: an access map
+#
+# In the simulator the package can watch every global access of a kernel (`flash_numba.simtrace`): here,
+# for $A$, $B$ ($16 \times 16$) and one thread block of your tiled product (or the solution), which
+# thread loaded each element, GPU-Puzzles style (thread number $t_x + t_y \cdot$ `TILE`).
+#
+# **Predict, then run.** With $M = N = K = 16$ and this lesson's `TILE` (8 in the simulator), how many
+# times is each element of $A$ read from global memory, over the whole launch?
+
+# %%
+my_prediction = None  # reads of each element of A
+
+# %%
+if SIM:
+    A16, B16 = (rng.standard_normal((16, 16)).astype(np.float32) for _ in range(2))
+    arrays = [("A", A16), ("B", B16), ("C", np.zeros((16, 16), np.float32))]
+    out16, log16 = simtrace.run(tiled, (2, 2), (TILE, TILE), arrays, cuda.to_device(np.zeros(2, np.int64)))
+    reads_A = int(log16.count_map("A", "r", (16, 16)).max())
+    lessonkit.compare_prediction("reads of each element of A", my_prediction, reads_A)
+    lessonkit.show(pictures.access_map(log16, "A", "r", (16, 16), "A: the thread of block (0, 0) that "
+                                       "loaded each element", block=(0, 0, 0)))
+else:
+    reads_A = 16 // TILE
+    print("the access trace exists only in the simulator; the model says", reads_A, "reads of each element")
+
+# %% [markdown]
 # Tiling divides the traffic of the *reads*, but standard attention still writes and re-reads the
 # $N \times N$ matrices. FlashAttention (lesson 5) combines tiling with the online softmax of lesson 3 so
 # that $S$ and $P$ exist only as tiles in shared memory.
+#
+# ## What to take away
+#
+# * A tile loaded once into shared memory serves every thread of the block: global reads fall by the tile width.
+# * Two barriers per step: after loading (read after write) and before the next load (write after read).
+# * Shared memory has 32 banks; pad a tile's rows when threads read down a column.
+# * Tiling alone does not save attention: $S$ and $P$ still go to HBM and back.
 #
 # ## Check
 

@@ -28,11 +28,12 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32  # noqa: F401  (float32: for your kernels)
 
 import flash_numba as fn
-from flash_numba import device, iomodel, reference
+from flash_numba import device, iomodel, lessonkit, pictures, reference
 from flash_numba import exercises as ex
+from flash_numba import kernel_exercises as kx
 
 SIM = device.SIMULATOR
 print(device.describe())
@@ -127,6 +128,40 @@ print(bwd.hbm.table(f"flash1 backward, (Br, Bc) = {bwd.block} (bytes)"))
 print("counted == IO model:", bwd.hbm == iomodel.backward("flash1", BH, N, N, d, np.float32, False, bwd.block))
 
 # %% [markdown]
+# ## Your turn: the dK, dV body, in a kernel
+#
+# FlashAttention-2 computes $dK_j$ and $dV_j$ with one thread block per *key* tile: the block keeps its
+# $dK_j$, $dV_j$ on chip and walks over the query tiles, so each is written to HBM once, and nothing is
+# ever added to HBM twice. The frame (printed below) gives each thread one key row ($k_c$, $v_c$, and its
+# accumulators `dk_c`, `dv_c`, in registers) and loads $Q_i$, $dO_i$, $L_i$, $D_i$ into shared memory.
+# Write what the thread adds for one query tile: for each query row $r$ that sees the key,
+# $P = e^{\text{scale}\, q_r \cdot k_c - L_r}$ (recomputed from $L$, never stored),
+# $dP = dO_r \cdot v_c$, $dS = P\,(dP - D_r)$, then $dv_c \mathrel{+}= P\, dO_r$ and
+# $dk_c \mathrel{+}= \text{scale}\; dS\, q_r$. Query $r_0 + r$ sees key `col` iff
+# `col <= r0 + r + diag` (lesson 8; the frame passes `diag` = $N_k$ when nothing is masked). The checker
+# compares $dK$, $dV$ with the float64 reference, causal cases included.
+
+# %%
+print(kx.frame_source("dkdv_block"))
+
+
+# %%
+@cuda.jit(device=True)
+def dkdv_step(col, r0, rows, diag, Q_i, dO_i, L_i, D_i, k_c, v_c, dk_c, dv_c, scale):
+    """Add query tile i's share to dK, dV of key `col` (this thread's rows k_c, v_c, dk_c, dv_c; length d).
+    Q_i, dO_i (Br, d), L_i, D_i (Br,) are in shared memory; row r is query r0 + r."""
+    for r in range(rows):  # (d = Q_i.shape[1])
+        # Your turn: skip the masked pairs; s = q_r . k_c, dP = dO_r . v_c; P = exp(scale s - L_r);
+        # dS = P (dP - D_r); then dv_c[x] += P dO_r[x] and dk_c[x] += scale dS q_r[x] for every x.
+        raise NotImplementedError("P from L, then dS = P * (dP - D)")
+
+
+# %%
+mine_dkdv = ex.check("dkdv_block", dkdv_step)
+assert ex.check_solution("dkdv_block")
+# kx.hints("dkdv_block", upto=1)  # uncomment for a hint; upto=2 for two, and so on
+
+# %% [markdown]
 # ## A gradient check
 #
 # Agreement with the reference's formulas is one test; agreement with the definition of a derivative is
@@ -197,6 +232,29 @@ else:
     print("backward pass: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in t.items()))
 
 # %% [markdown]
+# ## Forward against backward bytes
+#
+# **Predict, then run.** flash1's backward pass reads $Q$, $O$, $dO$, $L$ and reads and writes $dQ$ on
+# every outer step. How many times the forward's bytes does it move here?
+
+# %%
+my_prediction = None  # backward bytes / forward bytes, flash1, these sizes
+
+# %%
+fwd_counted = fn.attention_forward(q, k, v, kernel="flash1", block=BLOCK, count_hbm=True).hbm.total
+lessonkit.compare_prediction("backward / forward bytes", my_prediction, round(bwd.hbm.total / fwd_counted, 2))
+lessonkit.show(pictures.hbm_bytes_by_term(kernels=("standard", "flash1", "flash2"), pass_="backward"))
+
+# %% [markdown]
+# ## What to take away
+#
+# * The backward needs $P$, but recomputes it from $Q$, $K$ and the saved $L = m + \log \ell$: $O(N)$ extra memory
+#   instead of $O(N^2)$.
+# * $D_i = \mathrm{rowsum}(dO_i \circ O_i)$ replaces $\mathrm{rowsum}(P \circ dP)$, so the softmax's gradient needs no
+#   $N \times N$ matrix either: $dS = P \circ (dP - D)$.
+# * Recomputation costs FLOPs and saves bytes: the right trade for a memory-bound layer.
+# * A finite-difference gradient check tests the whole pass independently of any formula.
+#
 # ## Check
 
 # %%

@@ -23,11 +23,12 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32  # noqa: F401  (float32: for your kernels)
 
 import flash_numba as fn
-from flash_numba import device, iomodel, reference
+from flash_numba import device, iomodel, lessonkit, pictures, reference
 from flash_numba import exercises as ex
+from flash_numba import kernel_exercises as kx
 
 SIM = device.SIMULATOR
 print(device.describe())
@@ -127,6 +128,43 @@ for n_line, line in enumerate(inspect.getsource(flash2).splitlines(), 1):
         print(f"flash2.py:{n_line:<4} {line.strip()}")
 
 # %% [markdown]
+# ## Your turn: the loop bound, in a kernel
+#
+# flash2 turns the skip test into a loop bound: query tile $i$ visits key tiles $0, 1, \dots, n_i - 1$
+# and never loads the rest. Write $n_i$ as a device function. Keys are visible as a prefix of each row
+# (key $c$ is visible to query $r$ iff $c \le r + N_k - N_q$), so $n_i$ is set by the last key that the
+# tile's *last* row sees; 0 when it sees none ($N_q > N_k$). The checker first compares your bound with
+# the mask tile by tile, then runs it as the loop bound of a FlashAttention-2 kernel (lesson 9's, the
+# packaged one) and compares $O$, $L$ and the bytes with flash2's causal IO model: a bound too large
+# loads masked tiles for nothing, one too small loses visible keys.
+
+# %%
+@cuda.jit(device=True)
+def causal_tiles(i, Br, Bc, Nq, Nk):
+    """How many key tiles (Bc keys each) query tile i (Br queries) visits under the causal mask."""
+    # Your turn: the last key the tile's last row sees, then the tile that holds it (0 if none).
+    raise NotImplementedError("the causal loop bound")
+
+
+# %%
+mine_bound = ex.check("causal_tiles", causal_tiles)
+assert ex.check_solution("causal_tiles")
+# kx.hints("causal_tiles", upto=1)  # uncomment for a hint; upto=2 for two, and so on
+
+# %% [markdown]
+# **Predict, then run.** With $N_q = N_k = 16$ and $B_r = B_c = 4$, how many rows of $K$ does the causal
+# kernel load in all (each query tile loads its visible key tiles, 4 rows each)? Without the mask it
+# would be $4 \times 16 = 64$.
+
+# %%
+my_prediction = None  # your number of K rows loaded
+
+# %%
+run16 = kx.measure_forward("causal_tiles", causal_tiles if mine_bound else kx.causal_tiles, 16, 16)
+k_rows = run16["log"].elements("k", "r") // 4 if SIM else sum(iomodel.flash2.kv_rows_read(16, 16, True, (4, 4)))
+lessonkit.compare_prediction("rows of K loaded, causal, N = 16", my_prediction, k_rows)
+
+# %% [markdown]
 # ## Rows with no visible key
 #
 # When $N_q > N_k$, the first $N_q - N_k$ query rows have every score $-\infty$. Their softmax is $0/0$:
@@ -195,6 +233,23 @@ else:
           f"({t_causal / t_full:.2f})")
 
 # %% [markdown]
+# ## The tiles, drawn
+#
+# Which tiles a causal kernel skips (grey: nothing loaded), masks inside (red entries) or runs whole, for
+# a square mask and for $N_q < N_k$, where the diagonal starts at key $N_k - N_q$:
+
+# %%
+lessonkit.show(pictures.causal_tiles(16, 16, 4, 4))
+lessonkit.show(pictures.causal_tiles(8, 20, 4, 4))
+
+# %% [markdown]
+# ## What to take away
+#
+# * Causal masks here are bottom-right aligned: key $c$ is visible to query $r$ iff $c \le r + N_k - N_q$.
+# * Tiles wholly above the diagonal are skipped (nothing loaded); only tiles crossing it are masked entry by entry:
+#   about half the work for $N_q = N_k$.
+# * A row that sees no key ends with $O = 0$ and $L = -\infty$, not NaN.
+#
 # ## Check
 
 # %%

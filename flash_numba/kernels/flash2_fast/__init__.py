@@ -17,7 +17,7 @@ How the kernels spend their time on multiply-adds:
   *unsigned* indices: with a signed index Numba handles Python's negative indices
   and the four loads stay apart).
 * **Loops the compiler unrolls**: ``while`` loops over uint32 offsets
-  (:mod:`flash_numba.kernels._tiles`); full K/V tiles loaded with uint32 indices,
+  (:mod:`flash_numba.kernels._tile_ops`); full K/V tiles loaded with uint32 indices,
   every load of a thread before its first shared store.
 * **Typed constants** (``-inf``, 0, 1 in the accumulation dtype) and **exp2** with
   log2(e) folded into the scale; ``fastmath`` without the no-inf/no-NaN flags, so

@@ -27,7 +27,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from ...device import SIMULATOR, jit
-from .. import _tiles
+from .. import _tile_ops
 from .._common import acc_nb_type, add_counts, nb_type
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
@@ -75,12 +75,12 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     NX = -(-DP // 32)
     KS_U, BC_U, FOUR_U, DP_MAX, D_U = np.uint32(KS), np.uint32(Bc), np.uint32(4), np.uint32(DP), np.uint32(d)
     NX_FULL = d == 32 * NX  # every lane's dQ columns exist: no column test
-    load_kv = _tiles.padded_loader(Bc, d, DP, KS, True, acc, count)
-    load_q, zero_q_padding = _tiles.pair_loader(Br, d, DP, QS, QS, True, acc, count)  # Q_i^T, dO_i^T
-    load_stats = _tiles.stats_loader(Br, acc, count)
-    s_dp_product = _tiles.micro_product(TM, TN, DP, KS, TN, 1, QS, True, True, acc)  # S^T = K Q^T, dP^T = V dO^T
-    dv_dk_product = _tiles.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
-    store = _tiles.strided_store(TM, TD, d, True, count)
+    load_kv = _tile_ops.padded_loader(Bc, d, DP, KS, True, acc, count)
+    load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, True, acc, count)  # Q_i^T, dO_i^T
+    load_stats = _tile_ops.stats_loader(Br, acc, count)
+    s_dp_product = _tile_ops.micro_product(TM, TN, DP, KS, TN, 1, QS, True, True, acc)  # S^T = K Q^T, dP^T = V dO^T
+    dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
+    store = _tile_ops.strided_store(TM, TD, d, True, count)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, scale, scale_log2, counter):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
@@ -105,7 +105,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         warp = uint32(tid // 32)
         # key tile after key tile, each for every head; the first key tiles are the longest
         # when causal (they see every query block), so they start first
-        tile, bh = _tiles.grid_tile((Nk + Bc - 1) // Bc)
+        tile, bh = _tile_ops.grid_tile((Nk + Bc - 1) // Bc)
         bh_u = uint32(bh)
         nq_u = uint32(Nq)  # unsigned compares: uint32 < int64 would compare as float64
         c0 = tile * Bc
@@ -205,12 +205,12 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     CAUSAL, COUNT = causal, count
     _, _, ZERO, _, _, _ = scalars(dtype_name)
     QT_SIZE, KT_SIZE, P_SIZE = DP * QS, DP * KS, Bc * PS
-    load_q = _tiles.padded_loader(Br, d, DP, QS, True, acc, count)
-    load_kv, zero_kv_padding = _tiles.pair_loader(Bc, d, DP, KS, KS, True, acc, count)  # K_j^T, V_j^T
-    load_stats = _tiles.stats_loader(Br, acc, count)
-    s_dp_product = _tiles.micro_product(TM, TN, DP, QS, TN, 1, KS, True, True, acc)  # S = Q K^T, dP = dO V^T
-    dq_product = _tiles.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
-    store = _tiles.strided_store(TM, TD, d, False, count)
+    load_q = _tile_ops.padded_loader(Br, d, DP, QS, True, acc, count)
+    load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, KS, True, acc, count)  # K_j^T, V_j^T
+    load_stats = _tile_ops.stats_loader(Br, acc, count)
+    s_dp_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, True, True, acc)  # S = Q K^T, dP = dO V^T
+    dq_product = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
+    store = _tile_ops.strided_store(TM, TD, d, False, count)
 
     def kernel(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
@@ -228,7 +228,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
 
         tid = cuda.threadIdx.x
         ty, tx = tid // TX, tid % TX
-        r0, bh = _tiles.last_tile_first(Nq, Br)  # longest (causal) row tiles first, as in the forward
+        r0, bh = _tile_ops.last_tile_first(Nq, Br)  # longest (causal) row tiles first, as in the forward
         nr = nw = 0
 
         n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)  # Q_i, dO_i -> QT, dOT once

@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda
 
 from ...device import SIMULATOR, jit
-from .. import _tiles
+from .. import _tile_ops
 from .._common import acc_nb_type, add_counts
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import last_visible_key_dev as last_visible_key
@@ -47,10 +47,10 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     CAUSAL, COUNT = causal, count
     NEG_INF, _, ZERO, ONE, _, LN2_ACC = scalars(dtype)
     QT_SIZE, KT_SIZE, V_SIZE, PT_SIZE = DP * QS, DP * KS, Bc * DP, Bc * PS
-    load_q = _tiles.padded_loader(Br, d, DP, QS, False, acc, count)
-    load_kv, zero_kv_padding = _tiles.pair_loader(Bc, d, DP, KS, DP, False, acc, count)  # K_j^T, V_j row-major
-    s_product = _tiles.micro_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
-    pv_product = _tiles.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
+    load_q = _tile_ops.padded_loader(Br, d, DP, QS, False, acc, count)
+    load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count)  # K_j^T, V_j row-major
+    s_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
+    pv_product = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
 
     def kernel(q, k, v, o, lse, Nq, Nk, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
@@ -64,7 +64,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
 
         tid = cuda.threadIdx.x
         ty, tx = tid // TX, tid % TX
-        row0, bh = _tiles.last_tile_first(Nq, Br)
+        row0, bh = _tile_ops.last_tile_first(Nq, Br)
         nr = nw = 0
 
         n = load_q(QT, QT, q, q, bh, row0, Nq, tid)  # Q_i -> QT, zero beyond d and Nq

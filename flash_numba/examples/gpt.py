@@ -1,0 +1,338 @@
+"""A small character-level GPT (nanoGPT-style) that trains with PyTorch's SDPA or with flash_numba.
+
+The model is Karpathy's nanoGPT (pre-LayerNorm decoder blocks, GELU MLP, tied embeddings) at a
+few million parameters; the data is tiny Shakespeare (``data/tinyshakespeare.txt``, public
+domain). The only difference between the two runs is the attention function, one line in
+:class:`CausalSelfAttention`: ``torch.nn.functional.scaled_dot_product_attention`` or
+``flash_numba.torch.scaled_dot_product_attention``. The same seed gives both runs the same
+initial weights and the same batches, so their loss curves can be laid over each other.
+
+    python -m flash_numba.examples.gpt train --attn flash_numba --steps 500 --csv flash_numba.csv
+    python -m flash_numba.examples.gpt train --attn sdpa --steps 500 --csv sdpa.csv
+    python -m flash_numba.examples.gpt plot sdpa.csv flash_numba.csv --out gpt_loss.png
+
+Each training run writes one CSV row per step: ``step, loss, lr, ms, tokens_per_s`` (the first
+step includes the kernels' compilation), and prints the validation loss at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+DATA = Path(__file__).resolve().parent / "data" / "tinyshakespeare.txt"
+ATTENTIONS = ("sdpa", "flash_numba")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+class CharData:
+    """A text as character ids: the first 90% for training, the rest for validation."""
+
+    def __init__(self, text: str, device="cpu"):
+        self.chars = sorted(set(text))
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        ids = torch.tensor([self.stoi[c] for c in text], dtype=torch.long)
+        n = int(0.9 * len(ids))
+        self.splits = {"train": ids[:n].to(device), "val": ids[n:].to(device)}
+        self.device = device
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def batch(self, split: str, batch_size: int, block_size: int, generator: torch.Generator):
+        """Inputs x and targets y (x shifted by one), both (B, N), at random offsets from ``generator``."""
+        data = self.splits[split]
+        starts = torch.randint(len(data) - block_size - 1, (batch_size,), generator=generator).tolist()
+        x = torch.stack([data[s : s + block_size] for s in starts])  # (B, N)
+        y = torch.stack([data[s + 1 : s + 1 + block_size] for s in starts])  # (B, N)
+        return x, y
+
+
+def load_text(path=DATA, chars: int | None = None) -> str:
+    """The training text (tiny Shakespeare by default), its first ``chars`` characters if given."""
+    text = Path(path).read_text(encoding="utf-8")
+    return text if chars is None else text[:chars]
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 65
+    block_size: int = 256  # N, the context length
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 256  # C; head dim d = C / n_head
+    attn: str = "flash_numba"  # "sdpa" or "flash_numba"
+    kernel: str | None = None  # flash_numba's kernel (None: its default)
+
+
+def attention_function(attn: str, kernel: str | None = None):
+    """The SDPA-like function ``f(q, k, v, is_causal=...)`` that a model calls."""
+    if attn == "sdpa":
+        return F.scaled_dot_product_attention
+    if attn == "flash_numba":
+        from flash_numba.torch import scaled_dot_product_attention
+
+        return lambda q, k, v, is_causal: scaled_dot_product_attention(q, k, v, is_causal=is_causal, kernel=kernel)
+    raise ValueError(f"attn: expected one of {', '.join(ATTENTIONS)}, got {attn!r}")
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.attend = attention_function(cfg.attn, cfg.kernel)  # the one line that differs
+
+    def forward(self, x):
+        B, N, C = x.shape
+        H, d = self.n_head, C // self.n_head
+        q, k, v = self.c_attn(x).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)  # each (B, H, N, d), a view
+        y = self.attend(q, k, v, is_causal=True)  # (B, H, N, d)
+        return self.c_proj(y.transpose(1, 2).reshape(B, N, C))  # (B, N, C)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(cfg.n_embd), nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        C = cfg.n_embd
+        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if name.endswith("c_proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx, targets=None):
+        B, N = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(N, device=idx.device))  # (B, N, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, N, vocab)
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 500
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup: int = 50
+    seed: int = 0
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype: str = "float32"
+    eval_batches: int = 20
+    text_chars: int | None = None  # train on the first characters only (tests)
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    frac = (step - tc.warmup) / max(tc.steps - tc.warmup, 1)
+    return tc.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def build(cfg: GPTConfig, tc: TrainConfig):
+    """The data and a model initialised from ``tc.seed`` (identical for both attentions)."""
+    data = CharData(load_text(chars=tc.text_chars), tc.device)
+    cfg.vocab_size = data.vocab_size
+    torch.manual_seed(tc.seed)
+    model = GPT(cfg).to(device=tc.device, dtype=getattr(torch, tc.dtype))
+    return data, model
+
+
+def _sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def train(cfg: GPTConfig, tc: TrainConfig, csv_path=None, log_every: int = 50) -> dict:
+    """Train for ``tc.steps`` steps; one CSV row per step; returns a summary (losses, tokens/s)."""
+    data, model = build(cfg, tc)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(0.9, 0.99), weight_decay=0.1)
+    batches = torch.Generator().manual_seed(tc.seed)
+    tokens = tc.batch_size * cfg.block_size
+    rows = []
+    print(f"GPT, {model.num_params():,} parameters, {asdict(cfg)}, {asdict(tc)}")
+    for step in range(tc.steps):
+        x, y = data.batch("train", tc.batch_size, cfg.block_size, batches)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, tc)
+        _sync(tc.device)
+        t0 = time.perf_counter()
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        _sync(tc.device)
+        ms = 1e3 * (time.perf_counter() - t0)
+        row = {"step": step, "loss": loss.item(), "lr": lr_at(step, tc), "ms": ms, "tokens_per_s": tokens / ms * 1e3}
+        rows.append(row)
+        if step % log_every == 0 or step == tc.steps - 1:
+            print(f"step {step:5d}  loss {row['loss']:.4f}  {ms:8.1f} ms  {row['tokens_per_s']:10.0f} tokens/s")
+    if csv_path is not None:
+        write_csv(rows, csv_path)
+    summary = summarize(rows)
+    summary["val_loss"] = evaluate(model, data, cfg, tc)
+    print(f"final train loss {summary['final_loss']:.4f}  val loss {summary['val_loss']:.4f}  "
+          f"median {summary['tokens_per_s']:.0f} tokens/s")
+    return summary
+
+
+@torch.no_grad()
+def evaluate(model, data: CharData, cfg: GPTConfig, tc: TrainConfig) -> float:
+    """Mean loss over ``tc.eval_batches`` validation batches (a fixed generator: the same for every run)."""
+    gen = torch.Generator().manual_seed(tc.seed + 1)
+    losses = [model(*data.batch("val", tc.batch_size, cfg.block_size, gen))[1].item() for _ in range(tc.eval_batches)]
+    return sum(losses) / len(losses)
+
+
+# ----------------------------------------------------------------------------- CSV and figure
+
+
+FIELDS = ("step", "loss", "lr", "ms", "tokens_per_s")
+
+
+def write_csv(rows, path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [{k: (int(v) if k == "step" else float(v)) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def summarize(rows) -> dict:
+    """``final_loss``: the mean over the last 10% of steps (single steps are noisy); ``tokens_per_s``:
+    the median over every step but the first (which compiles the kernels)."""
+    tail = rows[-max(1, len(rows) // 10) :]
+    timed = rows[1:] or rows
+    return {
+        "steps": len(rows),
+        "final_loss": statistics.fmean(r["loss"] for r in tail),
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+    }
+
+
+def plot_runs(csv_paths, out_png, labels=None) -> dict:
+    """Loss against step (overlaid) and tokens/s of each run, from their CSVs; returns label -> summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = labels or [Path(p).stem for p in csv_paths]
+    fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(11, 4))
+    summaries = {}
+    for path, label in zip(csv_paths, labels):
+        rows = read_csv(path)
+        s = summaries[label] = summarize(rows)
+        steps = [r["step"] for r in rows]
+        ax_loss.plot(steps, [r["loss"] for r in rows], label=f"{label} (final {s['final_loss']:.3f})", lw=1)
+        speed = [r["tokens_per_s"] for r in rows[1:]]
+        ax_speed.plot(steps[1:], speed, label=f"{label} (median {s['tokens_per_s']:.3g})", lw=1)
+    ax_loss.set(xlabel="step", ylabel="training loss (cross-entropy, nats)", title="Loss, same seed and batches")
+    ax_speed.set(xlabel="step", ylabel="tokens / s", title="Training speed (first step left out)")
+    for ax in (ax_loss, ax_speed):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return summaries
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flash_numba.examples.gpt", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train the GPT, one CSV row per step")
+    t.add_argument("--attn", choices=ATTENTIONS, default="flash_numba")
+    t.add_argument("--kernel", default=None, help="flash_numba's kernel (default: its fastest)")
+    for name, default in asdict(TrainConfig()).items():
+        if name != "text_chars":
+            t.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    t.add_argument("--block-size", type=int, default=GPTConfig.block_size)
+    t.add_argument("--n-layer", type=int, default=GPTConfig.n_layer)
+    t.add_argument("--n-head", type=int, default=GPTConfig.n_head)
+    t.add_argument("--n-embd", type=int, default=GPTConfig.n_embd)
+    t.add_argument("--csv", default=None)
+    p = sub.add_parser("plot", help="overlay the loss curves of training CSVs")
+    p.add_argument("csvs", nargs="+")
+    p.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.cmd == "plot":
+        summaries = plot_runs(args.csvs, args.out)
+        for label, s in summaries.items():
+            print(f"{label:<20} steps {s['steps']:5d}  final loss {s['final_loss']:.4f}  "
+                  f"{s['tokens_per_s']:10.0f} tokens/s")
+        if len(summaries) == 2:
+            (a, sa), (b, sb) = summaries.items()
+            print(f"{b} / {a}: final loss x {sb['final_loss'] / sa['final_loss']:.4f}, "
+                  f"tokens/s x {sb['tokens_per_s'] / sa['tokens_per_s']:.3f}")
+        return 0
+    cfg = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                    attn=args.attn, kernel=args.kernel)
+    tc = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig()) if k != "text_chars"})
+    train(cfg, tc, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,259 @@
+"""flash_numba inside PyTorch: ``scaled_dot_product_attention`` with autograd, and an attention module.
+
+Three lines swap our kernels into a model that calls PyTorch's SDPA::
+
+    from flash_numba.torch import scaled_dot_product_attention
+    y = scaled_dot_product_attention(q, k, v, is_causal=True)   # q, k, v: (B, H, N, d) tensors
+    y.sum().backward()                                           # dq, dk, dv from our backward
+
+The function takes ``torch.nn.functional.scaled_dot_product_attention``'s arguments, shapes and
+meaning, and runs flash_numba's kernels, forward and backward, through a ``torch.autograd.Function``
+that saves O and the log-sum-exp L (never P) for the backward, which recomputes P blockwise.
+CUDA tensors stay on the GPU (read in place through ``__cuda_array_interface__``); CPU tensors go
+through NumPy, so without a GPU they run in Numba's CUDA simulator (tiny sizes only).
+
+What SDPA can do and we cannot is refused with an error that names the argument, never quietly
+handed to another implementation: an ``attn_mask`` tensor, ``dropout_p > 0``, grouped-query heads
+(``enable_gqa`` with fewer key/value heads), bfloat16 and other dtypes than float16/32/64, a value
+head dim different from the query's, head dims above 128.
+
+Causal masks: SDPA's ``is_causal=True`` is TOP-LEFT aligned (query i sees keys ``j <= i``), our
+kernels' ``causal`` BOTTOM-RIGHT aligned (``j <= i + S - L``). They agree when ``L == S``. For
+``L != S`` this module computes SDPA's top-left mask exactly with our kernels: when ``L < S`` no
+query sees a key past ``L - 1``, so it is our causal attention on the first ``L`` keys; when
+``L > S`` the first ``S`` query rows are our (square) causal attention and the rows from ``S`` on
+see every key, a non-causal call. The bottom-right mask is available as in PyTorch, by passing
+``attn_mask=torch.nn.attention.bias.causal_lower_right(L, S)``; rows that see no key give 0, as
+SDPA does.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "flash_numba.torch needs PyTorch: pip install 'flash-numba[torch]' (or pip install torch)"
+    ) from exc
+from torch import nn
+
+from . import api, kernels
+from ._inputs import MAX_HEAD_DIM
+
+__all__ = ["DEFAULT_KERNEL", "MultiheadAttention", "scaled_dot_product_attention"]
+
+#: The kernel ``kernel=None`` picks: the fastest one that passes every test.
+DEFAULT_KERNEL = "flash2_fast"
+
+_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+def _run_forward(kernel, q, k, v, causal, scale):
+    """Our forward on (BH, N, d) tensors: (o, lse) as tensors on q's device."""
+    if q.is_cuda:  # read in place; the package returns torch tensors for torch inputs
+        args = (q, k, v)
+    else:  # CPU: through NumPy (the package copies it to the GPU, or runs the simulator)
+        args = tuple(t.detach().numpy() for t in (q, k, v))
+    res = api.attention_forward(*args, kernel=kernel, causal=causal, scale=scale)
+    return torch.as_tensor(res.o, device=q.device), torch.as_tensor(res.lse, device=q.device)
+
+
+def _run_backward(kernel, q, k, v, o, lse, do, causal, scale):
+    """Our backward from the saved O and L: (dq, dk, dv) as tensors on q's device."""
+    args = (q, k, v, o, lse, do)
+    if not q.is_cuda:
+        args = tuple(t.detach().numpy() for t in args)
+    res = api.attention_backward(*args, kernel=kernel, causal=causal, scale=scale)
+    return tuple(torch.as_tensor(g, device=q.device) for g in (res.dq, res.dk, res.dv))
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """O = softmax(scale Q K^T) V on (BH, N, d) contiguous tensors, causal bottom-right aligned.
+
+    The forward saves Q, K, V, O and L (one float per query row); the backward hands them
+    to our backward kernels, which recompute P blockwise instead of reading a stored one.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float, kernel: str):
+        o, lse = _run_forward(kernel, q, k, v, causal, scale)  # (BH, L, d), (BH, L)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.kernel = causal, scale, kernel
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        grads = _run_backward(ctx.kernel, q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.scale)
+        # (dq, dk, dv), None for an input that needs no gradient; nothing for causal, scale, kernel
+        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad)) + (None, None, None)
+
+
+def _check_tensors(query, key, value) -> None:
+    """SDPA's shape and dtype rules that we share, with errors that name the argument."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name}: expected shape (..., N, E) with at least 2 dims, got {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}: dtype {t.dtype} is not supported by flash_numba; use float16, float32 or float64")
+        if t.layout != torch.strided:
+            raise TypeError(f"{name}: layout {t.layout} is not supported; give a dense (strided) tensor")
+    for name, t in (("key", key), ("value", value)):
+        if t.dtype != query.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from query's {query.dtype}")
+        if t.device != query.device:
+            raise ValueError(f"{name}: on {t.device} but query is on {query.device}")
+        if t.dim() != query.dim():
+            raise ValueError(f"{name}: has {t.dim()} dims but query has {query.dim()}")
+    L, E = query.shape[-2:]
+    S = key.shape[-2]
+    if key.shape[-1] != E:
+        raise ValueError(f"key: head dim {key.shape[-1]} differs from query's {E}")
+    if value.shape[-2] != S:
+        raise ValueError(f"value: sequence length {value.shape[-2]} differs from key's {S}")
+    if value.shape[-1] != E:
+        raise ValueError(f"value: head dim Ev = {value.shape[-1]} differs from query's E = {E}; "
+                         "flash_numba needs equal head dims")
+    if not 1 <= E <= MAX_HEAD_DIM:
+        raise ValueError(f"query: head dim E = {E} is not supported; use 1 <= E <= {MAX_HEAD_DIM}")
+    if L == 0 or S == 0:
+        raise ValueError(f"{'query' if L == 0 else 'key'}: empty sequence (L = {L}, S = {S})")
+    if key.shape[:-2] != value.shape[:-2]:
+        raise ValueError(f"value: leading dims {tuple(value.shape[:-2])} differ from key's {tuple(key.shape[:-2])}")
+
+
+def _causal_variant(attn_mask, L: int, S: int) -> str | None:
+    """"upper_left" or "lower_right" for a PyTorch CausalBias; NotImplementedError for any other mask."""
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+
+    if not isinstance(attn_mask, CausalBias):
+        raise NotImplementedError(
+            "attn_mask: flash_numba supports no explicit mask tensor (it never forms the L x S matrix); "
+            "use is_causal=True or torch.nn.attention.bias.causal_lower_right / causal_upper_left"
+        )
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (L, S):
+        raise ValueError(
+            f"attn_mask: a causal bias for (L, S) = ({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}) "
+            f"but query and key give ({L}, {S})"
+        )
+    return "lower_right" if attn_mask.variant == CausalVariant.LOWER_RIGHT else "upper_left"
+
+
+def _attend(q, k, v, causal: bool, scale: float, kernel: str):
+    """Our attention on (BH, N, E) tensors, causal bottom-right aligned."""
+    # The kernels take contiguous (BH, N, E) arrays: a permuted view such as
+    # qkv.view(B, N, 3, H, E).permute(2, 0, 3, 1, 4)[0] is copied here. This is a copy of the
+    # input, not another implementation; kernels that read strided inputs are issue #16 item 2.
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return FlashAttentionFunction.apply(q, k, v, causal, scale, kernel)
+
+
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *, kernel=None
+):
+    """``torch.nn.functional.scaled_dot_product_attention`` computed by flash_numba's kernels.
+
+    query: (..., L, E); key: (..., S, E); value: (..., S, E), the same leading dims (3-D
+    ``(B*H, N, E)`` and 4-D ``(B, H, N, E)`` as in SDPA); returns (..., L, E), differentiable in
+    query, key and value. ``is_causal`` is SDPA's top-left mask (see the module docstring for
+    L != S); ``attn_mask`` may be a ``torch.nn.attention.bias`` causal bias (``causal_lower_right``
+    is our kernels' native mask), nothing else. ``scale`` defaults to 1/sqrt(E). ``kernel`` picks
+    ``"standard"``, ``"flash1"``, ``"flash2"`` or ``"flash2_fast"``; None means
+    :data:`DEFAULT_KERNEL`. Unsupported arguments raise (TypeError, ValueError or
+    NotImplementedError, the message starting with the argument's name).
+    """
+    kernel = DEFAULT_KERNEL if kernel is None else kernel
+    if kernel not in kernels.NAMES:
+        raise ValueError(f"kernel: unknown kernel {kernel!r}; choose one of {', '.join(kernels.NAMES)} or None")
+    _check_tensors(query, key, value)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1], got {dropout_p!r}")
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            f"dropout_p: flash_numba has no attention dropout yet (issue #16 item 4); got {dropout_p}, "
+            "pass 0.0 (in a module: dropout_p=self.dropout if self.training else 0.0, in eval mode)"
+        )
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal: expected True or False, got {is_causal!r}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa: expected True or False, got {enable_gqa!r}")
+    L, E = query.shape[-2:]
+    S = key.shape[-2]
+    if query.shape[:-2] != key.shape[:-2]:
+        hq, hkv = query.shape[-3] if query.dim() > 2 else 1, key.shape[-3] if key.dim() > 2 else 1
+        if enable_gqa and query.shape[:-3] == key.shape[:-3] and hkv < hq and hq % hkv == 0:
+            raise NotImplementedError(
+                f"enable_gqa: grouped-query attention ({hq} query heads, {hkv} key/value heads) is not in "
+                "flash_numba's kernels yet (issue #16 item 3)"
+            )
+        raise ValueError(f"key: leading dims {tuple(key.shape[:-2])} differ from query's {tuple(query.shape[:-2])}")
+    variant = "upper_left" if is_causal else None
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError("attn_mask: give either attn_mask or is_causal=True, not both (as SDPA)")
+        variant = _causal_variant(attn_mask, L, S)
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise TypeError(f"scale: expected a finite real number or None, got {scale!r}")
+    scale = float(scale)
+
+    lead = query.shape[:-2]
+    q = query.reshape(-1, L, E)  # (BH, L, E): a view when it can be, else a copy
+    k, v = key.reshape(-1, S, E), value.reshape(-1, S, E)  # (BH, S, E)
+    if variant == "upper_left" and L < S:  # no query sees a key past L - 1
+        o = _attend(q, k[:, :L], v[:, :L], True, scale, kernel)
+    elif variant == "upper_left" and L > S:  # rows 0..S-1: square causal; rows S..L-1: every key
+        o = torch.cat([_attend(q[:, :S], k, v, True, scale, kernel),
+                       _attend(q[:, S:], k, v, False, scale, kernel)], dim=1)
+    else:  # no mask, lower_right (our kernels' own), or upper_left with L == S (the same mask)
+        o = _attend(q, k, v, variant is not None, scale, kernel)
+    return o.view(*lead, L, E)  # (..., L, E)
+
+
+class MultiheadAttention(nn.Module):
+    """``torch.nn.MultiheadAttention`` (the parts we support) with flash_numba's attention inside.
+
+    The same parameters under the same names (``in_proj_weight``, ``in_proj_bias``,
+    ``out_proj``), so a state dict moves between the two. ``causal=True`` applies SDPA's
+    top-left causal mask. ``forward(query, key, value)`` returns ``(output, None)`` like
+    PyTorch's module with ``need_weights=False``: the attention weights P are the matrix
+    FlashAttention never forms, so ``need_weights=True`` is refused.
+    """
+
+    def __init__(self, embed_dim, num_heads, bias=True, batch_first=True, causal=False, kernel=None,
+                 device=None, dtype=None):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"num_heads: {num_heads} does not divide embed_dim = {embed_dim}")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.batch_first, self.causal, self.kernel = batch_first, causal, kernel
+        factory = {"device": device, "dtype": dtype}
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim, **factory)) if bias else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        nn.init.xavier_uniform_(self.in_proj_weight)  # PyTorch's initialisation
+        if bias:
+            nn.init.zeros_(self.out_proj.bias)
+
+    def forward(self, query, key, value, need_weights=False):
+        if need_weights:
+            raise ValueError("need_weights: FlashAttention never forms the attention weights; pass need_weights=False")
+        if not self.batch_first:  # (N, B, E) -> (B, N, E)
+            query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+        B, L, _ = query.shape
+        S = key.shape[1]
+        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        b_q, b_k, b_v = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None,) * 3
+        H, d = self.num_heads, self.head_dim
+        q = nn.functional.linear(query, w_q, b_q).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
+        k = nn.functional.linear(key, w_k, b_k).view(B, S, H, d).transpose(1, 2)  # (B, H, S, d)
+        v = nn.functional.linear(value, w_v, b_v).view(B, S, H, d).transpose(1, 2)  # (B, H, S, d)
+        y = scaled_dot_product_attention(q, k, v, is_causal=self.causal, kernel=self.kernel)  # (B, H, L, d)
+        y = self.out_proj(y.transpose(1, 2).reshape(B, L, self.embed_dim))  # (B, L, E)
+        return (y if self.batch_first else y.transpose(0, 1)), None

@@ -1,0 +1,75 @@
+"""flash_numba.examples.gpt: a toy GPT trains on our attention in the simulator, with SDPA's gradients.
+
+Toy sizes (1 layer, 2 heads of d = 8, N = 16, batch 2) keep each attention call to about a second
+in the simulator; the full run is ``benchmarks/train_gpt_h200.sh`` on a GPU.
+"""
+
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e '.[dev]' brings torch==2.13.0)")
+
+from flash_numba.examples import gpt  # noqa: E402
+
+U64 = 2.0**-53
+
+
+def toy(attn, dtype="float32", steps=2):
+    cfg = gpt.GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16, attn=attn, kernel="flash1")
+    tc = gpt.TrainConfig(steps=steps, batch_size=2, warmup=1, device="cpu", dtype=dtype, eval_batches=1,
+                         text_chars=20_000)
+    return cfg, tc
+
+
+def test_two_training_steps_on_our_attention(tmp_path):
+    cfg, tc = toy("flash_numba")
+    summary = gpt.train(cfg, tc, tmp_path / "run.csv")
+    rows = gpt.read_csv(tmp_path / "run.csv")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(math.isfinite(r["loss"]) and r["tokens_per_s"] > 0 for r in rows)
+    # a fresh model predicts about uniformly: loss near log(vocab) (init std 0.02 keeps logits ~0.1)
+    vocab = cfg.vocab_size
+    assert abs(rows[0]["loss"] - math.log(vocab)) < 0.1, (rows[0]["loss"], math.log(vocab))
+    assert math.isfinite(summary["val_loss"])
+
+
+def test_one_step_gives_sdpas_gradients():
+    """Same weights and batch: every parameter's gradient with our attention equals SDPA's in float64.
+
+    Float64 rounding (u = 1.1e-16) through sums of at most vocab + 4C = 129 terms per layer, a few
+    layers deep, moves a gradient by ~1e-13 of its size; a wrong mask or scale moves it by ~1e-2.
+    """
+    cfg, tc = toy("sdpa", dtype="float64")
+    data, sdpa_model = gpt.build(cfg, tc)
+    ours_model = copy.deepcopy(sdpa_model)
+    for block in ours_model.blocks:
+        block.attn.attend = gpt.attention_function("flash_numba", "flash1")
+    x, y = data.batch("train", tc.batch_size, cfg.block_size, torch.Generator().manual_seed(0))
+    losses = []
+    for model in (sdpa_model, ours_model):
+        _, loss = model(x, y)
+        loss.backward()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) <= 64 * U64 * abs(losses[0])
+    for (name, p_sdpa), p_ours in zip(sdpa_model.named_parameters(), ours_model.parameters()):
+        err = (p_ours.grad - p_sdpa.grad).abs().max().item() / max(p_sdpa.grad.abs().max().item(), 1e-30)
+        assert err < 1e-11, (name, err)
+
+
+def test_plot_runs_on_synthetic_csvs(tmp_path):
+    """The figure of the GPU script, from two made-up runs: summaries computed from the rows."""
+    paths = []
+    for name, speed in (("sdpa", 3e5), ("flash_numba", 1e5)):
+        rows = [{"step": s, "loss": 4.0 - 0.01 * s, "lr": 1e-3, "ms": 1.0, "tokens_per_s": speed}
+                for s in range(20)]
+        rows[0]["tokens_per_s"] = 1.0  # the compiling first step is left out of the median
+        paths.append(tmp_path / f"{name}.csv")
+        gpt.write_csv(rows, paths[-1])
+    out = tmp_path / "loss.png"
+    summaries = gpt.plot_runs(paths, out, labels=["sdpa", "flash_numba"])
+    assert out.stat().st_size > 10_000
+    assert summaries["sdpa"]["tokens_per_s"] == 3e5 and summaries["flash_numba"]["tokens_per_s"] == 1e5
+    assert summaries["sdpa"]["final_loss"] == pytest.approx(4.0 - 0.01 * 18.5)  # mean of the last 2 steps
+    assert gpt.main(["plot", str(paths[0]), str(paths[1]), "--out", str(out)]) == 0
