@@ -64,8 +64,8 @@ class KernelSpec:
         check_block(block, d, dtype, pass_) -> None         # optional: shape rules of its own
 
     ``compile_all(ccs, dtypes, ds)`` returns the compile tier's ``[(label, ptx, ...)]``.
-    ``max_registers`` maps a launch name to the register cap it is compiled with on
-    devices of compute capability ``caps_from_cc`` and up (:meth:`register_cap`).
+    ``max_registers`` maps a launch name to its register cap; ``register_rule(launch, cc, d)``,
+    where given, says where the cap applies (:meth:`register_cap`).
     """
 
     name: str
@@ -85,7 +85,7 @@ class KernelSpec:
     atomic_backward_launches: tuple[str, ...] = ()
     io_backward_atomic: Callable | None = None
     max_registers: Mapping[str, int] = field(default_factory=dict)
-    caps_from_cc: tuple[int, int] = (0, 0)
+    register_rule: Callable | None = None
     doc: str = ""  # what the kernel is: its module's docstring (``spec.__doc__`` returns it)
 
     def __post_init__(self):
@@ -145,9 +145,11 @@ class KernelSpec:
             return blocks.choose(d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc, budget=budget)
         return blocks.validate(block, d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
 
-    def register_cap(self, launch: str, cc) -> int | None:
-        """The register cap of ``launch`` on a device of compute capability ``cc`` (None: uncapped)."""
-        return self.max_registers.get(launch) if tuple(cc) >= self.caps_from_cc else None
+    def register_cap(self, launch: str, cc, d: int) -> int | None:
+        """The register cap of ``launch`` at head dim ``d`` on a device of compute capability ``cc`` (None: none)."""
+        if self.register_rule is not None:
+            return self.register_rule(launch, cc, d)
+        return self.max_registers.get(launch)
 
     def run_backward(self, deterministic: bool) -> Callable:
         """The backward pass a call with ``deterministic`` runs."""

@@ -54,7 +54,6 @@ from .layout import (
     BACKWARD_KV_NAME,
     BACKWARD_KVQ_NAME,
     BACKWARD_Q_NAME,
-    CAPPED_FROM_CC,
     CAST_DQ_NAME,
     FORWARD_NAME,
     LOG2E,
@@ -202,7 +201,7 @@ def compile_all(ccs, dtypes, ds):
                     if dt != acc:
                         specs.append((CAST_DQ_NAME, f"{CAST_DQ_NAME} {dt}{c}", cast_kernel(acc.name, dt.name, count),
                                       (A1, X1, I64, COUNTER_TYPE)))
-                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc))
+                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d))
                         for launch, label, kernel, sig in specs for cc in ccs]
     return out
 
@@ -214,5 +213,5 @@ SPEC = KernelSpec(
     backward_launches=(_rowsum.NAME, BACKWARD_KV_NAME, BACKWARD_Q_NAME),
     atomic_backward_launches=(_rowsum.NAME, ZERO_DQ_NAME, BACKWARD_KVQ_NAME, CAST_DQ_NAME),
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
-    max_registers=MAX_REGISTERS, caps_from_cc=CAPPED_FROM_CC,
+    max_registers=MAX_REGISTERS, register_rule=register_cap,
 )

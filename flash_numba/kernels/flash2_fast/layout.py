@@ -61,16 +61,21 @@ MAX_REGISTERS = {
 #: memory per SM) one block of these kernels (40-45 KB of tiles) fills an SM's shared memory,
 #: so a cap buys no occupancy and only makes ptxas spill (8-44 bytes at cc 7.5).
 CAPPED_FROM_CC = (8, 0)
+#: ... and up to this head dim: the caps were measured at d = 64; above it the atomic kernel's
+#: dQ partial sums need more than 128 registers (ptxas spilled 8-20 bytes at d = 80 and 128).
+CAPPED_UP_TO_D = {BACKWARD_KVQ_NAME: 64}
 
 
-def register_cap(launch: str, cc) -> int | None:
-    """The register cap of ``launch`` compiled for compute capability ``cc`` (None: uncapped)."""
-    return MAX_REGISTERS.get(launch) if tuple(cc) >= CAPPED_FROM_CC else None
+def register_cap(launch: str, cc, d: int) -> int | None:
+    """The register cap of ``launch`` at head dim ``d`` compiled for compute capability ``cc`` (None: uncapped)."""
+    if tuple(cc) < CAPPED_FROM_CC or d > CAPPED_UP_TO_D.get(launch, d):
+        return None
+    return MAX_REGISTERS.get(launch)
 
 
-def device_register_cap(launch: str) -> int | None:
+def device_register_cap(launch: str, d: int) -> int | None:
     """:func:`register_cap` for the device present (the one the kernel launches on)."""
-    return register_cap(launch, device.info().compute_capability)
+    return register_cap(launch, device.info().compute_capability, d)
 
 # (TM, TN) micro-tile shapes in order of preference (fastest first on the H200
 # at d = 64, fp32: 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s, docs/PERFORMANCE.md).
