@@ -1,5 +1,6 @@
 # make venv   create or reuse .venv and install the package with its dev tools (fast when nothing changed)
-# make test   the whole suite: simulator tests and the compile tier (no GPU needed)
+# make test   the whole suite: simulator tests and the compile tier (no GPU needed); the compile tier
+#             starts first and the other worker steals the tests queued behind it (tests/conftest.py)
 # make tour   run standard attention and every FlashAttention kernel once (flash-numba tour)
 # make lint   ruff
 
@@ -19,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 test: venv
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 tour: venv
 	$(BIN)/flash-numba tour

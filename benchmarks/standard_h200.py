@@ -26,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from flash_numba import api, device, iomodel, profile
+from flash_numba import api, device, iomodel
 from flash_numba.iomodel import terms
 from flash_numba.kernels import standard
+from flash_numba.tools import profile
 
 KERNELS = ("standard", "flash2_fast")
 D = 64

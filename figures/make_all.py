@@ -2,14 +2,14 @@
 
     python figures/make_all.py [--only N ...] [--quick] [--model-only] [--out DIR]
 
-The figures live in :mod:`flash_numba.figures`; this script only sets the
+The figures live in :mod:`flash_numba.tools.figures` (one module per figure); this script only sets the
 default output folder, figures/out next to it.
 """
 
 import sys
 from pathlib import Path
 
-from flash_numba import figures
+from flash_numba.tools import figures
 
 OUT = Path(__file__).resolve().parent / "out"
 

@@ -1,4 +1,4 @@
-"""Warp shuffles, and poisoned shared/local memory, for Numba's CUDA simulator.
+"""Warp shuffles, poisoned shared/local memory and a block scheduler that yields, for Numba's CUDA simulator.
 
 numba-cuda 0.30.4's simulator has no ``cuda.shfl_*_sync``: a kernel that reduces
 a row with warp shuffles (as fast kernels do) raises AttributeError there.  This
@@ -18,6 +18,14 @@ a kernel that reads an element it never wrote passes there and fails on the GPU.
 :func:`install` makes the simulator fill float shared and local arrays with NaN
 (integers with a large sentinel), so such a read shows up as NaN in the results.
 It also accepts (and ignores) ``alignment=``, so one kernel source serves both.
+
+A scheduler that yields.  The simulator runs a block as one Python thread per
+CUDA thread; the main thread polls them in a loop (who waits at
+``syncthreads``, who is still alive) that never sleeps, so it takes the GIL
+from the threads doing the work at every switch.  :func:`install` replaces that
+loop with the same loop plus ``time.sleep(0)`` per round, which hands the GIL
+to the CUDA threads: the same threads, barriers and results, about 2-5x faster
+kernels in the simulator (flash1 5x, flash2_fast 3x, standard 2x).
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ import threading
 
 
 def install() -> None:
-    from numba.cuda.simulator import kernelapi
+    from numba.cuda.simulator import kernel, kernelapi
+
+    kernel.BlockManager.run = _run_block
 
     mod = kernelapi.FakeCUDAModule
     if getattr(mod, "_flash_numba_shuffles", False):
@@ -118,3 +128,47 @@ def _install_poisoned_arrays(kernelapi) -> None:
 
     kernelapi.FakeCUDAShared.array = shared_array
     kernelapi.FakeCUDALocal.array = local_array
+
+
+def _run_block(self, grid_point, *args):
+    """numba-cuda 0.30.4's ``BlockManager.run`` (one block), with ``time.sleep(0)`` in its polling loop.
+
+    Starts one thread per CUDA thread; releases the threads waiting at
+    ``syncthreads`` once every thread still alive waits there; re-raises the
+    first exception a thread raised (after aborting the others).
+    """
+    import time
+
+    import numpy as np
+    from numba.cuda.simulator.kernel import BlockThread
+
+    threads, livethreads, blockedthreads = set(), set(), set()
+    for block_point in np.ndindex(*self._block_dim):
+
+        def target():
+            self._f(*args)
+
+        t = BlockThread(target, self, grid_point, block_point, self._debug)
+        t.start()
+        threads.add(t)
+        livethreads.add(t)
+    while livethreads:
+        for t in livethreads:
+            if t.syncthreads_blocked:
+                blockedthreads.add(t)
+            elif t.exception:  # abort every other thread, then raise
+                for t_other in threads:
+                    t_other.abort = True
+                    t_other.syncthreads_blocked = False
+                    t_other.syncthreads_event.set()
+                raise t.exception[0].with_traceback(t.exception[1])
+        if livethreads == blockedthreads:
+            for t in blockedthreads:
+                t.syncthreads_blocked = False
+                t.syncthreads_event.set()
+            blockedthreads = set()
+        livethreads = {t for t in livethreads if t.is_alive()}
+        time.sleep(0)  # the one change: let the CUDA threads have the GIL
+    for t in threads:  # an exception set just before its thread finished
+        if t.exception:
+            raise t.exception[0].with_traceback(t.exception[1])

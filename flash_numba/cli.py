@@ -32,15 +32,6 @@ DTYPES = ("float16", "float32", "float64")
 TOUR_TOLERANCE = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-12}
 
 
-def available_kernels() -> tuple[dict, dict]:
-    """``({name: KernelSpec}, {name: why not})`` for the kernels in :data:`kernels.NAMES`."""
-    found, missing = {}, {}
-    for name in kernels.NAMES:
-        try:
-            found[name] = kernels.get(name)
-        except Exception as exc:  # a kernel module that does not import is reported, not fatal
-            missing[name] = f"{type(exc).__name__}: {exc}"
-    return found, missing
 
 
 # ---------------------------------------------------------------------------- info
@@ -82,9 +73,8 @@ def _block_table(mods: dict) -> list[str]:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the mode line, the device's numbers and the block sizes of each kernel."""
-    mods, missing = available_kernels()
+    mods = {name: kernels.get(name) for name in kernels.NAMES}
     lines = [device.describe(), *_device_lines(), *_block_table(mods)]
-    lines += [f"{name}: not available ({why})" for name, why in missing.items()]
     print("\n".join(lines))
     return 0
 
@@ -137,7 +127,6 @@ def cmd_tour(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     q, k, v = (rng.standard_normal((B, H, N, d)).astype(args.dtype) for _ in range(3))
     o_ref, lse_ref = reference.attention_forward(q, k, v, causal=args.causal)
-    mods, missing = available_kernels()
 
     def call(name, q, k, v, count_hbm):
         return attention_forward(q, k, v, kernel=name, causal=args.causal, count_hbm=count_hbm)
@@ -148,7 +137,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
         q_dev, k_dev, v_dev = (cuda.to_device(x) for x in (q, k, v))
 
     rows = []
-    for name in mods:
+    for name in kernels.NAMES:
         res = call(name, q, k, v, True)
         ms = None
         if not device.SIMULATOR:  # time the plain kernels on device arrays: no copies, no counting
@@ -159,8 +148,6 @@ def cmd_tour(args: argparse.Namespace) -> int:
     print(device.describe())
     print(f"q, k, v: (B, H, N, d) = {(B, H, N, d)}, {args.dtype}, causal={args.causal}, seed {args.seed}")
     print(_tour_table(rows))
-    for name, why in missing.items():
-        print(f"{name}: not available ({why})")
     tol = TOUR_TOLERANCE[args.dtype]
     bad = [r.kernel for r in rows if not (r.err_o <= tol and r.err_lse <= tol)]
     if bad:
@@ -216,9 +203,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 
 #: Subcommands whose module parses its own options: ``flash-numba NAME ...`` runs ``module.main([...])``.
 DELEGATED: dict[str, tuple[str, str]] = {
-    "bench": ("flash_numba.bench", "validate, then time every kernel (and PyTorch SDPA) on this GPU; table, CSV, plot"),
-    "figures": ("flash_numba.figures", "regenerate the article's and the paper's figures (PNG + CSV) into figures/out"),
-    "profile": ("flash_numba.profile", "our HBM byte counters beside Nsight Compute's DRAM bytes, per kernel"),
+    "bench": (
+        "flash_numba.tools.bench", "validate, then time every kernel (and PyTorch SDPA) on this GPU; table, CSV, plot"
+    ),
+    "figures": (
+        "flash_numba.tools.figures", "regenerate the article's and the paper's figures (PNG + CSV) into figures/out"
+    ),
+    "profile": ("flash_numba.tools.profile", "our HBM byte counters beside Nsight Compute's DRAM bytes, per kernel"),
 }
 
 

@@ -45,7 +45,7 @@ def provenance(path: Path = BENCH_CSV) -> dict:
 
 def bench_rows(implementations=None, pass_: str | None = None, N: int | None = None) -> list[dict]:
     """Rows of the recorded benchmark (strings as in the CSV), filtered by implementation, pass and N."""
-    from .bench import read_csv
+    from .tools.bench_report import read_csv
 
     _, rows = read_csv(str(BENCH_CSV))
     return [

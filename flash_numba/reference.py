@@ -20,6 +20,9 @@ What each function is for:
   (float16 by default, no upcast).  Its error against float64 is the baseline
   of Dao-AILab's test rule: a float16 kernel may be off by at most a few times
   this much.
+* :func:`plain_matmul`: ``a @ b`` rounded in the inputs' dtype in a summation
+  order fixed here, not by the machine's BLAS: the matrix product of every
+  low-precision baseline.
 * :func:`causal_mask`: the mask all of the above (and the kernels) use.
 
 Shapes: ``q`` is ``(..., Nq, d)`` and ``k``, ``v`` are ``(..., Nk, d)`` with
@@ -183,6 +186,29 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
     return dq, dk, dv
 
 
+def plain_matmul(a, b):
+    """``a @ b`` rounded in the inputs' dtype, the same on every machine.
+
+    a: ``(..., M, K)``; b: ``(..., K, N)``.  float32 and float64 sum over K one
+    term after another, each product and each sum rounded (no FMA): the order
+    of a kernel's FMA chain.  ``a @ b`` would call the BLAS, whose summation
+    order and FMA use depend on the build and the CPU, and with them the
+    rounding error of a float32 baseline.  float16 keeps NumPy's own matmul
+    loop (never a BLAS: it sums in float32 and rounds the result to float16).
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype == np.float16 and b.dtype == np.float16:
+        return a @ b
+    dtype = np.result_type(a, b)
+    a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+    if a.shape[-1] == 0:
+        return np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)) + b.shape[-1:], dtype)
+    out = a[..., :, :1] * b[..., :1, :]  # (..., M, N): term 0
+    for t in range(1, a.shape[-1]):
+        out = out + a[..., :, t : t + 1] * b[..., t : t + 1, :]
+    return out
+
+
 def plain_attention(q, k, v, *, causal=False, scale=None, dtype=np.float16):
     """Attention with every operation done and rounded in ``dtype`` (no upcast).
 
@@ -195,14 +221,14 @@ def plain_attention(q, k, v, *, causal=False, scale=None, dtype=np.float16):
     Nq, d = q.shape[-2:]
     Nk = k.shape[-2]
     s = dtype.type(1.0 / math.sqrt(d) if scale is None else scale)
-    S = (q * s) @ k.swapaxes(-1, -2)  # (..., Nq, Nk) in dtype
+    S = plain_matmul(q * s, k.swapaxes(-1, -2))  # (..., Nq, Nk) in dtype
     if causal:
         S = np.where(causal_mask(Nq, Nk), S, dtype.type(-np.inf))
     m = S.max(axis=-1, keepdims=True)  # (..., Nq, 1)
     P = np.exp(S - np.where(m == -np.inf, dtype.type(0), m))  # (..., Nq, Nk)
     l = P.sum(axis=-1, keepdims=True)  # (..., Nq, 1)
     P = P / np.where(l > 0, l, dtype.type(1))  # softmax; rows with no visible key stay 0
-    return (P @ v).astype(dtype)  # (..., Nq, d)
+    return plain_matmul(P, v).astype(dtype)  # (..., Nq, d)
 
 
 # --------------------------------------------------------------------------- online softmax

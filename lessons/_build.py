@@ -16,7 +16,7 @@ reviewed and diffed as Python while learners get a notebook::
 
 Lines before the first ``# %%`` are the source file's own header (docstring,
 ruff settings) and do not go into the notebook; a header line
-``# requires: flash_numba.microbench, ...`` lists package modules the lesson
+``# requires: flash_numba.tools.microbench, ...`` lists package modules the lesson
 needs, which the tests use to skip a lesson whose module has not landed yet.
 
     python lessons/_build.py            # rewrite every notebook

@@ -25,10 +25,18 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Skip ``gpu`` tests in the simulator; run the ``compile`` tier first.
+
+    The compile tier is the suite's longest test (one process compiling every
+    kernel); started first, it runs beside everything else.  With ``make test``
+    (``-n 2 --dist worksteal``) the worker that holds it gets the first half of
+    the queue, and the other worker steals that half's tests while it compiles.
+    """
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (running in the simulator)")
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip_gpu)
+    items.sort(key=lambda item: "compile" not in item.keywords)  # stable: the compile tests first, in order
 
 
 @pytest.fixture(autouse=True)

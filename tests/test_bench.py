@@ -1,4 +1,4 @@
-"""flash_numba.bench: the harness validates before it times, and reports in a fixed structure.
+"""flash_numba.tools.bench: the harness validates before it times, and reports in a fixed structure.
 
 In the simulator :func:`bench.main` runs end to end on tiny problems (no times):
 these tests check the table and CSV structure, that every kernel in
@@ -18,7 +18,10 @@ import types
 import numpy as np
 import pytest
 
-from flash_numba import bench, iomodel, kernels, reference
+from flash_numba import iomodel, kernels, reference
+from flash_numba.tools import bench, timing
+from flash_numba.tools import bench_cases as cases
+from flash_numba.tools import bench_report as report
 from flash_numba.device import SIMULATOR
 from flash_numba.kernels import flash2
 
@@ -62,7 +65,7 @@ def test_main_validates_then_prints_a_table_and_a_csv(tmp_path, capsys):
     assert (
         lines[head].split() == "implementation N d causal pass ms TFLOP/s % fp32 peak HBM bytes HBM by peak mem".split()
     )
-    ours = list(kernels.NAMES) + list(bench.VARIANTS)  # every kernel, then flash2_fast-atomic
+    ours = list(kernels.NAMES) + list(cases.VARIANTS)  # every kernel, then flash2_fast-atomic
     table = lines[head + 2 : head + 2 + len(ours)]
     assert [row.split()[0] for row in table] == ours
     for row in table:
@@ -75,12 +78,12 @@ def test_main_validates_then_prints_a_table_and_a_csv(tmp_path, capsys):
     assert f"[validate {n}/{n}]" in err
     assert f"[{n}/{n}] {ours[-1]} N=8 d=4 causal=True fwd+bwd" in err
 
-    header, rows = bench.read_csv(str(path))
+    header, rows = report.read_csv(str(path))
     assert header[0].startswith("device: simulator")
     assert header[1].startswith("date: ")
     assert header[2] == "command: flash-numba bench " + " ".join(TINY + ["--pass", "fwd+bwd", "--csv", str(path)])
     assert [r["implementation"] for r in rows] == ours
-    flops = bench.attention_flops(1, 8, 4, True, "fwd+bwd")
+    flops = cases.attention_flops(1, 8, 4, True, "fwd+bwd")
     for r in rows:
         assert (r["B"], r["H"], r["N"], r["d"], r["dtype"], r["causal"], r["pass"]) == (
             "1", "1", "8", "4", "float32", "True", "fwd+bwd"
@@ -127,16 +130,16 @@ def test_the_last_head_is_checked_at_the_benchmark_size(monkeypatch):
     """On a GPU the benchmark size is validated on its first and last heads: break only the last."""
 
     def call(inp, cfg, count_hbm=False):
-        q, k, v = (bench.to_host(x) for x in (inp.q, inp.k, inp.v))
+        q, k, v = (cases.to_host(x) for x in (inp.q, inp.k, inp.v))
         o, lse = reference.attention_forward(q, k, v, causal=cfg.causal)
         if cfg.BH > 1:
             o[-1, -1, 0, 0] += 1.0
         return {"o": o, "lse": lse}, None
 
     monkeypatch.setattr(bench, "SIMULATOR", False)
-    monkeypatch.setattr(bench, "free_pending", lambda: None)  # the simulator has no deallocation queue
-    cfg = bench.Config(2, 2, 8, 4, "float32", False, "fwd")
-    mismatches, notes = bench.validate([bench.Impl("ref", call)], [cfg])
+    monkeypatch.setattr(timing, "free_pending", lambda: None)  # the simulator has no deallocation queue
+    cfg = cases.Config(2, 2, 8, 4, "float32", False, "fwd")
+    mismatches, notes = bench.validate([cases.Impl("ref", call)], [cfg])
     assert notes == []
     assert len(mismatches) == 1 and "(B, H, N, d) = (2, 2, 8, 4)" in mismatches[0] and ": o max" in mismatches[0]
 
@@ -146,22 +149,22 @@ def test_standard_attention_is_skipped_when_its_n_by_n_buffers_do_not_fit(monkey
 
     gpu = types.SimpleNamespace(get_memory_info=lambda: types.SimpleNamespace(free=10**9, total=2 * 10**9))
     monkeypatch.setattr(bench, "SIMULATOR", False)
-    monkeypatch.setattr(bench, "free_pending", lambda: None)
+    monkeypatch.setattr(timing, "free_pending", lambda: None)
     monkeypatch.setattr(cuda, "current_context", lambda: gpu)
-    cfg = bench.Config(4, 8, 4096, 64, "float32", False, "fwd")  # S and P: 2 x 32 x 4096^2 x 4 bytes
+    cfg = cases.Config(4, 8, 4096, 64, "float32", False, "fwd")  # S and P: 2 x 32 x 4096^2 x 4 bytes
     assert bench.no_room("standard", cfg) == "its N x N buffers need 4.29 GB, 1 GB free"
     assert bench.no_room("flash2", cfg) is None
-    row = bench.measure(bench.Impl("standard", lambda *a: pytest.fail("must not run")), [None], cfg, 1)
+    row = bench.measure(cases.Impl("standard", lambda *a: pytest.fail("must not run")), [None], cfg, 1)
     assert (row.ms, row.hbm_bytes, row.status) == (None, None, "skipped: its N x N buffers need 4.29 GB, 1 GB free")
-    assert bench.format_table([row], 50.0).endswith("  skipped: its N x N buffers need 4.29 GB, 1 GB free")
+    assert report.format_table([row], 50.0).endswith("  skipped: its N x N buffers need 4.29 GB, 1 GB free")
 
 
 def test_a_torch_backend_that_cannot_run_here_is_dropped_with_a_note():
     def call(inp, cfg, count_hbm=False):
         raise RuntimeError("No available kernel. Aborting execution.")
 
-    impls = [bench.Impl("torch-flash", call, is_torch=True)]
-    mismatches, notes = bench.validate(impls, [bench.Config(1, 1, 8, 4, "float16", False, "fwd")])
+    impls = [cases.Impl("torch-flash", call, is_torch=True)]
+    mismatches, notes = bench.validate(impls, [cases.Config(1, 1, 8, 4, "float16", False, "fwd")])
     assert mismatches == [] and impls == []
     assert notes == ["torch-flash: not available here (No available kernel. Aborting execution.)"]
 
@@ -172,7 +175,7 @@ def test_any_other_error_is_not_swallowed():
 
     with pytest.raises(RuntimeError, match="illegal memory access"):
         bench.validate(
-            [bench.Impl("torch-math", call, is_torch=True)], [bench.Config(1, 1, 8, 4, "float32", False, "fwd")]
+            [cases.Impl("torch-math", call, is_torch=True)], [cases.Config(1, 1, 8, 4, "float32", False, "fwd")]
         )
 
 
@@ -204,33 +207,33 @@ def test_torch_rows_are_noted_not_run_in_the_simulator(capsys):
 
 def test_flops_follow_flashattention2():
     fwd = 4 * 32 * 1024 * 1024 * 64
-    assert bench.attention_flops(32, 1024, 64, False, "fwd") == fwd
-    assert bench.attention_flops(32, 1024, 64, False, "fwd+bwd") == fwd + 10 * 32 * 1024 * 1024 * 64
-    assert bench.attention_flops(32, 1024, 64, True, "fwd") == fwd / 2
-    assert bench.attention_flops(32, 1024, 64, True, "fwd+bwd") == 3.5 * fwd / 2
-    assert bench.Config(4, 8, 1024, 64, "float32", True, "fwd").flops == fwd / 2
+    assert cases.attention_flops(32, 1024, 64, False, "fwd") == fwd
+    assert cases.attention_flops(32, 1024, 64, False, "fwd+bwd") == fwd + 10 * 32 * 1024 * 1024 * 64
+    assert cases.attention_flops(32, 1024, 64, True, "fwd") == fwd / 2
+    assert cases.attention_flops(32, 1024, 64, True, "fwd+bwd") == 3.5 * fwd / 2
+    assert cases.Config(4, 8, 1024, 64, "float32", True, "fwd").flops == fwd / 2
 
 
 @pytest.mark.parametrize("bh, B, H", [(32, 4, 8), (1, 1, 1), (2, 1, 2), (12, 3, 4), (7, 7, 1), (64, 8, 8)])
 def test_split_bh(bh, B, H):
-    assert bench.split_bh(bh) == (B, H)
+    assert cases.split_bh(bh) == (B, H)
 
 
 def test_torch_backends_by_dtype():
-    assert bench.torch_backends("float32") == ("torch-math", "torch-efficient")
-    assert bench.torch_backends("float64") == ("torch-math",)
-    assert set(bench.torch_backends("float16")) == set(bench.TORCH_BACKENDS)
+    assert cases.torch_backends("float32") == ("torch-math", "torch-efficient")
+    assert cases.torch_backends("float64") == ("torch-math",)
+    assert set(cases.torch_backends("float16")) == set(cases.TORCH_BACKENDS)
 
 
 def test_only_standard_attention_needs_n_by_n_memory():
-    cfg = bench.Config(4, 8, 4096, 64, "float32", False, "fwd")
-    assert bench.workspace_bytes("standard", cfg) == 2 * 32 * 4096**2 * 4
-    assert bench.workspace_bytes("standard", bench.Config(4, 8, 4096, 64, "float16", False, "fwd+bwd")) == (
+    cfg = cases.Config(4, 8, 4096, 64, "float32", False, "fwd")
+    assert cases.workspace_bytes("standard", cfg) == 2 * 32 * 4096**2 * 4
+    assert cases.workspace_bytes("standard", cases.Config(4, 8, 4096, 64, "float16", False, "fwd+bwd")) == (
         6 * 32 * 4096**2 * 2
     )
     for name in kernels.NAMES:
         if name != "standard":
-            assert bench.workspace_bytes(name, cfg) == 0
+            assert cases.workspace_bytes(name, cfg) == 0
 
 
 def _sweep(argv):
@@ -257,23 +260,23 @@ def test_options_choose_the_sweep():
     assert len(cfgs) == 2 * 2 * 2 and {(c.B, c.H, c.dtype) for c in cfgs} == {(1, 2, "float16")}
     if SIMULATOR:
         sim = _sweep([])
-        assert sorted({c.N for c in sim}) == list(bench.SIMULATOR_N) and {c.BH for c in sim} == {1}
+        assert sorted({c.N for c in sim}) == list(cases.SIMULATOR_N) and {c.BH for c in sim} == {1}
 
 
 # ---------------------------------------------------------------------------- HBM bytes and errors
 
 
 def test_hbm_bytes_come_from_the_io_model_above_the_count_limit(monkeypatch):
-    cfg = bench.Config(1, 1, 64, 8, "float32", True, "fwd+bwd")
-    assert cfg.BH * cfg.N**2 > bench.COUNT_LIMIT or not SIMULATOR
+    cfg = cases.Config(1, 1, 64, 8, "float32", True, "fwd+bwd")
+    assert cfg.BH * cfg.N**2 > cases.COUNT_LIMIT or not SIMULATOR
     monkeypatch.setattr(bench, "COUNT_LIMIT", 0)
-    impl = bench.Impl("standard", lambda *a: pytest.fail("no kernel should run"))
+    impl = cases.Impl("standard", lambda *a: pytest.fail("no kernel should run"))
     got = bench.hbm_bytes(impl, None, cfg)
     want = iomodel.forward("standard", 1, 64, 64, 8, "float32", True) + iomodel.backward(
         "standard", 1, 64, 64, 8, "float32", True
     )
     assert got == (want.total, "model")
-    assert bench.hbm_bytes(bench.Impl("torch-math", None, is_torch=True), None, cfg) == (None, "n/a")
+    assert bench.hbm_bytes(cases.Impl("torch-math", None, is_torch=True), None, cfg) == (None, "n/a")
 
 
 def test_max_rel_error():
@@ -291,19 +294,19 @@ def test_max_rel_error():
 def _timed_rows():
     rows = []
     for N, scale in ((1024, 1.0), (2048, 4.0)):
-        cfg = bench.Config(4, 8, N, 64, "float32", False, "fwd")
+        cfg = cases.Config(4, 8, N, 64, "float32", False, "fwd")
         rows.append(
-            bench.Row("flash2", cfg, ms=2.0 * scale, hbm_bytes=123_000_000, hbm_source="counted", mem_bytes=2**21)
+            report.Row("flash2", cfg, ms=2.0 * scale, hbm_bytes=123_000_000, hbm_source="counted", mem_bytes=2**21)
         )
-        rows.append(bench.Row("torch-math", cfg, ms=1.0 * scale, mem_bytes=5 * 10**9))
-    rows.append(bench.Row("standard", bench.Config(4, 8, 8192, 64, "float32", False, "fwd"), status="out of memory"))
+        rows.append(report.Row("torch-math", cfg, ms=1.0 * scale, mem_bytes=5 * 10**9))
+    rows.append(report.Row("standard", cases.Config(4, 8, 8192, 64, "float32", False, "fwd"), status="out of memory"))
     return rows
 
 
 def test_table_derives_tflops_and_peak_fraction_from_the_time():
     rows = _timed_rows()
-    text = bench.format_table(rows[:2], peak_tflops=50.0)
-    flops = bench.attention_flops(32, 1024, 64, False, "fwd")
+    text = report.format_table(rows[:2], peak_tflops=50.0)
+    flops = cases.attention_flops(32, 1024, 64, False, "fwd")
     tflops = flops / 2e-3 / 1e12
     first = text.splitlines()[3].split()
     assert first[:6] == ["flash2", "1024", "64", "False", "fwd", "2.000"]
@@ -311,16 +314,16 @@ def test_table_derives_tflops_and_peak_fraction_from_the_time():
     assert first[8:] == ["123", "MB", "count", "2.1", "MB"]
     torch_row = text.splitlines()[4].split()
     assert torch_row[-4:] == ["-", "-", "5", "GB"]
-    oom = bench.format_table(rows[-1:], peak_tflops=None).splitlines()[-1]
+    oom = report.format_table(rows[-1:], peak_tflops=None).splitlines()[-1]
     assert oom.startswith("standard") and oom.endswith("  out of memory")
 
 
 def test_csv_round_trip(tmp_path):
     rows, path = _timed_rows(), tmp_path / "r.csv"
-    bench.write_csv(str(path), rows, ["device: test", "date: today"], peak_tflops=50.0)
-    header, got = bench.read_csv(str(path))
+    report.write_csv(str(path), rows, ["device: test", "date: today"], peak_tflops=50.0)
+    header, got = report.read_csv(str(path))
     assert header == ["device: test", "date: today"]
-    assert list(got[0]) == list(bench.CSV_FIELDS)
+    assert list(got[0]) == list(report.CSV_FIELDS)
     assert len(got) == len(rows)
     assert float(got[0]["tflops"]) == pytest.approx(rows[0].tflops)
     assert float(got[0]["peak_fraction"]) == pytest.approx(rows[0].tflops / 50.0)
@@ -330,10 +333,10 @@ def test_csv_round_trip(tmp_path):
 
 def test_plot_writes_an_image_only_when_there_are_times(tmp_path):
     path = tmp_path / "bench.png"
-    assert bench.plot(_timed_rows(), str(path), "test device, today")
+    assert report.plot(_timed_rows(), str(path), "test device, today")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not bench.plot(
-        [bench.Row("flash2", bench.Config(1, 1, 8, 4, "float32", False, "fwd"))], str(path) + "2", "t"
+    assert not report.plot(
+        [report.Row("flash2", cases.Config(1, 1, 8, 4, "float32", False, "fwd"))], str(path) + "2", "t"
     )
     assert not os.path.exists(str(path) + "2")
 
@@ -348,9 +351,9 @@ _NO_TORCH_NO_MATPLOTLIB = textwrap.dedent(
             if name.split(".")[0] in ("torch", "matplotlib"):
                 raise ImportError(f"{name} is blocked by the test")
     sys.meta_path.insert(0, Block())
-    from flash_numba import bench
-    assert bench._torch() is None
-    print(len(bench.implementation_names("float32")))
+    from flash_numba.tools import bench, bench_cases, timing
+    assert timing.torch_cuda() is None
+    print(len(bench_cases.implementation_names("float32")))
     """
 )
 
@@ -358,7 +361,7 @@ _NO_TORCH_NO_MATPLOTLIB = textwrap.dedent(
 def test_bench_imports_without_torch_and_matplotlib():
     proc = subprocess.run([sys.executable, "-c", _NO_TORCH_NO_MATPLOTLIB], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == str(len(kernels.NAMES) + len(bench.VARIANTS))
+    assert proc.stdout.strip() == str(len(kernels.NAMES) + len(cases.VARIANTS))
 
 
 def test_benchmarks_script_runs_the_harness():
@@ -377,7 +380,7 @@ def test_a_real_sweep_on_a_gpu(tmp_path, capsys):
     argv = ["--n", "256", "512", "--d", "64", "--bh", "4", "--repeats", "3", "--csv", str(path)]
     assert bench.main(argv) == 0
     assert "All results match. Starting benchmarks." in capsys.readouterr().out
-    _, rows = bench.read_csv(str(path))
+    _, rows = report.read_csv(str(path))
     ours = [r for r in rows if r["implementation"] in kernels.NAMES]
     assert len(ours) == len(kernels.NAMES) * 2 * 2 * 2
     for r in rows:

@@ -1,4 +1,4 @@
-"""The figures (flash_numba.figures, figures/make_all.py) and the ncu cross-check (flash_numba.profile).
+"""The figures (flash_numba.tools.figures, figures/make_all.py) and the ncu cross-check (tools.profile).
 
 In the simulator: the model-only run writes every model figure and its CSV
 equals the IO model; figure 3 counts tiny sizes; the GPU-only paths (times,
@@ -14,11 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from flash_numba import figures, iomodel, kernels, profile
+from flash_numba import iomodel, kernels
+from flash_numba.tools import figures, passes, profile, timing
+from flash_numba.tools.csvfile import read_csv
+from flash_numba.tools.figures import (
+    common,
+    fig1_paper_table,
+    fig2_block_size,
+    fig3_hbm_vs_seqlen,
+    fig4_memory,
+    fig5_runtime,
+    fig6_roofline,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = figures.Sizes(
+TINY = common.Sizes(
     d=8,
     table=(1, 2, 16),
     table_count_BH=1,
@@ -46,18 +57,18 @@ def make_all():
 
 
 def tiny_run(tmp_path, kernel_names, gpu):
-    return figures.Run(out=tmp_path, sizes=TINY, count=True, gpu=gpu, label="test device", kernels=kernel_names)
+    return common.Run(out=tmp_path, sizes=TINY, count=True, gpu=gpu, label="test device", kernels=kernel_names)
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """Stand-ins for the GPU's clock and free-memory reading (the simulator has neither)."""
-    monkeypatch.setattr(figures, "median_ms", lambda fn: (fn(), 1.5)[1])
-    monkeypatch.setattr(figures.LaunchTimer, "stop", lambda self: {n: 1.0 + i for i, n in enumerate(self.names)})
+    monkeypatch.setattr(timing, "median_ms", lambda fn: (fn(), 1.5)[1])
+    monkeypatch.setattr(timing.LaunchTimer, "stop", lambda self: {n: 1.0 + i for i, n in enumerate(self.names)})
     free = itertools.count(10**12, -(2**20))  # every reading 1 MiB less free memory
-    monkeypatch.setattr(figures, "_free_bytes", lambda: next(free))
-    monkeypatch.setattr(figures, "_torch", lambda: None)
-    monkeypatch.setattr(figures, "ceilings", lambda run: (1000.0, 10.0, "test ceilings"))
+    monkeypatch.setattr(timing, "free_bytes", lambda: next(free))
+    monkeypatch.setattr(timing, "torch_cuda", lambda: None)
+    monkeypatch.setattr(fig6_roofline, "ceilings", lambda run: (1000.0, 10.0, "test ceilings"))
 
 
 # ---------------------------------------------------------------------------- model-only
@@ -77,30 +88,30 @@ def test_model_only_writes_every_model_figure_and_skips_the_timed_ones(tmp_path,
     assert "Numba CUDA simulator" in (tmp_path / "fig3_hbm_vs_seqlen.csv").read_text().splitlines()[1]
 
     # Figure 3: every (kernel, pass, N) of the default sizes, modelled, nothing counted.
-    rows = figures.read_csv(tmp_path / "fig3_hbm_vs_seqlen.csv")
-    names = set(figures.modelled_kernels())
+    rows = read_csv(tmp_path / "fig3_hbm_vs_seqlen.csv")
+    names = set(kernels.NAMES)
     assert {r["kernel"] for r in rows} == names and {"standard", "flash1", "flash2"} <= names
-    assert len(rows) == len(names) * 2 * len(figures.Sizes().seq_N)
+    assert len(rows) == len(names) * 2 * len(common.Sizes().seq_N)
     for r in rows:
         assert r["source"] == "model"
         N, d = int(r["N"]), int(r["d"])
-        block = figures.block_for(r["kernel"], d, r["pass"])
+        block = passes.block_for(r["kernel"], d, r["pass"])
         fn = iomodel.forward if r["pass"] == "forward" else iomodel.backward
         want = fn(r["kernel"], 1, N, N, d, "float32", False, block)
         assert (int(r["bytes_read"]), int(r["bytes_written"])) == (want.bytes_read, want.bytes_written)
 
     # Figure 1: the GPT-2 medium shape, B*H = 64 * 16.
-    for r in figures.read_csv(tmp_path / "fig1_paper_table.csv"):
+    for r in read_csv(tmp_path / "fig1_paper_table.csv"):
         if r["pass"] == "total":
             continue
         fn = iomodel.forward if r["pass"] == "forward" else iomodel.backward
         want = fn(r["implementation"], 1024, 1024, 1024, 64, "float32", False,
-                  figures.block_for(r["implementation"], 64, r["pass"]))
+                  passes.block_for(r["implementation"], 64, r["pass"]))
         assert (int(r["model_bytes_read"]), int(r["model_bytes_written"])) == (want.bytes_read, want.bytes_written)
         assert r["ms"] == "" and r["counted_gb"] == ""
 
     # Figure 2: explicit blocks, forward, N = 1024, d = 64, B*H = 128; flash1's bytes fall as Bc grows.
-    rows = figures.read_csv(tmp_path / "fig2_block_size.csv")
+    rows = read_csv(tmp_path / "fig2_block_size.csv")
     assert rows
     for r in rows:
         block = (int(r["Br"]), int(r["Bc"]))
@@ -119,14 +130,14 @@ def test_only_selects_figures(tmp_path, capsys):
 
 
 def test_flop_table_covers_every_launch_and_matches_the_textbook_count():
-    for name in figures.modelled_kernels():
+    for name in kernels.NAMES:
         for pass_ in ("forward", "backward"):
-            launches = figures.model(name, pass_, 1, 32, 16).per_kernel
-            assert set(figures.flops(launches, 1, 32, 16)) == set(launches)
+            launches = passes.model(name, pass_, 1, 32, 16).per_kernel
+            assert set(passes.flops(launches, 1, 32, 16)) == set(launches)
     BH, N, d = 3, 40, 16
-    std = figures.flops(figures.model("standard", "forward", BH, N, d).per_kernel, BH, N, d)
+    std = passes.flops(passes.model("standard", "forward", BH, N, d).per_kernel, BH, N, d)
     assert sum(std.values()) == BH * (4 * N * N * d + 8 * N * N)  # Q K^T and P V, plus scale and softmax
-    f2 = figures.flops(figures.model("flash2", "backward", BH, N, d).per_kernel, BH, N, d)
+    f2 = passes.flops(passes.model("flash2", "backward", BH, N, d).per_kernel, BH, N, d)
     assert sum(f2.values()) == BH * (14 * N * N * d + 10 * N * N + 2 * N * d)
 
 
@@ -135,41 +146,41 @@ def test_flop_table_covers_every_launch_and_matches_the_textbook_count():
 
 def test_figure3_counts_tiny_sizes_equal_to_the_model(tmp_path, capsys):
     run = tiny_run(tmp_path, ("flash1", "flash2"), gpu=False)
-    figures.figure3(run)
+    fig3_hbm_vs_seqlen.make(run)
     assert "4 passes counted, 4 equal to the IO model" in capsys.readouterr().out
-    rows = figures.read_csv(tmp_path / "fig3_hbm_vs_seqlen.csv")
+    rows = read_csv(tmp_path / "fig3_hbm_vs_seqlen.csv")
     counted = [r for r in rows if r["source"] == "counted"]
     assert sorted((r["kernel"], r["pass"], r["N"]) for r in counted) == sorted(
         (k, p, "4") for k in run.kernels for p in ("forward", "backward"))
     for r in counted:
-        want = figures.model(r["kernel"], r["pass"], 1, int(r["N"]), 8)
+        want = passes.model(r["kernel"], r["pass"], 1, int(r["N"]), 8)
         assert (int(r["bytes_read"]), int(r["bytes_written"])) == (want.bytes_read, want.bytes_written)
 
 
 def test_launch_timer_sees_every_launch_in_counter_order():
     """The timing hook relies on each module asking counters.array(name) once per launch, in launch order."""
     for kernel in ("standard", "flash1", "flash2"):
-        q, k, v, do = figures.random_inputs(1, 8, 8)
-        f = figures.forward(kernel, q, k, v)
+        q, k, v, do = passes.random_inputs(1, 8, 8)
+        f = passes.forward(kernel, q, k, v)
         arrays = {"q": q, "k": k, "v": v, "o": f.o, "lse": f.lse, "do": do}
         for pass_ in ("forward", "backward"):
-            timer = figures.LaunchTimer()
-            figures.run_pass(kernel, pass_, arrays, timer)
-            assert timer.names == list(figures.model(kernel, pass_, 1, 8, 8).per_kernel), (kernel, pass_)
+            timer = timing.LaunchTimer()
+            passes.run_pass(kernel, pass_, arrays, timer)
+            assert timer.names == list(passes.model(kernel, pass_, 1, 8, 8).per_kernel), (kernel, pass_)
             assert timer.stop() is None  # the simulator has no clock
 
 
 def test_figures_1_2_6_on_a_faked_gpu(tmp_path, fake_gpu, monkeypatch):
-    monkeypatch.setattr(figures, "LAUNCH_REPEATS", 1)
-    paths = figures.figure1(tiny_run(tmp_path, ("flash1",), gpu=True))
-    row = next(r for r in figures.read_csv(paths[0]) if r["pass"] == "total")
+    monkeypatch.setattr(timing, "LAUNCH_REPEATS", 1)
+    paths = fig1_paper_table.make(tiny_run(tmp_path, ("flash1",), gpu=True))
+    row = next(r for r in read_csv(paths[0]) if r["pass"] == "total")
     assert float(row["counted_gb"]) == pytest.approx(float(row["model_gb"])) and float(row["ms"]) == 3.0
 
-    rows = figures.read_csv(figures.figure2(tiny_run(tmp_path, ("flash1",), gpu=True))[0])
+    rows = read_csv(fig2_block_size.make(tiny_run(tmp_path, ("flash1",), gpu=True))[0])
     assert [(r["Br"], r["Bc"], r["ms"]) for r in rows] == [("8", "8", "1.5"), ("8", "16", "1.5"), ("16", "8", "1.5"),
                                                            ("16", "16", "1.5")]
 
-    rows = figures.read_csv(figures.figure6(tiny_run(tmp_path, ("flash1", "flash2"), gpu=True))[0])
+    rows = read_csv(fig6_roofline.make(tiny_run(tmp_path, ("flash1", "flash2"), gpu=True))[0])
     assert [(r["implementation"], r["launch"]) for r in rows] == [
         ("flash1", "Algorithm 1"), ("flash1", "Algorithm 4"), ("flash2", "flash2 forward"),
         ("flash2", "D = rowsum(dO*O)"), ("flash2", "dK, dV"), ("flash2", "dQ")]  # init kernels: no FLOPs
@@ -179,7 +190,7 @@ def test_figures_1_2_6_on_a_faked_gpu(tmp_path, fake_gpu, monkeypatch):
 
 
 def test_figure4_measures_memory_and_stops_at_out_of_memory(tmp_path, fake_gpu, monkeypatch, capsys):
-    assert figures.peak_memory("flash1", 1, 8, 8) == 2 * 2**20  # the faked free memory drops 1 MiB a reading
+    assert timing.peak_memory("flash1", 1, 8, 8) == 2 * 2**20  # the faked free memory drops 1 MiB a reading
 
     def peak(kernel, BH, N, d):
         if kernel == "standard" and N > 8:
@@ -187,10 +198,10 @@ def test_figure4_measures_memory_and_stops_at_out_of_memory(tmp_path, fake_gpu, 
                                "CUDA_ERROR_OUT_OF_MEMORY")
         return (N * N if kernel == "standard" else N) * 2**20
 
-    monkeypatch.setattr(figures, "peak_memory", peak)
-    monkeypatch.setattr(figures, "warm_up", lambda kernel, d: None)
+    monkeypatch.setattr(timing, "peak_memory", peak)
+    monkeypatch.setattr(passes, "warm_up", lambda kernel, d: None)
     run = replace_sizes(tiny_run(tmp_path, ("standard", "flash2"), gpu=True), mem_N=(8, 16, 32))
-    rows = figures.read_csv(figures.figure4(run)[0])
+    rows = read_csv(fig4_memory.make(run)[0])
     assert [(r["kernel"], r["N"], r["peak_mib"], r["standard_over_this"], r["note"]) for r in rows] == [
         ("standard", "8", "64.0", "1.0", ""),
         ("standard", "16", "", "", "out of memory at N = 16"),
@@ -199,28 +210,28 @@ def test_figure4_measures_memory_and_stops_at_out_of_memory(tmp_path, fake_gpu, 
         ("flash2", "32", "32.0", "", ""),
     ]
     assert "standard: out of memory at N = 16; series stopped" in capsys.readouterr().out
-    assert not figures.out_of_memory(ValueError("bad block"))
+    assert not timing.out_of_memory(ValueError("bad block"))
 
 
 def test_figure5_times_and_breaks_down_the_standard_path(tmp_path, fake_gpu, monkeypatch):
-    monkeypatch.setattr(figures, "warm_up", lambda kernel, d: None)
-    monkeypatch.setattr(figures, "_time_passes", lambda kernel, BH, N, d, shrink: ((N / 8, N / 4), BH))
+    monkeypatch.setattr(passes, "warm_up", lambda kernel, d: None)
+    monkeypatch.setattr(timing, "time_passes", lambda kernel, BH, N, d, shrink: ((N / 8, N / 4), BH))
 
     def run_pass(kernel, pass_, arrays, counters):  # the launches' names, as the kernels ask for them
-        for name in figures.model(kernel, pass_, 1, 8, 8).per_kernel:
+        for name in passes.model(kernel, pass_, 1, 8, 8).per_kernel:
             counters.array(name)
 
-    monkeypatch.setattr(figures, "run_pass", run_pass)
-    paths = figures.figure5(replace_sizes(tiny_run(tmp_path, ("standard", "flash1"), gpu=True), time_N=(8, 16)))
+    monkeypatch.setattr(passes, "run_pass", run_pass)
+    paths = fig5_runtime.make(replace_sizes(tiny_run(tmp_path, ("standard", "flash1"), gpu=True), time_N=(8, 16)))
     assert [p.name for p in paths] == ["fig5_runtime.csv", "fig5_runtime.png", "fig5_standard_breakdown.csv",
                                        "fig5_standard_breakdown.png"]
-    rows = figures.read_csv(paths[0])
+    rows = read_csv(paths[0])
     assert [(r["implementation"], r["N"], r["fwd_ms"], r["total_ms"]) for r in rows] == [
         ("standard", "8", "1.0", "3.0"), ("standard", "16", "2.0", "6.0"),
         ("flash1", "8", "1.0", "3.0"), ("flash1", "16", "2.0", "6.0")]
-    breakdown = figures.read_csv(paths[2])
-    forward = figures.model("standard", "forward", 1, 8, 8).per_kernel
-    backward = figures.model("standard", "backward", 1, 8, 8).per_kernel
+    breakdown = read_csv(paths[2])
+    forward = passes.model("standard", "forward", 1, 8, 8).per_kernel
+    backward = passes.model("standard", "backward", 1, 8, 8).per_kernel
     assert [r["launch"] for r in breakdown] == list(forward) + list(backward)
     # the faked clock gives launch i of a pass 1 + i ms: the forward's 3 launches take 1, 2, 3 of 6 ms
     assert [float(r["share"]) for r in breakdown[:3]] == [pytest.approx(x / 6, rel=1e-4) for x in (1, 2, 3)]
@@ -282,11 +293,11 @@ def test_profile_without_ncu_prints_our_counts(tmp_path, capsys):
     assert "ncu: not run (--no-ncu)" in out and "counted == model for every launch" in out
     for kernel in ("flash1", "flash2"):
         for pass_ in ("forward", "backward"):
-            for name, kb in figures.model(kernel, pass_, 1, 17, 8).per_kernel.items():
+            for name, kb in passes.model(kernel, pass_, 1, 17, 8).per_kernel.items():
                 short = "fwd" if pass_ == "forward" else "bwd"
                 line = next(line for line in out.splitlines() if line.startswith(f"{kernel} {short} {name} "))
                 assert f"{kb.bytes_read:,}" in line and f"{kb.bytes_written:,}" in line
-    rows = figures.read_csv(tmp_path / "profile.csv")
+    rows = read_csv(tmp_path / "profile.csv")
     assert len(rows) == 8 and all(r["ncu_dram_read"] == "" for r in rows)
     assert "L2 hits" in (tmp_path / "profile.md").read_text()
 
@@ -307,7 +318,7 @@ def test_profile_runs_ncu_and_matches_its_launches_by_order(monkeypatch):
     cmd = seen["cmd"]
     assert cmd[:6] == ["/opt/ncu", "--clock-control", "none", "--metrics",
                        "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum", "--csv"]
-    assert cmd[cmd.index("-m") + 1:cmd.index("-m") + 3] == ["flash_numba.profile", "--child"]
+    assert cmd[cmd.index("-m") + 1:cmd.index("-m") + 3] == ["flash_numba.tools.profile", "--child"]
     assert [launch.id for launch in launches] == [0, 1, 2, 3] and "4 launches" in note
     rows = profile.our_counts(args)
     assert [r.launch for r in rows] == ["init O, l, m", "Algorithm 1", "init dQ", "Algorithm 4"]
@@ -323,8 +334,16 @@ def test_profile_runs_ncu_and_matches_its_launches_by_order(monkeypatch):
     assert launches == [] and "denied (ERR_NVGPUCTRPERM)" in note
 
 
-def test_every_kernel_module_is_in_the_figures_or_reported(capsys):
-    names = figures.modelled_kernels()
+def test_an_io_model_error_fails_the_figures(tmp_path, monkeypatch, capsys):
+    """No fallback hides a broken IO model: every figure that asks it fails, and so does the run."""
+    real = iomodel.forward
+
+    def broken(kernel, *args, **kw):
+        if kernel == "flash2":
+            raise NotImplementedError("flash2's IO model is broken")
+        return real(kernel, *args, **kw)
+
+    monkeypatch.setattr(iomodel, "forward", broken)
+    assert figures.main(["--model-only", "--only", "1", "3", "6", "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    for name in kernels.NAMES:
-        assert name in names or f"{name}: left out of the figures" in out
+    assert all(f"figure {n}: FAILED" in out for n in (1, 3, 6)), out

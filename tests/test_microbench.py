@@ -1,4 +1,4 @@
-"""flash_numba.microbench: each kernel computes what it claims, in the simulator and for real GPUs.
+"""flash_numba.tools.microbench: each kernel computes what it claims, in the simulator and for real GPUs.
 
 The simulator cannot time, so here the tests check the kernels' results (on
 awkward sizes), the bookkeeping of each Measurement, that a hollow kernel
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from flash_numba import compile_check, microbench
+from flash_numba import compile_check
+from flash_numba.tools import microbench
 from flash_numba.device import SIMULATOR, jit
 
 
@@ -169,7 +170,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
     """
     import json, re
     from numba import types
-    from flash_numba import microbench as mb
+    from flash_numba.tools import microbench as mb
     from flash_numba.compile_check import compile_ptx, ptxas_report
     from flash_numba.kernels._common import array_type
     f32 = array_type("float32", 1)

@@ -272,13 +272,13 @@ def plain_forward(q, k, v, *, causal=False, dtype=np.float32):
     """o and lse of attention done and rounded entirely in ``dtype``: the baseline of Dao-AILab's rule."""
     dtype = np.dtype(dtype).type
     q, k, v = (np.asarray(x).astype(dtype) for x in (q, k, v))
-    S = (q * dtype(1 / math.sqrt(q.shape[-1]))) @ k.swapaxes(-1, -2)  # (.., Nq, Nk)
+    S = reference.plain_matmul(q * dtype(1 / math.sqrt(q.shape[-1])), k.swapaxes(-1, -2))  # (.., Nq, Nk)
     if causal:
         S = np.where(reference.causal_mask(q.shape[-2], k.shape[-2]), S, dtype(-np.inf))
     m = S.max(axis=-1, keepdims=True)
     P = np.exp(S - m)  # no row is fully masked in these tests
     l = P.sum(axis=-1, keepdims=True)
-    return (P / l) @ v, (m + np.log(l))[..., 0]
+    return reference.plain_matmul(P / l, v), (m + np.log(l))[..., 0]
 
 
 def plain_backward(q, k, v, do, *, causal=False, dtype=np.float32):
@@ -286,14 +286,15 @@ def plain_backward(q, k, v, do, *, causal=False, dtype=np.float32):
     dtype = np.dtype(dtype).type
     q, k, v, do = (np.asarray(x).astype(dtype) for x in (q, k, v, do))
     s = dtype(1 / math.sqrt(q.shape[-1]))
-    S = (q * s) @ k.swapaxes(-1, -2)  # (.., Nq, Nk)
+    S = reference.plain_matmul(q * s, k.swapaxes(-1, -2))  # (.., Nq, Nk)
     if causal:
         S = np.where(reference.causal_mask(q.shape[-2], k.shape[-2]), S, dtype(-np.inf))
     P = np.exp(S - S.max(axis=-1, keepdims=True))
     P = P / P.sum(axis=-1, keepdims=True)
-    o = P @ v
-    dS = P * (do @ v.swapaxes(-1, -2) - (do * o).sum(axis=-1, keepdims=True))  # (.., Nq, Nk)
-    return (dS @ k) * s, (dS.swapaxes(-1, -2) @ q) * s, P.swapaxes(-1, -2) @ do
+    mm = reference.plain_matmul  # the BLAS's rounding depends on the machine; this one does not
+    o = mm(P, v)
+    dS = P * (mm(do, v.swapaxes(-1, -2)) - (do * o).sum(axis=-1, keepdims=True))  # (.., Nq, Nk)
+    return mm(dS, k) * s, mm(dS.swapaxes(-1, -2), q) * s, mm(P.swapaxes(-1, -2), do)
 
 
 def run_both(kernel, q, k, v, do, **kw):

@@ -1,6 +1,6 @@
 """Source of lessons/01_memory_hierarchy.ipynb (build it with `python lessons/_build.py`)."""
 # ruff: noqa: E402
-# requires: flash_numba.microbench
+# requires: flash_numba.tools.microbench
 
 # %% [markdown]
 # # Lesson 1: The memory hierarchy
@@ -23,7 +23,8 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
 import numpy as np
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, microbench, pictures, recorded
+from flash_numba import device, iomodel, lessonkit, pictures, recorded
+from flash_numba.tools import microbench
 from flash_numba import exercises as ex
 
 SIM = device.SIMULATOR

@@ -1,6 +1,6 @@
 """Source of lessons/02_standard_attention.ipynb (build it with `python lessons/_build.py`)."""
 # ruff: noqa: E402
-# requires: flash_numba.microbench
+# requires: flash_numba.tools.microbench
 
 # %% [markdown]
 # # Lesson 2: Standard attention, and where its time and memory go
@@ -31,7 +31,8 @@ import numpy as np
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, microbench, pictures, recorded, reference
+from flash_numba import device, iomodel, lessonkit, pictures, recorded, reference
+from flash_numba.tools import microbench
 from flash_numba import exercises as ex
 from flash_numba.kernels import standard
 

@@ -192,14 +192,14 @@ for dd in (16, 32, 64, 128):
 # performance counters; many cloud machines are not, and the script says so).
 
 # %%
-has_profile = importlib.util.find_spec("flash_numba.profile") is not None
+has_profile = importlib.util.find_spec("flash_numba.tools.profile") is not None
 if SIM:
     print("the simulator has no hardware to profile; on a GPU:")
 elif shutil.which("ncu") is None:
     print("ncu (Nsight Compute) is not on PATH here; where it is:")
 else:
     print("ncu is installed; from a terminal:")
-print("    python -m flash_numba.profile" if has_profile else "    (flash_numba.profile is not installed)")
+print("    flash-numba profile" if has_profile else "    (flash_numba.tools.profile is not installed)")
 
 # %% [markdown]
 # **Predict, then run.** Double $B_c$ from 64 to 128 at $N = 4096$, $d = 64$: by what factor do flash1's

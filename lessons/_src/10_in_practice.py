@@ -1,6 +1,6 @@
 """Source of lessons/10_in_practice.ipynb (build it with `python lessons/_build.py`)."""
 # ruff: noqa: E402
-# requires: flash_numba.microbench
+# requires: flash_numba.tools.microbench
 
 # %% [markdown]
 # # Lesson 10: FlashAttention in practice
@@ -36,7 +36,8 @@ import warnings
 import numpy as np
 
 import flash_numba as fn
-from flash_numba import device, lessonkit, microbench, pictures, recorded, reference
+from flash_numba import device, lessonkit, pictures, recorded, reference
+from flash_numba.tools import microbench
 from flash_numba import exercises as ex
 
 SIM = device.SIMULATOR

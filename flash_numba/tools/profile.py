@@ -1,6 +1,6 @@
 """The counters against the hardware: our byte counts beside Nsight Compute's.
 
-    python -m flash_numba.profile [--kernels K ...] [--BH 8] [--N 1024] [--d 64] [--out DIR] [--no-ncu]
+    flash-numba profile [--kernels K ...] [--BH 8] [--N 1024] [--d 64] [--out DIR] [--no-ncu]
 
 For every kernel launch of each kernel module's forward and backward pass
 (float32) it tabulates:
@@ -15,7 +15,7 @@ The hardware numbers come from Nsight Compute.  When ``ncu`` is on the PATH the
 script runs itself again under it::
 
     ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
-        --csv --print-units base --log-file FILE python -m flash_numba.profile --child ...
+        --csv --print-units base --log-file FILE python -m flash_numba.tools.profile --child ...
 
 and parses the CSV (:func:`parse_ncu_csv`).  The child runs each pass once with
 the plain kernels; a pass launches exactly the kernels its counters name, in
@@ -39,7 +39,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import device, figures
+from .. import device, kernels
+from . import passes
+from .csvfile import write_csv
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum")
 
@@ -118,7 +120,7 @@ def ncu_command(ncu: str, log_file: str, args: argparse.Namespace) -> list:
     return [
         ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
         "--log-file", log_file,
-        sys.executable, "-m", "flash_numba.profile", "--child", "--kernels", *args.kernels,
+        sys.executable, "-m", "flash_numba.tools.profile", "--child", "--kernels", *args.kernels,
         "--BH", str(args.BH), "--N", str(args.N), "--d", str(args.d),
     ]
 
@@ -183,8 +185,8 @@ def our_counts(args: argparse.Namespace) -> list:
     """A :class:`Row` per launch: counted (instrumented kernels) and modelled bytes."""
     rows = []
     for kernel in args.kernels:
-        for pass_, hbm in zip(("forward", "backward"), figures.counted(kernel, args.BH, args.N, args.d)):
-            predicted = figures.model(kernel, pass_, args.BH, args.N, args.d).per_kernel
+        for pass_, hbm in zip(("forward", "backward"), passes.counted(kernel, args.BH, args.N, args.d)):
+            predicted = passes.model(kernel, pass_, args.BH, args.N, args.d).per_kernel
             for name, kb in hbm.per_kernel.items():
                 m = predicted.get(name)
                 rows.append(Row(kernel, pass_, name, kb.bytes_read, kb.bytes_written,
@@ -242,17 +244,17 @@ def markdown(rows: list, title: str, notes: list) -> str:
 def _child(args: argparse.Namespace) -> int:
     """Run each pass once, plain kernels, nothing printed (ncu is watching)."""
     for kernel in args.kernels:
-        q, k, v, do = figures.random_inputs(args.BH, args.N, args.d)
-        f = figures.forward(kernel, q, k, v)
-        figures.backward(kernel, q, k, v, f.o, f.lse, do)
+        q, k, v, do = passes.random_inputs(args.BH, args.N, args.d)
+        f = passes.forward(kernel, q, k, v)
+        passes.backward(kernel, q, k, v, f.o, f.lse, do)
     device.synchronize()
     return 0
 
 
 def main(argv=None) -> int:
     """Tabulate our counts, the model and (when ncu runs) the hardware's bytes; 0 unless something broke."""
-    parser = argparse.ArgumentParser(prog="python -m flash_numba.profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kernels", nargs="+", help="kernel modules (default: all with an IO model)")
+    parser = argparse.ArgumentParser(prog="flash-numba profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernels", nargs="+", help="kernels (default: all)")
     parser.add_argument("--BH", type=int, help="batch x heads (default 8; 1 in the simulator)")
     parser.add_argument("--N", type=int, help="sequence length (default 1024; 32 in the simulator)")
     parser.add_argument("--d", type=int, help="head dim (default 64; 16 in the simulator)")
@@ -267,7 +269,7 @@ def main(argv=None) -> int:
     args.d = args.d or (16 if small else 64)
     if args.child:
         return _child(args)
-    args.kernels = args.kernels or list(figures.modelled_kernels())
+    args.kernels = args.kernels or list(kernels.NAMES)
 
     print(device.describe())
     rows = our_counts(args)
@@ -286,7 +288,7 @@ def main(argv=None) -> int:
     differ = [f"{r.kernel} {r.pass_} {r.launch}" for r in rows
               if (r.counted_read, r.counted_written) != (r.model_read, r.model_written)]
     check = "counted == model for every launch" if not differ else "counted != model for: " + "; ".join(differ)
-    notes = [f"{figures.device_label()}, {datetime.date.today().isoformat()}", note, check]
+    notes = [f"{passes.device_label()}, {datetime.date.today().isoformat()}", note, check]
     print(title)
     print(table(rows))
     print("\n".join(notes[1:]))
@@ -294,7 +296,7 @@ def main(argv=None) -> int:
     print(GAP)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    figures.write_csv(out / "profile.csv", [title, *notes], [r.fields() for r in rows])
+    write_csv(out / "profile.csv", [title, *notes], [r.fields() for r in rows])
     (out / "profile.md").write_text(markdown(rows, title, notes))
     print(f"wrote {out / 'profile.csv'} and {out / 'profile.md'}")
     return 0

@@ -19,7 +19,7 @@ median time.  In the simulator the kernel runs on a tiny size and is checked
 the same way, but nothing is timed: ``value`` and ``ms`` are ``None`` and
 ``note`` says why.
 
-    python -m flash_numba.microbench        # measure all three and print the roofline
+    python -m flash_numba.tools.microbench  # measure all three and print the roofline
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32
 
-from .device import SIMULATOR, CudaTimer, describe, info, jit, time_ms
+from ..device import SIMULATOR, CudaTimer, describe, info, jit, time_ms
 
 #: Warm-up launches before the timed ones.
 WARMUP = 3

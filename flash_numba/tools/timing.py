@@ -1,0 +1,179 @@
+"""GPU clocks and device memory, as the tools read them.
+
+* :func:`median_ms`: the median time of a call, CUDA events around it.
+* :class:`LaunchTimer`, :func:`launch_times`: the time of each kernel launch of a pass.
+* :func:`time_passes`: forward and backward times of a kernel, B*H halved while out of memory.
+* :func:`peak_memory`: device bytes held at the peak of forward + backward.
+* :func:`free_pending`, :func:`free_bytes`, :func:`out_of_memory`: Numba's lazy frees and CUDA's
+  out-of-memory errors.
+* :func:`torch_cuda`: PyTorch, when it is importable and has a GPU.
+
+Nothing here has a clock in the simulator (see :class:`flash_numba.device.CudaTimer`).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .. import device
+from ..hbm import Counters
+from . import passes
+
+#: Timed passes per :func:`launch_times` (after one untimed pass).
+LAUNCH_REPEATS = 3
+
+
+def median_ms(fn) -> float:
+    """Median GPU time of ``fn()`` in ms: one untimed call, then 3 to 10 timed ones (about a second)."""
+    fn()
+    device.synchronize()
+    times = []
+    while len(times) < 3 or (len(times) < 10 and sum(times) < 1000.0):
+        with device.CudaTimer() as t:
+            fn()
+        times.append(t.ms)
+    return statistics.median(times)
+
+
+class LaunchTimer(Counters):
+    """Stands in for :class:`~flash_numba.hbm.Counters` to time each kernel launch.
+
+    Every kernel module asks ``counters.array(name)`` for the counter of launch
+    ``name`` while it builds that launch's arguments, right before launching.
+    Here that call records a CUDA event; :meth:`stop` records one more, and the
+    time between consecutive events is the launch named by the first (the host's
+    work in between is hidden while the GPU is busy, as it is for the
+    millisecond kernels timed here).  The kernels run uncounted.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(False)
+        self.names: list[str] = []
+        self._events = []
+
+    def array(self, name: str):
+        self.names.append(name)
+        if not device.SIMULATOR:  # the simulator has no clock (see device.CudaTimer)
+            from numba import cuda
+
+            event = cuda.event(timing=True)
+            event.record()
+            self._events.append(event)
+        return super().array(name)
+
+    def stop(self) -> dict | None:
+        """Milliseconds per launch name (None in the simulator)."""
+        if device.SIMULATOR:
+            return None
+        from numba import cuda
+
+        end = cuda.event(timing=True)
+        end.record()
+        end.synchronize()
+        ms = {}
+        for name, a, b in zip(self.names, self._events, self._events[1:] + [end]):
+            ms[name] = ms.get(name, 0.0) + cuda.event_elapsed_time(a, b)
+        return ms
+
+
+def launch_times(kernel: str, pass_: str, arrays: dict):
+    """``(names, ms per name)``: each launch of one pass timed with :class:`LaunchTimer`
+    (median of :data:`LAUNCH_REPEATS` passes after an untimed one); ms is None in the simulator."""
+    passes.run_pass(kernel, pass_, arrays, Counters(False))
+    samples = []
+    for _ in range(LAUNCH_REPEATS):
+        timer = LaunchTimer()
+        passes.run_pass(kernel, pass_, arrays, timer)
+        samples.append(timer.stop())
+    if samples[0] is None:
+        return timer.names, None
+    return timer.names, {n: statistics.median(s[n] for s in samples) for n in timer.names}
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA out-of-memory error (Numba's or PyTorch's) or a MemoryError."""
+    text = f"{type(exc).__name__} {exc}".upper().replace(" ", "_")
+    return isinstance(exc, MemoryError) or "OUT_OF_MEMORY" in text or "OUTOFMEMORY" in text
+
+
+def free_pending() -> None:
+    """Free now what Numba has queued for freeing (it frees lazily), then synchronise.
+
+    The simulator frees at once and keeps no queues.
+    """
+    from numba import cuda
+
+    ctx = cuda.current_context()
+    for queue in (getattr(ctx, "deallocations", None),  # streams, events, modules
+                  getattr(getattr(ctx, "memory_manager", None), "deallocations", None)):  # device memory
+        if queue is not None:
+            queue.clear()
+    cuda.synchronize()
+
+
+def free_bytes() -> int:
+    """Free device memory as seen by this process: Numba's own table where it keeps one (so other
+    processes on the GPU do not disturb it, see :func:`device.numba_device_bytes`), else the GPU's."""
+    from numba import cuda
+
+    held = device.numba_device_bytes()
+    if held is not None:
+        return -held
+    return cuda.current_context().get_memory_info().free
+
+
+def peak_memory(kernel: str, BH: int, N: int, d: int) -> int:
+    """Device bytes in use at the peak of forward + backward, inputs included.
+
+    Numba frees device arrays lazily; inside ``cuda.defer_cleanup()`` it frees
+    none, so the free memory just after a pass, against a baseline taken before
+    the inputs were allocated, counts every buffer the pass held.  The forward's
+    temporaries (S and P for the standard path) are freed before the backward;
+    O and L stay, as they would for training.
+    """
+    from numba import cuda
+
+    free_pending()
+    free0 = free_bytes()
+    q, k, v, do = passes.random_inputs(BH, N, d)
+    with cuda.defer_cleanup():
+        f = passes.forward(kernel, q, k, v)
+        device.synchronize()
+        peak = free0 - free_bytes()
+    free_pending()
+    with cuda.defer_cleanup():
+        passes.backward(kernel, q, k, v, f.o, f.lse, do)
+        device.synchronize()
+        peak = max(peak, free0 - free_bytes())
+    del q, k, v, do, f
+    free_pending()
+    return peak
+
+
+def time_passes(kernel: str, BH: int, N: int, d: int, shrink: bool = True):
+    """((forward ms, backward ms) scaled to B*H, B*H timed); ``shrink``: halve B*H while out of memory."""
+    BHt = BH
+    while True:
+        try:
+            q, k, v, do = passes.random_inputs(BHt, N, d)
+            f = passes.forward(kernel, q, k, v)
+            t_fwd = median_ms(lambda: passes.forward(kernel, q, k, v))
+            t_bwd = median_ms(lambda: passes.backward(kernel, q, k, v, f.o, f.lse, do))
+            return (t_fwd * BH / BHt, t_bwd * BH / BHt), BHt
+        except Exception as exc:  # only out of memory is caught, and only while B*H can shrink
+            if not (shrink and out_of_memory(exc)) or BHt == 1:
+                raise
+            q = k = v = do = f = None
+            free_pending()
+            BHt //= 2
+
+
+def torch_cuda():
+    """PyTorch when it is importable and has a CUDA device (and we are not in the simulator), else None."""
+    if device.SIMULATOR:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
