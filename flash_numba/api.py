@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _inputs, blocks, device, kernels
+from . import _inputs, device, kernels
 from .hbm import Counters, HBMCount
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
@@ -47,28 +47,9 @@ class BackwardResult:
     block: tuple[int, int] | None
 
 
-def _block(mod, prob, block, pass_):
-    if hasattr(mod, "check_block"):  # kernel-specific shape rules, named in the error
-        mod.check_block(block, prob.d, prob.dtype, pass_)
-    max_Br, max_Bc = mod.block_limits(prob.d, prob.dtype, pass_)
-
-    def fp(Br, Bc, d, dtype):
-        return mod.shared_bytes(Br, Bc, d, dtype, pass_)
-
-    if block is None and hasattr(mod, "choose_block"):  # kernels with their own tile rule
-        return mod.choose_block(prob.d, prob.dtype, blocks.shared_budget(), pass_)
-    if block is None:
-        return blocks.choose(prob.d, prob.dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
-    return blocks.validate(block, prob.d, prob.dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
-
-
 def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"):
-    """The ``(Br, Bc)`` a call would use (``None`` for the standard kernels)."""
-    mod = kernels.get(kernel)
-    if not getattr(mod, "USES_BLOCKS", True):
-        return None
-    prob = _inputs.Problem((), 1, 1, 1, d, np.dtype(dtype), False, 1.0, False)
-    return _block(mod, prob, block, pass_)
+    """The ``(Br, Bc)`` a call would use (``None`` for kernels with fixed tiles, such as standard)."""
+    return kernels.get(kernel).block(d, dtype, pass_, block)
 
 
 def _check_count(count_hbm) -> bool:
@@ -78,16 +59,13 @@ def _check_count(count_hbm) -> bool:
 
 
 def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
-    mod = kernels.get(kernel)
+    spec = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
-    uses_blocks = getattr(mod, "USES_BLOCKS", True)
-    if not uses_blocks and block is not None:
-        raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
-    blk = _block(mod, prob, block, "forward") if uses_blocks else None
+    blk = spec.block(prob.d, prob.dtype, "forward", block)
     counters = Counters(count_hbm)
     with _one_launch_at_a_time(), _inputs.allocate_like(prob):
-        o, lse = mod.forward(prob, ops, blk, counters)
+        o, lse = spec.forward(prob, ops, blk, counters)
     return ForwardResult(
         _inputs.finish(prob, o, (prob.Nq, prob.d)),
         _inputs.finish(prob, lse, (prob.Nq,)),
@@ -98,21 +76,18 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
 
 
 def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic=True) -> BackwardResult:
-    mod = kernels.get(kernel)
+    spec = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     prob, ops = _inputs.prepare(
         {"q": q, "k": k, "v": v}, causal=causal, scale=scale, extra={"o": o, "lse": lse, "do": do}
     )
-    prob.deterministic = bool(deterministic)  # read by kernels that have an atomic path (flash2_fast)
-    uses_blocks = getattr(mod, "USES_BLOCKS", True)
-    if not uses_blocks and block is not None:
-        raise ValueError(f"block: the {kernel} kernels use fixed tiles; pass block=None")
-    blk = _block(mod, prob, block, "backward") if uses_blocks else None
+    blk = spec.block(prob.d, prob.dtype, "backward", block)
+    run = spec.run_backward(bool(deterministic))  # the atomic backward where the kernel has one
     counters = Counters(count_hbm)
     with _one_launch_at_a_time(), _inputs.allocate_like(prob):
-        dq, dk, dv = mod.backward(prob, ops, blk, counters)
+        dq, dk, dv = run(prob, ops, blk, counters)
     return BackwardResult(
         _inputs.finish(prob, dq, (prob.Nq, prob.d)),
         _inputs.finish(prob, dk, (prob.Nk, prob.d)),

@@ -59,7 +59,7 @@ def _block_table(mods: dict) -> list[str]:
     head = f"{'kernel':<{w}}  {'pass':<8}  {'dtype':<8}" + "".join(f"  {'d=' + str(d):>9}" for d in INFO_DS)
     lines = ["block sizes (Br, Bc) chosen by flash_numba.resolve_block:", head]
     for name, mod in mods.items():
-        if not getattr(mod, "USES_BLOCKS", True):
+        if not mod.uses_blocks:
             continue
         for pass_ in ("forward", "backward"):
             for dtype in DTYPES:

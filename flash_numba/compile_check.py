@@ -5,8 +5,11 @@ to compile for a GPU.  :func:`compile_ptx` asks Numba for PTX for a compute
 capability (7.5 = Colab's T4, 9.0 = H100/H200); this needs ``numba-cuda[cu13]``
 (NVVM from the CUDA wheels) but no GPU.  :func:`ptxas_report` then assembles the
 PTX with the ``ptxas`` from the ``nvidia-cuda-nvcc`` wheel (13.5; the system's
-13.0 ptxas rejects Numba's newer PTX) and reads its ``-v`` report: registers,
-static shared memory, stack frame and spills per kernel.
+13.0 ptxas rejects Numba's newer PTX), with the register cap the kernel is
+launched with (``--maxrregcount``, what Numba passes to its linker), and reads
+its ``-v`` report: registers, static shared memory, stack frame and spills per
+kernel.  :func:`compile_kernel` takes both the options and the cap from the
+kernel's dispatcher, so the tier builds what ships.
 
 Run it for every kernel module (this is what ``tests/test_compile.py`` does)::
 
@@ -32,6 +35,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .device import STATIC_SHARED_LIMIT
 
@@ -52,8 +56,19 @@ class _TargetDevice:
     compute_capability: tuple
 
 
-def compile_ptx(pyfunc, argtypes, cc) -> str:
+class Compiled(NamedTuple):
+    """One kernel specialisation as the compile tier builds it: its PTX and the register cap it ships with."""
+
+    label: str
+    ptx: str
+    max_registers: int | None = None
+
+
+def compile_ptx(pyfunc, argtypes, cc, fastmath=None) -> str:
     """PTX for the Python function of a kernel at the given argument types and cc.
+
+    ``fastmath``: the kernel's ``fastmath`` option (None: the function's ``_fastmath``
+    attribute, else off; :func:`compile_kernel` reads it from the dispatcher).
 
     Typing and lowering to LLVM IR (two thirds of the time) come out the same for
     every cc from 7.5 up, so the LLVM library of a kernel is kept (:func:`_library`)
@@ -61,12 +76,32 @@ def compile_ptx(pyfunc, argtypes, cc) -> str:
     """
     cc = tuple(cc)
     lowering_cc = _SAME_LOWERING_FROM if cc >= _SAME_LOWERING_FROM else cc
-    (ptx,) = _library(pyfunc, tuple(argtypes), lowering_cc).get_asm_strs(cc=cc)
+    fastmath = getattr(pyfunc, "_fastmath", False) if fastmath is None else fastmath
+    fastmath = frozenset(fastmath) if isinstance(fastmath, (set, frozenset)) else bool(fastmath)
+    (ptx,) = _library(pyfunc, tuple(argtypes), lowering_cc, fastmath).get_asm_strs(cc=cc)
     return ptx
 
 
+_OWN_CAP = object()
+
+
+def compile_kernel(label: str, kernel, argtypes, cc, max_registers=_OWN_CAP) -> Compiled:
+    """A Numba CUDA kernel (its dispatcher) built as it ships: its own ``fastmath`` and register cap.
+
+    ``label`` gets `` sm_XY`` appended.  :func:`ptxas_report` assembles the PTX with the
+    same register cap (``--maxrregcount``) that Numba passes to the linker at launch: the
+    dispatcher's ``max_registers``, or ``max_registers`` where the kernel's cap depends on
+    the device's compute capability (the kernel module's rule for ``cc``; the dispatcher
+    is then built uncapped, so that its lowering serves every cc).
+    """
+    options = kernel.targetoptions
+    ptx = compile_ptx(kernel.py_func, argtypes, cc, options.get("fastmath", False))
+    cap = options.get("max_registers") if max_registers is _OWN_CAP else max_registers
+    return Compiled(f"{label} sm_{cc[0]}{cc[1]}", ptx, cap)
+
+
 @functools.lru_cache(maxsize=None)
-def _library(pyfunc, argtypes, cc):
+def _library(pyfunc, argtypes, cc, fastmath=False):
     """Numba's code library of a kernel, lowered for ``cc``.
 
     This is what ``numba.cuda.compile_ptx`` does before it runs NVVM
@@ -81,7 +116,7 @@ def _library(pyfunc, argtypes, cc):
 
     with mock.patch.object(dispatcher, "get_current_device", lambda: _TargetDevice(cc)):
         lib, _ = compiler._compile_pyfunc_with_fixup(
-            pyfunc, argtypes, device=False, fastmath=getattr(pyfunc, "_fastmath", False), cc=cc, abi="numba"
+            pyfunc, argtypes, device=False, fastmath=set(fastmath) if fastmath else False, cc=cc, abi="numba"
         )
     return lib
 
@@ -112,8 +147,8 @@ def find_ptxas() -> str | None:
     return None
 
 
-def ptxas_report(ptx: str, cc) -> PtxasReport | None:
-    """Assemble ``ptx`` for ``sm_XY`` and parse ``ptxas -v``; None without a usable ptxas."""
+def ptxas_report(ptx: str, cc, max_registers: int | None = None) -> PtxasReport | None:
+    """Assemble ``ptx`` for ``sm_XY`` (capped at ``max_registers``) and parse ``ptxas -v``; None without ptxas."""
     exe = find_ptxas()
     if exe is None:
         return None
@@ -121,8 +156,9 @@ def ptxas_report(ptx: str, cc) -> PtxasReport | None:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
+        cap = [] if max_registers is None else [f"--maxrregcount={max_registers}"]
         proc = subprocess.run(
-            [exe, "-v", f"-arch=sm_{cc[0]}{cc[1]}", src, "-o", os.path.join(tmp, "k.o")],
+            [exe, "-v", *cap, f"-arch=sm_{cc[0]}{cc[1]}", src, "-o", os.path.join(tmp, "k.o")],
             capture_output=True,
             text=True,
         )
@@ -160,6 +196,7 @@ class Row:
     cc: tuple
     shared_bytes: int  # static shared memory (from ptxas, else from the PTX)
     ptxas: PtxasReport | None
+    max_registers: int | None = None  # the register cap it was assembled with (None: uncapped)
 
     def csv_fields(self) -> dict:
         r = self.ptxas
@@ -167,6 +204,7 @@ class Row:
             "module": self.module,
             "label": self.label,
             "cc": f"{self.cc[0]}.{self.cc[1]}",
+            "max_registers": "" if self.max_registers is None else self.max_registers,
             "registers": r.registers if r else "",
             "shared_bytes": self.shared_bytes,
             "stack_bytes": r.stack_bytes if r else "",
@@ -183,13 +221,14 @@ def compile_module(name: str, ccs=CCS, groups=GROUPS) -> list[Row]:
     rows, seen = [], set()
     for dtypes, ds in groups:
         for cc in ccs:
-            for label, ptx in mod.compile_all((cc,), dtypes, ds):
+            for item in mod.compile_all((cc,), dtypes, ds):
+                label, ptx, cap = Compiled(*item)  # a plain (label, ptx) pair: no register cap
                 if (label, cc) in seen:  # a kernel not specialised on d comes back once per group
                     continue
                 seen.add((label, cc))
-                rep = ptxas_report(ptx, cc)
+                rep = ptxas_report(ptx, cc, cap)
                 shared = rep.shared_bytes if rep else ptx_shared_bytes(ptx)
-                rows.append(Row(name, label, cc, shared, rep))
+                rows.append(Row(name, label, cc, shared, rep, cap))
         _library.cache_clear()  # each group's kernels were lowered once for all ccs; free them
     return rows
 

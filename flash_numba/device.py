@@ -164,14 +164,14 @@ def describe() -> str:
     )
 
 
-_SIM_REJECTS = ("max_registers", "lineinfo", "launch_bounds")
+_SIM_REJECTS = ("max_registers", "lineinfo", "launch_bounds", "forceinline")
 
 
 def jit(*args, **options):
     """``numba.cuda.jit`` that also works in the simulator.
 
-    The simulator raises on ``max_registers``, ``lineinfo`` and
-    ``launch_bounds``; they only tune code generation, so they are dropped there.
+    The simulator raises on ``max_registers``, ``lineinfo``, ``launch_bounds`` and
+    ``forceinline``; they only tune code generation, so they are dropped there.
     """
     if SIMULATOR:
         for key in _SIM_REJECTS:

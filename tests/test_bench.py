@@ -8,6 +8,7 @@ and, on made-up rows, the numbers the table, the CSV and the plot derive from
 a time.  The gpu test runs a real sweep.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -28,12 +29,10 @@ TINY = ["--n", "8", "--d", "4", "--bh", "1", "--causal", "true"]
 
 
 def _wrong_kernel(monkeypatch, *, forward=None, backward=None):
-    """Register a kernel module "wrong": flash2 with its forward and/or backward replaced."""
-    mod = types.SimpleNamespace(**vars(flash2))
-    if forward is not None:
-        mod.forward = forward
-    if backward is not None:
-        mod.backward = backward
+    """Register a kernel "wrong": flash2's spec with its forward and/or backward replaced."""
+    mod = dataclasses.replace(
+        flash2.SPEC, name="wrong", forward=forward or flash2.SPEC.forward, backward=backward or flash2.SPEC.backward
+    )
     real_get = kernels.get
     monkeypatch.setattr(kernels, "NAMES", kernels.NAMES + ("wrong",))
     monkeypatch.setattr(kernels, "get", lambda name: mod if name == "wrong" else real_get(name))

@@ -1,4 +1,4 @@
-"""The compile tier: every kernel specialisation builds for real GPUs (sm_75 and sm_90).
+"""The compile tier: every kernel specialisation builds for real GPUs (sm_75 and sm_90), as it ships.
 
 The simulator never type-checks a kernel, so this tier compiles each module's
 ``compile_all`` to PTX with NVVM and assembles it with ptxas, in one process
@@ -8,6 +8,7 @@ No GPU is needed.
 
 import csv
 import os
+import re
 import subprocess
 import sys
 
@@ -41,8 +42,23 @@ def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(tmp_path):
     assert len({(r["label"], r["cc"]) for r in rows}) == len(rows), "a specialisation is listed twice"
     too_big = [(r["label"], r["cc"], r["shared_bytes"]) for r in rows if int(r["shared_bytes"]) > STATIC_SHARED_LIMIT]
     assert not too_big
+
+    # assembled as shipped: the register cap each launch runs with on that cc
+    for name in kernels.NAMES:
+        spec = kernels.get(name)
+        for r in (r for r in rows if r["module"] == name):
+            launch = next((n for n in spec.max_registers if r["label"].startswith(n + " ")), None)
+            if launch is not None:
+                cc = tuple(int(x) for x in r["cc"].split("."))
+                want = spec.register_cap(launch, cc, int(re.search(r" d=(\d+) ", r["label"]).group(1)))
+                assert r["max_registers"] == ("" if want is None else str(want)), (r["label"], r["max_registers"])
+    assert any(r["max_registers"] for r in rows), "no specialisation was assembled with a register cap"
+
     if compile_check.have_ptxas():
         assert all(int(r["registers"]) > 0 for r in rows)
+        spills = [(r["label"], r["spill_stores"], r["spill_loads"]) for r in rows
+                  if int(r["spill_stores"]) or int(r["spill_loads"])]
+        assert not spills, f"{len(spills)} specialisations spill registers: {spills}"
 
 
 def test_reading_shared_bytes_from_ptx_and_the_ptxas_report():
@@ -58,6 +74,10 @@ def test_reading_shared_bytes_from_ptx_and_the_ptxas_report():
         "ptxas info    : Used 14 registers, used 1 barriers, 6272 bytes smem\n"
     )
     assert report == compile_check.PtxasReport(14, 6272, 8, 4, 12)
+
+
+def test_a_compiled_item_without_a_cap_reads_as_uncapped():
+    assert compile_check.Compiled(*("label", "ptx")) == compile_check.Compiled("label", "ptx", None)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="this pytest process runs on a GPU")

@@ -442,9 +442,11 @@ def max_semantics(request, monkeypatch):
         if ON_GPU:
             pytest.skip("on a GPU the kernels use fmax already")
         for name in KERNELS:
-            mod = kernels.get(name)
-            monkeypatch.setattr(mod, "max", _cuda_max, raising=False)
-            monkeypatch.setattr(mod, "min", _cuda_min, raising=False)
+            kernels.module(name)  # imported, with its submodules (flash2_fast's forward and backward)
+            for modname, mod in list(sys.modules.items()):
+                if modname == f"flash_numba.kernels.{name}" or modname.startswith(f"flash_numba.kernels.{name}."):
+                    monkeypatch.setattr(mod, "max", _cuda_max, raising=False)
+                    monkeypatch.setattr(mod, "min", _cuda_min, raising=False)
     return request.param
 
 
@@ -501,14 +503,13 @@ def test_floating_point_atomics_only_behind_deterministic_false():
     """The int64 HBM counters aside, the one atomic is flash2_fast's dQ add, compiled in only for
     ``deterministic=False``; by default repeated calls agree bit for bit."""
     found = []
-    folder = os.path.join(ROOT, "flash_numba", "kernels")
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
-            with open(os.path.join(folder, name)) as f:
-                found += [(name, op, arr) for op, arr in re.findall(r"cuda\.atomic\.(\w+)\(\s*(\w+)", f.read())]
-    assert found and {(n, op, arr) for n, op, arr in found if arr != "counter"} == {("flash2_fast.py", "add", "dq")}
-    with open(os.path.join(folder, "flash2_fast.py")) as f:
-        src = f.read()
+    folder = pathlib.Path(ROOT, "flash_numba", "kernels")
+    for path in sorted(folder.rglob("*.py")):
+        name = path.relative_to(folder).as_posix()
+        found += [(name, op, arr) for op, arr in re.findall(r"cuda\.atomic\.(\w+)\(\s*(\w+)", path.read_text())]
+    atomic_dq = "flash2_fast/backward.py"
+    assert found and {(n, op, arr) for n, op, arr in found if arr != "counter"} == {(atomic_dq, "add", "dq")}
+    src = (folder / atomic_dq).read_text()
     branch = src[src.index("if ATOMIC_DQ:"):]
     assert "cuda.atomic.add(dq" in branch.split("\n\n        for a in range(TM):")[0]  # inside the branch
     import inspect

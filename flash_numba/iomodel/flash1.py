@@ -47,25 +47,18 @@ import numpy as np
 
 from .._inputs import acc_dtype
 from ..hbm import HBMCount, KernelBytes
+from ..kernels.causal import visible_kv_blocks
 
 
 def query_rows_processed(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
     """Query rows loaded over all visible block pairs: Tc * Nq without a mask.
 
-    Query block i (rows r0 .. r0 + rows_i - 1) meets key block j unless
-    j * Bc > r0 + rows_i - 1 + (Nk - Nq) (wholly above the diagonal), so it
-    meets the first min(Tc, max(0, (r0 + rows_i - 1 + Nk - Nq) // Bc + 1)).
+    Query block i (rows r0 .. r0 + rows_i - 1) meets the key blocks that some of
+    its rows see: :func:`flash_numba.kernels.causal.visible_kv_blocks` of them.
     """
-    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
-    if not causal:
-        return Tc * Nq
     total = 0
-    for i in range(Tr):
-        r0 = i * Br
-        rows = min(Br, Nq - r0)
-        last_visible_key = r0 + rows - 1 + (Nk - Nq)
-        visible_blocks = min(Tc, max(0, last_visible_key // Bc + 1))
-        total += rows * visible_blocks
+    for r0 in range(0, Nq, Br):
+        total += min(Br, Nq - r0) * visible_kv_blocks(r0, Br, Bc, Nq, Nk, causal)
     return total
 
 
@@ -78,9 +71,9 @@ def _sizes(dtype) -> tuple[int, int, bool]:
 def _block(d, dtype, block, pass_):
     if block is not None:
         return block
-    from ..api import resolve_block
+    from ..kernels import flash1
 
-    return resolve_block("flash1", d, dtype, None, pass_)
+    return flash1.SPEC.block(d, dtype, pass_)
 
 
 def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:

@@ -40,6 +40,7 @@ import numpy as np
 
 from .._inputs import acc_dtype
 from ..hbm import HBMCount, KernelBytes
+from ..kernels.causal import visible_kv_blocks
 from ..kernels.flash2 import BACKWARD_NAMES, FORWARD_NAME
 
 
@@ -51,16 +52,7 @@ def _rows(start: int, size: int, n: int) -> int:
 def kv_rows_read(Nq: int, Nk: int, causal: bool, block) -> list[int]:
     """For each query block i, the rows of K (and of V) it reads: its visible key blocks."""
     Br, Bc = block
-    Tr = -(-Nq // Br)
-    out = []
-    for i in range(Tr):
-        if not causal:
-            out.append(Nk)
-            continue
-        last_key = min((i + 1) * Br, Nq) - 1 + (Nk - Nq)  # the last key the block's last row sees
-        n_blocks = 0 if last_key < 0 else min(-(-Nk // Bc), last_key // Bc + 1)
-        out.append(min(n_blocks * Bc, Nk))
-    return out
+    return [min(visible_kv_blocks(i0, Br, Bc, Nq, Nk, causal) * Bc, Nk) for i0 in range(0, Nq, Br)]
 
 
 def forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:

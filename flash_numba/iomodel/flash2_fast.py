@@ -5,7 +5,7 @@ of every K/V block it visits (all Tc of them, or, when causal, the blocks up to
 the one holding the last key visible to its last row), and writes O_i and L_i
 once.  Per (batch, head), with item sizes s (storage) and a (accumulation)::
 
-    read    = s Nq d + sum_i 2 s d min(n_i Bc, Nk)     n_i = Tc, or causal: ceil((i Br + Br + Nk - Nq) / Bc)
+    read    = s Nq d + sum_i 2 s d min(n_i Bc, Nk)     n_i: kernels.causal.visible_kv_blocks
     written = s Nq d + a Nq
 
 so Theta(N d + N^2 d / Br) as for flash2.
@@ -33,23 +33,16 @@ import numpy as np
 
 from .._inputs import acc_dtype
 from ..hbm import HBMCount, KernelBytes
+from ..kernels import _rowsum
+from ..kernels.flash2_fast import layout
+from ..kernels.causal import first_visible_q_block, visible_kv_blocks
 from . import flash2 as _flash2
 
-FORWARD_NAME = "flash2_fast forward"
 
 
 def visited_keys(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
     """Sum over query blocks of the number of key rows loaded (K and V each)."""
-    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
-    if not causal:
-        return Tr * Nk
-    total = 0
-    off = Nk - Nq
-    for i in range(Tr):
-        last = i * Br + Br - 1 + off  # last key visible to the block's last row
-        n_j = 0 if last < 0 else min(Tc, last // Bc + 1)
-        total += min(n_j * Bc, Nk)
-    return total
+    return sum(min(visible_kv_blocks(i0, Br, Bc, Nq, Nk, causal) * Bc, Nk) for i0 in range(0, Nq, Br))
 
 
 def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
@@ -57,51 +50,53 @@ def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     read = BH * (s * Nq * d + 2 * s * d * visited_keys(Nq, Nk, Br, Bc, causal))
     written = BH * (s * Nq * d + a * Nq)
-    return HBMCount({FORWARD_NAME: KernelBytes(read, written)})
+    return HBMCount({layout.FORWARD_NAME: KernelBytes(read, written)})
 
 
 def visited_queries(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
     """Sum over key blocks j of the query rows the dK/dV kernel loads."""
-    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
-    if not causal:
-        return Tc * Nq
-    total = 0
-    off = Nk - Nq
-    for j in range(Tc):
-        first = j * Bc - off  # first query row that sees key j * Bc
-        i0 = 0 if first <= 0 else min(first // Br, Tr)
-        total += max(0, Nq - i0 * Br)
-    return total
+    return sum(max(0, Nq - first_visible_q_block(j0, Br, Nq, Nk, causal) * Br) for j0 in range(0, Nk, Bc))
 
 
-def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, deterministic=True) -> HBMCount:
-    from ..kernels import flash2_fast as kernel
-
+def _fast_parts(BH, Nq, Nk, d, dtype, causal, block):
+    """None when ``block`` runs flash2's backward; else the parts both fast backward passes share:
+    (item sizes s and a, D's bytes, the dK/dV kernel's reads and writes without atomics, query rows it visits)."""
     Br, Bc = block
-    flash2_model = _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
-    if not kernel.uses_fast_backward(Br, Bc, d, dtype):
-        return flash2_model
+    if not layout.uses_fast_backward(Br, Bc, d, dtype):
+        return None
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
-    rowsum = flash2_model.per_kernel[kernel.BACKWARD_NAMES[0]]
-    kv_read = BH * (2 * s * d * Nk + (2 * s * d + 2 * a) * visited_queries(Nq, Nk, Br, Bc, causal))
-    kv_written = BH * 2 * s * Nk * d
-    if not deterministic:
-        # one atomic add (a read and a write of a bytes) per dQ element per (key block, query row) visited
-        atomics = BH * d * visited_queries(Nq, Nk, Br, Bc, causal)
-        model = {
-            kernel.BACKWARD_NAMES[0]: rowsum,
-            kernel.ZERO_DQ_NAME: KernelBytes(0, BH * Nq * d * a),
-            kernel.BACKWARD_KVQ_NAME: KernelBytes(kv_read + a * atomics, kv_written + a * atomics),
-        }
-        if s != a:
-            model[kernel.CAST_DQ_NAME] = KernelBytes(BH * Nq * d * a, BH * Nq * d * s)
-        return HBMCount(model)
-    q_read = BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * visited_keys(Nq, Nk, Br, Bc, causal))
-    q_written = BH * s * Nq * d
-    return HBMCount(
-        {
-            kernel.BACKWARD_NAMES[0]: rowsum,
-            kernel.BACKWARD_KV_NAME: KernelBytes(kv_read, kv_written),
-            kernel.BACKWARD_Q_NAME: KernelBytes(q_read, q_written),
-        }
-    )
+    rows = visited_queries(Nq, Nk, Br, Bc, causal)
+    rowsum = _flash2.backward(BH, Nq, Nk, d, dtype, causal, block).per_kernel[_rowsum.NAME]
+    return s, a, rowsum, BH * (2 * s * d * Nk + (2 * s * d + 2 * a) * rows), BH * 2 * s * Nk * d, rows
+
+
+def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
+    """D = rowsum(dO*O), "dK, dV" and "dQ" (or flash2's model for blocks that run flash2's backward)."""
+    parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block)
+    if parts is None:
+        return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
+    s, a, rowsum, kv_read, kv_written, _ = parts
+    keys = visited_keys(Nq, Nk, *block, causal)
+    dq = KernelBytes(BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * keys), BH * s * Nq * d)
+    return HBMCount({_rowsum.NAME: rowsum, layout.BACKWARD_KV_NAME: KernelBytes(kv_read, kv_written),
+                     layout.BACKWARD_Q_NAME: dq})
+
+
+def backward_atomic(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
+    """``deterministic=False``: D, the zeroed dQ accumulator, dK/dV/dQ with atomics and (float16) the cast.
+
+    One atomic add (a read and a write of a bytes) per dQ element per (key block, query row) visited.
+    """
+    parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block)
+    if parts is None:
+        return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
+    s, a, rowsum, kv_read, kv_written, rows = parts
+    atomics, n = a * BH * d * rows, BH * Nq * d
+    model = {
+        _rowsum.NAME: rowsum,
+        layout.ZERO_DQ_NAME: KernelBytes(0, n * a),
+        layout.BACKWARD_KVQ_NAME: KernelBytes(kv_read + atomics, kv_written + atomics),
+    }
+    if s != a:
+        model[layout.CAST_DQ_NAME] = KernelBytes(n * a, n * s)
+    return HBMCount(model)

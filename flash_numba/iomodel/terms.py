@@ -34,9 +34,6 @@ whatever M is.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-
 import numpy as np
 
 from .._inputs import acc_dtype
@@ -54,11 +51,9 @@ def compulsory_bytes(BH, Nq, Nk, d, dtype, pass_: str = "forward") -> int:
 
 
 def _model(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic=True):
-    mod = importlib.import_module(f"{__package__}.{kernel}")
-    fn = getattr(mod, pass_)
-    if pass_ == "backward" and not deterministic and "deterministic" in inspect.signature(fn).parameters:
-        return fn(BH, Nq, Nk, d, dtype, causal, block, deterministic=False)
-    return fn(BH, Nq, Nk, d, dtype, causal, block)
+    from .. import kernels
+
+    return kernels.get(kernel).io_model(pass_, deterministic)(BH, Nq, Nk, d, dtype, causal, block)
 
 
 def split(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic=True) -> dict[str, int]:
@@ -77,16 +72,9 @@ def split(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic=True
 
 def block_for(kernel: str, d: int, dtype, M_bytes: int, pass_: str = "forward") -> tuple[int, int]:
     """The block ``kernel`` would choose with ``M_bytes`` of shared memory (model only beyond 48 KB)."""
-    from .. import blocks, kernels
+    from .. import kernels
 
-    mod = kernels.get(kernel)
-    if hasattr(mod, "choose_block"):
-        return mod.choose_block(d, dtype, M_bytes, pass_)
-    max_Br, max_Bc = mod.block_limits(d, dtype, pass_)
-    return blocks.choose(
-        d, dtype, lambda Br, Bc, d_, dt: mod.shared_bytes(Br, Bc, d_, dt, pass_),
-        max_Br=max_Br, max_Bc=max_Bc, budget=M_bytes,
-    )
+    return kernels.get(kernel).block(d, dtype, pass_, budget=M_bytes)
 
 
 def rows(BH=32, d=64, dtype=np.float32, Ns=(512, 1024, 2048, 4096, 8192), N_fixed=4096,

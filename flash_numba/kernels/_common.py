@@ -11,8 +11,7 @@ The counting pattern (see :mod:`flash_numba.hbm`).  A kernel factory takes a
         nr += Q_BYTES           # item size of q, a closure constant
     ...
     if COUNT:
-        cuda.atomic.add(counter, 0, nr)
-        cuda.atomic.add(counter, 1, nw)
+        add_counts(counter, nr, nw)
 
 Numba folds ``if COUNT:`` away when COUNT is False, so the plain kernel pays
 nothing.  ``counter`` is an ``int64[2]`` array from :class:`~flash_numba.hbm.Counters`.
@@ -23,7 +22,9 @@ before leaving).
 from __future__ import annotations
 
 import numpy as np
-from numba import types
+from numba import cuda, types
+
+from ..device import jit
 
 _NB = {
     np.dtype(np.float16): types.float16,
@@ -48,3 +49,10 @@ def array_type(dtype, ndim: int):
 
 
 COUNTER_TYPE = types.Array(types.int64, 1, "C")
+
+
+@jit(device=True)
+def add_counts(counter, nr, nw):
+    """Add a thread's bytes read (``nr``) and written (``nw``) to a launch's ``int64[2]`` counter."""
+    cuda.atomic.add(counter, 0, nr)
+    cuda.atomic.add(counter, 1, nw)

@@ -55,12 +55,14 @@ import math
 import numpy as np
 from numba import cuda
 
-from .. import _inputs, blocks
-from ..compile_check import compile_ptx
+from .. import _inputs
+from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
-from ._common import COUNTER_TYPE, acc_nb_type, array_type
-
-USES_BLOCKS = True
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type
+from ._spec import KernelSpec
+from ._tile_ops import load_rows
+from .causal import visible_dev as visible
+from .causal import visible_kv_blocks_dev as visible_kv_blocks
 
 #: A block runs max(Br, Bc) threads, at most 256: then it launches whatever the
 #: kernel's register count (256 threads x at most 255 registers fit an SM's 64K).
@@ -87,33 +89,21 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
     return MAX_THREADS, MAX_THREADS
 
 
-def _default_block(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
-    """The paper's ``(Br, Bc)`` shrunk to fit 48 KB, independent of the device present."""
-    max_Br, max_Bc = block_limits(d, dtype, pass_)
-    return blocks.choose(
-        d,
-        dtype,
-        lambda Br, Bc, d_, dt: shared_bytes(Br, Bc, d_, dt, pass_),
-        max_Br=max_Br,
-        max_Bc=max_Bc,
-        budget=STATIC_SHARED_LIMIT,
-    )
+def _constants(d, Br, Bc, dtype):
+    """(ACC, D = d, T = max(Br, Bc) threads per block, storage item size, accumulation item size, float16?)."""
+    dtype = np.dtype(dtype)
+    ISZ, ASZ = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
+    return acc_nb_type(dtype), d, max(Br, Bc), ISZ, ASZ, ISZ != ASZ
 
 
 @functools.lru_cache(maxsize=None)
 def _forward_kernels(d, Br, Bc, dtype, causal, count):
     """``(init_O_l_m, algorithm1)`` specialised for one shape, dtype, causal and COUNT."""
-    dtype = np.dtype(dtype)
-    ACC = acc_nb_type(dtype)
-    D = d
-    T = max(Br, Bc)  # threads per block
-    ISZ = dtype.itemsize  # bytes of one element of q, k, v, o
-    ASZ = _inputs.acc_dtype(dtype).itemsize  # bytes of one element of O (accumulator), l, m, L
-    CONVERT = ISZ != ASZ  # float16: O accumulates in float32 and is converted at the end
-    CAUSAL = causal
-    COUNT = count
-    ZERO = ACC(0)
-    NEG_INF = ACC(-math.inf)
+    # ISZ: bytes of an element of q, k, v, o; ASZ: of O (the accumulator), l, m, L;
+    # CONVERT (float16): O accumulates in float32 and is converted at the end
+    ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
+    CAUSAL, COUNT = causal, count
+    ZERO, NEG_INF = ACC(0), ACC(-math.inf)
 
     @jit
     def init_O_l_m(O, l, m, counter):
@@ -143,7 +133,6 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
         Nk = k.shape[1]
         Tr = (Nq + Br - 1) // Br
         Tc = (Nk + Bc - 1) // Bc
-        diag = Nk - Nq  # causal: key col is visible to query row iff col <= row + diag
         K_j = cuda.shared.array((Bc, D), ACC)
         V_j = cuda.shared.array((Bc, D), ACC)
         Q_i = cuda.shared.array((Br, D), ACC)
@@ -156,24 +145,19 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
             c0 = j * Bc
             cols = min(Bc, Nk - c0)  # the last block may be partial
             # line 6: load K_j, V_j from HBM to SRAM
-            for idx in range(tid, cols * D, T):
-                c = idx // D
-                x = idx % D
-                K_j[c, x] = ACC(k[bh, c0 + c, x])
-                V_j[c, x] = ACC(v[bh, c0 + c, x])
-                if COUNT:
-                    nr += 2 * ISZ
+            n = load_rows(K_j, k, bh, c0, Nk, D, tid, T) + load_rows(V_j, v, bh, c0, Nk, D, tid, T)
+            if COUNT:
+                nr += n * ISZ
             cuda.syncthreads()
             for i in range(Tr):  # line 7
                 r0 = i * Br
                 rows = min(Br, Nq - r0)
-                if CAUSAL and c0 > r0 + rows - 1 + diag:
+                if j >= visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL):
                     continue  # block pair wholly above the diagonal: skipped, nothing loaded
                 # line 8: load Q_i to SRAM (O_i, l_i, m_i are read where they are used)
-                for idx in range(tid, rows * D, T):
-                    Q_i[idx // D, idx % D] = ACC(q[bh, r0 + idx // D, idx % D])
-                    if COUNT:
-                        nr += ISZ
+                n = load_rows(Q_i, q, bh, r0, Nq, D, tid, T)
+                if COUNT:
+                    nr += n * ISZ
                 cuda.syncthreads()
                 if tid < rows:  # thread r owns query row r of the block
                     r = tid
@@ -189,7 +173,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                         for x in range(D):
                             s += Q_i[r, x] * K_j[c, x]
                         s *= scale
-                        if CAUSAL and c0 + c > row + diag:
+                        if not visible(row, c0 + c, Nq, Nk, CAUSAL):
                             s = NEG_INF
                         S_ij[r, c] = s
                         m_ij = max(m_ij, s)
@@ -251,8 +235,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                     nr += ASZ
                     nw += ISZ
         if COUNT:
-            cuda.atomic.add(counter, 0, nr)
-            cuda.atomic.add(counter, 1, nw)
+            add_counts(counter, nr, nw)
 
     return init_O_l_m, algorithm1
 
@@ -260,16 +243,10 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
 @functools.lru_cache(maxsize=None)
 def _backward_kernels(d, Br, Bc, dtype, causal, count):
     """``(init_dQ, algorithm4)`` specialised for one shape, dtype, causal and COUNT."""
-    dtype = np.dtype(dtype)
-    ACC = acc_nb_type(dtype)
-    D = d
-    T = max(Br, Bc)  # threads per block
-    ISZ = dtype.itemsize  # bytes of one element of q, k, v, o, do, dq, dk, dv
-    ASZ = _inputs.acc_dtype(dtype).itemsize  # bytes of one element of dQ (accumulator), L
-    CONVERT = ISZ != ASZ  # float16: dQ accumulates in float32 and is converted at the end
-    CAUSAL = causal
-    COUNT = count
-    ZERO = ACC(0)
+    # ISZ: bytes of an element of q, k, v, o, do, dq, dk, dv; ASZ: of dQ (the accumulator), L;
+    # CONVERT (float16): dQ accumulates in float32 and is converted at the end
+    ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
+    CAUSAL, COUNT, ZERO = causal, count, ACC(0)
 
     @jit
     def init_dQ(dQ, counter):
@@ -294,7 +271,6 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
         Nk = k.shape[1]
         Tr = (Nq + Br - 1) // Br
         Tc = (Nk + Bc - 1) // Bc
-        diag = Nk - Nq  # causal: key col is visible to query row iff col <= row + diag
         K_j = cuda.shared.array((Bc, D), ACC)
         V_j = cuda.shared.array((Bc, D), ACC)
         dK_j = cuda.shared.array((Bc, D), ACC)
@@ -309,29 +285,22 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
             c0 = j * Bc
             cols = min(Bc, Nk - c0)  # the last block may be partial
             # line 7: load K_j, V_j from HBM to SRAM; line 8: dK_j = dV_j = 0 on SRAM
-            for idx in range(tid, cols * D, T):
-                c = idx // D
-                x = idx % D
-                K_j[c, x] = ACC(k[bh, c0 + c, x])
-                V_j[c, x] = ACC(v[bh, c0 + c, x])
-                dK_j[c, x] = ZERO
-                dV_j[c, x] = ZERO
-                if COUNT:
-                    nr += 2 * ISZ
+            n = load_rows(K_j, k, bh, c0, Nk, D, tid, T) + load_rows(V_j, v, bh, c0, Nk, D, tid, T)
+            if COUNT:
+                nr += n * ISZ
+            for idx in range(tid, Bc * D, T):
+                dK_j[idx // D, idx % D] = ZERO
+                dV_j[idx // D, idx % D] = ZERO
             cuda.syncthreads()
             for i in range(Tr):  # line 9
                 r0 = i * Br
                 rows = min(Br, Nq - r0)
-                if CAUSAL and c0 > r0 + rows - 1 + diag:
+                if j >= visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL):
                     continue  # block pair wholly above the diagonal: skipped, nothing loaded
                 # line 10: load Q_i, dO_i to SRAM (O_i, L_i and dQ_i are read where they are used)
-                for idx in range(tid, rows * D, T):
-                    r = idx // D
-                    x = idx % D
-                    Q_i[r, x] = ACC(q[bh, r0 + r, x])
-                    dO_i[r, x] = ACC(do[bh, r0 + r, x])
-                    if COUNT:
-                        nr += 2 * ISZ
+                n = load_rows(Q_i, q, bh, r0, Nq, D, tid, T) + load_rows(dO_i, do, bh, r0, Nq, D, tid, T)
+                if COUNT:
+                    nr += n * ISZ
                 cuda.syncthreads()
                 if tid < rows:  # thread r owns query row r of the block
                     r = tid
@@ -351,7 +320,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                             dP += dO_i[r, x] * V_j[c, x]  # line 17: dP_ij = dO_i V_j^T
                         # lines 11-13: S_ij = scale Q_i K_j^T, masked, P_ij = exp(S_ij - L_i) (0 where masked)
                         P = ZERO
-                        if not (CAUSAL and c0 + c > row + diag):
+                        if visible(row, c0 + c, Nq, Nk, CAUSAL):
                             P = math.exp(scale * qk - L_i)
                         P_ij[r, c] = P
                         dS_ij[r, c] = P * (dP - D_i)  # line 20: dS_ij = P_ij * (dP_ij - D_i)
@@ -393,8 +362,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                     nr += ASZ
                     nw += ISZ
         if COUNT:
-            cuda.atomic.add(counter, 0, nr)
-            cuda.atomic.add(counter, 1, nw)
+            add_counts(counter, nr, nw)
 
     return init_dQ, algorithm4
 
@@ -458,7 +426,7 @@ def compile_all(ccs, dtypes, ds):
                 ("forward", _forward_kernels, FORWARD_NAMES),
                 ("backward", _backward_kernels, BACKWARD_NAMES),
             ):
-                Br, Bc = _default_block(d, dt, pass_)
+                Br, Bc = SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT)
                 for count in (False, True):
                     for causal in (False, True):
                         kernels = factory(d, Br, Bc, dt, causal, count)
@@ -466,7 +434,13 @@ def compile_all(ccs, dtypes, ds):
                             if name.startswith("init") and causal:
                                 continue  # the init kernels do not depend on causal
                             tags = " causal" * causal + " count" * count
-                            for cc in ccs:
-                                label = f"flash1 {pass_} {name} d={d} {dt} Br={Br} Bc={Bc}{tags} sm_{cc[0]}{cc[1]}"
-                                out.append((label, compile_ptx(kernel.py_func, signatures[name], cc)))
+                            label = f"flash1 {pass_} {name} d={d} {dt} Br={Br} Bc={Bc}{tags}"
+                            out += [compile_kernel(label, kernel, signatures[name], cc) for cc in ccs]
     return out
+
+
+SPEC = KernelSpec(
+    name="flash1", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
+    shared_bytes=shared_bytes, block_limits=block_limits,  # the paper's block rule (blocks.choose)
+)

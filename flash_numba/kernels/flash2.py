@@ -84,12 +84,16 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .. import _inputs, blocks
-from ..compile_check import compile_ptx
+from .. import _inputs
+from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
-from ._common import COUNTER_TYPE, acc_nb_type, array_type
-
-USES_BLOCKS = True
+from . import _rowsum
+from ._tile_ops import load_rows, load_vector
+from .causal import first_visible_q_block_dev as first_visible_q_block
+from .causal import visible_dev as visible
+from .causal import visible_kv_blocks_dev as visible_kv_blocks
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type
+from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
 NT = TY * TX  # 128 threads per block
@@ -98,7 +102,7 @@ NT = TY * TX  # 128 threads per block
 MAX_TILE = 32
 
 FORWARD_NAME = "flash2 forward"
-BACKWARD_NAMES = ("D = rowsum(dO*O)", "dK, dV", "dQ")
+BACKWARD_NAMES = (_rowsum.NAME, "dK, dV", "dQ")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -131,75 +135,78 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
     Any block within the limits is correct; the default blocks compile without
     spills (see :func:`compile_all`).
     """
-    if pass_ not in ("forward", "backward"):
-        raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
+    check_pass(pass_)
     rows = TY * (MAX_TILE // _cdiv(d, TX))  # rows of a (rows x d) accumulator within MAX_TILE
     if pass_ == "forward":
         return min(rows, 64), 256
     return min(rows, 64), min(rows, 128)
 
 
-def default_block(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
-    """The paper's ``(Br, Bc)`` shrunk to fit 48 KB, independent of the device present."""
-    max_Br, max_Bc = block_limits(d, dtype, pass_)
-    return blocks.choose(
-        d,
-        dtype,
-        lambda Br, Bc, d_, dt: shared_bytes(Br, Bc, d_, dt, pass_),
-        max_Br=max_Br,
-        max_Bc=max_Bc,
-        budget=STATIC_SHARED_LIMIT,
-    )
+@jit(device=True)
+def _load_pair(A, B, a, b, bh, row0, n_rows, t):
+    """Rows row0, ... of ``a[bh]`` and ``b[bh]`` into the shared tiles A and B (zeros past n_rows)."""
+    return load_rows(A, a, bh, row0, n_rows, a.shape[2], t, NT) + load_rows(B, b, bh, row0, n_rows, b.shape[2], t, NT)
 
 
 @jit(device=True)
-def _load_rows(tile, src, bh, row0, n_rows, width, t):
-    """Copy rows row0, row0 + 1, ... of ``src[bh]`` (``width`` columns) into a shared tile.
+def _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, t):
+    """Q_i, dO_i (tiles) and L_i, D_i (vectors) of the query block at row i0: (elements of q and dO, of L and D)."""
+    n_vec = load_vector(L_i, lse, bh, i0, Nq, t, NT) + load_vector(D_i, D, bh, i0, Nq, t, NT)
+    return _load_pair(Q_i, dO_i, q, do, bh, i0, Nq, t), n_vec
 
-    Thread t copies elements t, t + NT, ... of the tile, so consecutive threads
-    read consecutive addresses.  Rows at or past ``n_rows`` (the sequence's end)
-    are zero-filled.  Returns the number of elements this thread read.
+
+@functools.lru_cache(maxsize=None)
+def _two_products(RA: int, CB: int, acc_name: str):
+    """Device function ``(S, dP, A1, A2, B1, B2, ty, tx, nA, nB, d)``: a thread's S = A1 B1^T and dP = A2 B2^T.
+
+    Thread (ty, tx) computes entries (ty + 8a, tx + 16b) (rows of A past nA, of B past nB
+    repeat the last one: those entries are never stored) over d columns.  The dK/dV
+    kernel calls it with A = K_j, V_j and B = Q_i, dO_i (S^T, dP^T); the dQ kernel with
+    A = Q_i, dO_i and B = K_j, V_j.
     """
-    n = 0
-    for e in range(t, tile.shape[0] * width, NT):
-        r = e // width
-        x = e - r * width
-        if row0 + r < n_rows:
-            tile[r, x] = src[bh, row0 + r, x]
-            n += 1
-        else:
-            tile[r, x] = 0
-    return n
+    ACC = acc_nb_type(np.dtype(acc_name))
+    ZERO = np.dtype(acc_name).type(0)
+
+    @jit(device=True)
+    def products(S, dP, A1, A2, B1, B2, ty, tx, nA, nB, d):
+        b1 = cuda.local.array(CB, ACC)
+        b2 = cuda.local.array(CB, ACC)
+        for a in range(RA):
+            for b in range(CB):
+                S[a, b] = ZERO
+                dP[a, b] = ZERO
+        for x in range(d):
+            for b in range(CB):
+                r = min(tx + TX * b, nB - 1)
+                b1[b] = B1[r, x]
+                b2[b] = B2[r, x]
+            for a in range(RA):
+                r = min(ty + TY * a, nA - 1)
+                a1 = A1[r, x]
+                a2 = A2[r, x]
+                for b in range(CB):
+                    S[a, b] += a1 * b1[b]
+                    dP[a, b] += a2 * b2[b]
+
+    return products
 
 
-@jit(device=True)
-def _load_vector(tile, src, bh, row0, n_rows, t):
-    """Copy ``src[bh, row0 : row0 + len(tile)]`` into a shared vector (zeros past ``n_rows``)."""
-    n = 0
-    for r in range(t, tile.shape[0], NT):
-        if row0 + r < n_rows:
-            tile[r] = src[bh, row0 + r]
-            n += 1
-        else:
-            tile[r] = 0
-    return n
+@functools.lru_cache(maxsize=None)
+def _p_and_ds(acc_name: str):
+    """Device function ``(s, dp, L, D, scale, visible) -> (P, dS)``: P = exp(scale s - L), dS = P (dP - D).
 
-
-@jit(device=True)
-def _visible_kv_blocks(i0, Br, Bc, Nq, Nk, causal):
-    """How many K/V blocks the query block starting at row i0 visits (blocks 0, 1, ...).
-
-    All Tc of them, or with ``causal`` those up to the block of the last key that
-    the block's last row sees (key c is visible to query r iff c <= r + Nk - Nq);
-    0 when no row of the block sees any key.
+    Both are 0 where the key is masked (``visible`` False).
     """
-    Tc = (Nk + Bc - 1) // Bc
-    if not causal:
-        return Tc
-    last_key = min(i0 + Br, Nq) - 1 + (Nk - Nq)
-    if last_key < 0:
-        return 0
-    return min(Tc, last_key // Bc + 1)
+    ZERO = np.dtype(acc_name).type(0)
+
+    @jit(device=True)
+    def p_and_ds(s, dp, L, D, scale, visible):
+        if not visible:
+            return ZERO, ZERO
+        p = math.exp(scale * s - L)
+        return p, p * (dp - D)
+
+    return p_and_ds
 
 
 def _constants(dtype):
@@ -225,7 +232,6 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
         ty, tx = t // TX, t % TX
         bh = cuda.blockIdx.y
         i0 = cuda.blockIdx.x * Br  # first query row of Q_i
-        off = Nk - Nq  # causal: key c is visible to query r iff c <= r + off
         nr = 0
         nw = 0
 
@@ -242,7 +248,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
         v_row = cuda.local.array(XB, ACC)
 
         # FA2 Algorithm 1, line 4: load Q_i.  Line 5: O_i = 0, l_i = 0, m_i = -inf.
-        n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
+        n = load_rows(Q_i, q, bh, i0, Nq, d, t, NT)
         if COUNT:
             nr += n * IN_BYTES
         for a in range(RA):
@@ -252,12 +258,11 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                 O[a, xb] = ZERO
 
         # Line 6: for each K/V block j that the block's rows see
-        for j in range(_visible_kv_blocks(i0, Br, Bc, Nq, Nk, CAUSAL)):
+        for j in range(visible_kv_blocks(i0, Br, Bc, Nq, Nk, CAUSAL)):
             j0 = j * Bc
             cuda.syncthreads()  # the previous step has finished reading K_j, V_j, P_ij
             # Line 7: load K_j, V_j
-            n = _load_rows(K_j, k, bh, j0, Nk, d, t)
-            n += _load_rows(V_j, v, bh, j0, Nk, d, t)
+            n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, t)
             if COUNT:
                 nr += n * IN_BYTES
             cuda.syncthreads()
@@ -280,7 +285,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                 m_part = NEG_INF
                 for b in range(CB):
                     c = tx + TX * b
-                    if c < Bc and j0 + c < Nk and (not CAUSAL or j0 + c <= i0 + r + off):
+                    if c < Bc and visible(i0 + r, j0 + c, Nq, Nk, CAUSAL):
                         S[a, b] *= scale
                         m_part = max(m_part, S[a, b])
                     else:
@@ -350,49 +355,9 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                     if COUNT:
                         nw += L_BYTES
         if COUNT:
-            cuda.atomic.add(counter, 0, nr)
-            cuda.atomic.add(counter, 1, nw)
+            add_counts(counter, nr, nw)
 
     return flash2_forward
-
-
-@functools.lru_cache(maxsize=None)
-def _rowsum_kernel(d, dtype, count):
-    """Kernel 1 of the backward: D = rowsum(dO * O), TY rows per block, TX threads per row."""
-    ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
-    ZERO = acc(0)
-    PART = (TY, TX)
-    COUNT = count
-
-    @jit
-    def flash2_rowsum(o, do, D, counter, Nq):
-        t = cuda.threadIdx.x
-        ty, tx = t // TX, t % TX
-        bh = cuda.blockIdx.y
-        r = cuda.blockIdx.x * TY + ty
-        nr = 0
-        nw = 0
-        part = cuda.shared.array(PART, ACC)  # per-row partial sums, one per thread
-        D_part = ZERO
-        if r < Nq:
-            for x in range(tx, d, TX):
-                D_part += ACC(do[bh, r, x]) * ACC(o[bh, r, x])
-                if COUNT:
-                    nr += 2 * IN_BYTES
-        part[ty, tx] = D_part
-        cuda.syncthreads()
-        if r < Nq and tx == 0:
-            D_r = ZERO
-            for u in range(TX):
-                D_r += part[ty, u]
-            D[bh, r] = D_r
-            if COUNT:
-                nw += L_BYTES
-        if COUNT:
-            cuda.atomic.add(counter, 0, nr)
-            cuda.atomic.add(counter, 1, nw)
-
-    return flash2_rowsum
 
 
 @functools.lru_cache(maxsize=None)
@@ -407,6 +372,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
     KV_TILE, Q_TILE, T_TILE = (Bc, d), (Br, QS), (Bc, Br)
     ST_REGS, KV_REGS = (CA, RB), (CA, XB)
     CAUSAL, COUNT = causal, count
+    products, p_and_ds = _two_products(CA, RB, np.dtype(acc).name), _p_and_ds(np.dtype(acc).name)
 
     @jit
     def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, scale):
@@ -414,7 +380,6 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
         ty, tx = t // TX, t % TX
         bh = cuda.blockIdx.y
         j0 = cuda.blockIdx.x * Bc  # first key row of K_j
-        off = Nk - Nq
         nr = 0
         nw = 0
 
@@ -430,14 +395,11 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
         dP = cuda.local.array(ST_REGS, ACC)  # ... of dP_ij^T
         dK = cuda.local.array(KV_REGS, ACC)  # ... of dK_j (without the factor scale)
         dV = cuda.local.array(KV_REGS, ACC)  # ... of dV_j
-        q_col = cuda.local.array(RB, ACC)
-        do_col = cuda.local.array(RB, ACC)
         q_row = cuda.local.array(XB, ACC)
         do_row = cuda.local.array(XB, ACC)
 
         # Load K_j, V_j; dK_j = 0, dV_j = 0 on chip.
-        n = _load_rows(K_j, k, bh, j0, Nk, d, t)
-        n += _load_rows(V_j, v, bh, j0, Nk, d, t)
+        n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, t)
         if COUNT:
             nr += n * IN_BYTES
         for a in range(CA):
@@ -447,40 +409,17 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
 
         # The query blocks i: all, or (causal) from the one holding the first query that sees key j0.
         Tr = (Nq + Br - 1) // Br
-        i_first = 0
-        if CAUSAL:
-            first_query = j0 - off
-            i_first = Tr if first_query >= Nq else max(first_query, 0) // Br
-
-        for i in range(i_first, Tr):
+        for i in range(first_visible_q_block(j0, Br, Nq, Nk, CAUSAL), Tr):
             i0 = i * Br
             cuda.syncthreads()  # the previous step has finished reading Q_i, dO_i, P^T, dS^T
             # Load Q_i, dO_i, L_i, D_i.
-            n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
-            n += _load_rows(dO_i, do, bh, i0, Nq, d, t)
-            n_vec = _load_vector(L_i, lse, bh, i0, Nq, t)
-            n_vec += _load_vector(D_i, D, bh, i0, Nq, t)
+            n, n_vec = _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, t)
             if COUNT:
                 nr += n * IN_BYTES + n_vec * L_BYTES
             cuda.syncthreads()
 
             # S_ij^T = K_j Q_i^T and dP_ij^T = V_j dO_i^T, this thread's CA x RB entries
-            for a in range(CA):
-                for b in range(RB):
-                    S[a, b] = ZERO
-                    dP[a, b] = ZERO
-            for x in range(d):
-                for b in range(RB):
-                    r = min(tx + TX * b, Br - 1)
-                    q_col[b] = Q_i[r, x]
-                    do_col[b] = dO_i[r, x]
-                for a in range(CA):
-                    c = min(ty + TY * a, Bc - 1)
-                    k_cx = K_j[c, x]
-                    v_cx = V_j[c, x]
-                    for b in range(RB):
-                        S[a, b] += k_cx * q_col[b]
-                        dP[a, b] += v_cx * do_col[b]
+            products(S, dP, K_j, V_j, Q_i, dO_i, ty, tx, Bc, Br, d)
 
             # P_ij = exp(scale S_ij - L_i) (0 where masked), dS_ij = P_ij * (dP_ij - D_i)
             for a in range(CA):
@@ -488,13 +427,8 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
                 for b in range(RB):
                     r = tx + TX * b
                     if c < Bc and r < Br:
-                        p = ZERO
-                        ds = ZERO
-                        if i0 + r < Nq and j0 + c < Nk and (not CAUSAL or j0 + c <= i0 + r + off):
-                            p = math.exp(scale * S[a, b] - L_i[r])
-                            ds = p * (dP[a, b] - D_i[r])
-                        PT[c, r] = p
-                        dST[c, r] = ds
+                        seen = visible(i0 + r, j0 + c, Nq, Nk, CAUSAL)
+                        PT[c, r], dST[c, r] = p_and_ds(S[a, b], dP[a, b], L_i[r], D_i[r], scale, seen)
             cuda.syncthreads()
 
             # dV_j += P_ij^T dO_i;  dK_j += dS_ij^T Q_i (over the query rows that exist)
@@ -523,8 +457,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
                         if COUNT:
                             nw += 2 * IN_BYTES
         if COUNT:
-            cuda.atomic.add(counter, 0, nr)
-            cuda.atomic.add(counter, 1, nw)
+            add_counts(counter, nr, nw)
 
     return flash2_dkdv
 
@@ -539,6 +472,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
     Q_TILE, KV_TILE, S_TILE = (Br, d), (Bc, KS), (Br, Bc)
     S_REGS, Q_REGS = (RA, CB), (RA, XB)
     CAUSAL, COUNT = causal, count
+    products, p_and_ds = _two_products(RA, CB, np.dtype(acc).name), _p_and_ds(np.dtype(acc).name)
 
     @jit
     def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, scale):
@@ -546,7 +480,6 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
         ty, tx = t // TX, t % TX
         bh = cuda.blockIdx.y
         i0 = cuda.blockIdx.x * Br
-        off = Nk - Nq
         nr = 0
         nw = 0
 
@@ -560,59 +493,35 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
         S = cuda.local.array(S_REGS, ACC)  # this thread's entries of S_ij
         dP = cuda.local.array(S_REGS, ACC)  # ... of dP_ij
         dQ = cuda.local.array(Q_REGS, ACC)  # ... of dQ_i (without the factor scale)
-        k_col = cuda.local.array(CB, ACC)
-        v_col = cuda.local.array(CB, ACC)
         k_row = cuda.local.array(XB, ACC)
 
         # Load Q_i, dO_i, L_i, D_i once; dQ_i = 0 on chip.
-        n = _load_rows(Q_i, q, bh, i0, Nq, d, t)
-        n += _load_rows(dO_i, do, bh, i0, Nq, d, t)
-        n_vec = _load_vector(L_i, lse, bh, i0, Nq, t)
-        n_vec += _load_vector(D_i, D, bh, i0, Nq, t)
+        n, n_vec = _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, t)
         if COUNT:
             nr += n * IN_BYTES + n_vec * L_BYTES
         for a in range(RA):
             for xb in range(XB):
                 dQ[a, xb] = ZERO
 
-        for j in range(_visible_kv_blocks(i0, Br, Bc, Nq, Nk, CAUSAL)):
+        for j in range(visible_kv_blocks(i0, Br, Bc, Nq, Nk, CAUSAL)):
             j0 = j * Bc
             cuda.syncthreads()  # the previous step has finished reading K_j, dS_ij
-            n = _load_rows(K_j, k, bh, j0, Nk, d, t)
-            n += _load_rows(V_j, v, bh, j0, Nk, d, t)
+            n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, t)
             if COUNT:
                 nr += n * IN_BYTES
             cuda.syncthreads()
 
             # S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, this thread's RA x CB entries
-            for a in range(RA):
-                for b in range(CB):
-                    S[a, b] = ZERO
-                    dP[a, b] = ZERO
-            for x in range(d):
-                for b in range(CB):
-                    c = min(tx + TX * b, Bc - 1)
-                    k_col[b] = K_j[c, x]
-                    v_col[b] = V_j[c, x]
-                for a in range(RA):
-                    r = min(ty + TY * a, Br - 1)
-                    q_rx = Q_i[r, x]
-                    do_rx = dO_i[r, x]
-                    for b in range(CB):
-                        S[a, b] += q_rx * k_col[b]
-                        dP[a, b] += do_rx * v_col[b]
+            products(S, dP, Q_i, dO_i, K_j, V_j, ty, tx, Br, Bc, d)
 
-            # P_ij = exp(scale S_ij - L_i) (0 where masked), dS_ij = P_ij * (dP_ij - D_i)
+            # dS_ij = P_ij * (dP_ij - D_i), P_ij = exp(scale S_ij - L_i) (0 where masked)
             for a in range(RA):
                 r = ty + TY * a
                 for b in range(CB):
                     c = tx + TX * b
                     if r < Br and c < Bc:
-                        ds = ZERO
-                        if i0 + r < Nq and j0 + c < Nk and (not CAUSAL or j0 + c <= i0 + r + off):
-                            p = math.exp(scale * S[a, b] - L_i[r])
-                            ds = p * (dP[a, b] - D_i[r])
-                        dS_ij[r, c] = ds
+                        seen = visible(i0 + r, j0 + c, Nq, Nk, CAUSAL)
+                        dS_ij[r, c] = p_and_ds(S[a, b], dP[a, b], L_i[r], D_i[r], scale, seen)[1]
             cuda.syncthreads()
 
             # dQ_i += dS_ij K_j (over the keys that exist)
@@ -635,8 +544,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
                         if COUNT:
                             nw += IN_BYTES
         if COUNT:
-            cuda.atomic.add(counter, 0, nr)
-            cuda.atomic.add(counter, 1, nw)
+            add_counts(counter, nr, nw)
 
     return flash2_dq
 
@@ -662,12 +570,10 @@ def backward(prob, ops, block, counters):
     count = counters.enabled
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     scale = acc.type(prob.scale)
-    D = _inputs.empty((BH, Nq), acc)
+    D = _rowsum.rowsum(prob, o, do, counters)
     dq = _inputs.empty((BH, Nq, d), dt)
     dk = _inputs.empty((BH, Nk, d), dt)
     dv = _inputs.empty((BH, Nk, d), dt)
-    rowsum = _rowsum_kernel(d, dt, count)
-    rowsum[(_cdiv(Nq, TY), BH), NT](o, do, D, counters.array(BACKWARD_NAMES[0]), Nq)
     dkdv = _dkdv_kernel(d, Br, Bc, dt, prob.causal, count)
     dkdv[(_cdiv(Nk, Bc), BH), NT](q, k, v, do, lse, D, dk, dv, counters.array(BACKWARD_NAMES[1]), Nq, Nk, scale)
     dq_kernel = _dq_kernel(d, Br, Bc, dt, prob.causal, count)
@@ -687,14 +593,13 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
         fwd_sig = (X3, X3, X3, X3, A2, COUNTER_TYPE, I64, I64, ACC)
-        rowsum_sig = (X3, X3, A2, COUNTER_TYPE, I64)
         dkdv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, ACC)
         dq_sig = (X3, X3, X3, X3, A2, A2, X3, COUNTER_TYPE, I64, I64, ACC)
         for d in ds:
-            fwd, bwd = default_block(d, dt, "forward"), default_block(d, dt, "backward")
+            fwd, bwd = (SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT) for pass_ in ("forward", "backward"))
             for count in (False, True):
                 tail = f"d={d} {dt}{' count' * count}"
-                specs = [(f"{BACKWARD_NAMES[0]} {tail}", _rowsum_kernel(d, dt, count), rowsum_sig)]
+                specs = [(f"{BACKWARD_NAMES[0]} {tail}", _rowsum.rowsum_kernel(d, dt, count), _rowsum.signature(dt))]
                 for causal in (False, True):
                     tag = f"{tail}{' causal' * causal}"
                     fwd_tag, bwd_tag = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
@@ -703,7 +608,12 @@ def compile_all(ccs, dtypes, ds):
                         (f"{BACKWARD_NAMES[1]} {bwd_tag}", _dkdv_kernel(d, *bwd, dt, causal, count), dkdv_sig),
                         (f"{BACKWARD_NAMES[2]} {bwd_tag}", _dq_kernel(d, *bwd, dt, causal, count), dq_sig),
                     ]
-                for name, kernel, sig in specs:
-                    for cc in ccs:
-                        out.append((f"flash2 {name} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
+                out += [compile_kernel(f"flash2 {name}", kernel, sig, cc) for name, kernel, sig in specs for cc in ccs]
     return out
+
+
+SPEC = KernelSpec(
+    name="flash2", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    forward_launches=(FORWARD_NAME,), backward_launches=BACKWARD_NAMES,
+    shared_bytes=shared_bytes, block_limits=block_limits,  # the paper's block rule (blocks.choose)
+)

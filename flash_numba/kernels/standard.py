@@ -52,8 +52,9 @@ from numba import cuda, types, uint32
 
 from .. import _inputs
 from ..device import SIMULATOR, STATIC_SHARED_LIMIT, jit
-from . import flash2 as _flash2
+from . import _rowsum
 from ._common import COUNTER_TYPE, acc_nb_type, array_type, nb_type
+from ._spec import KernelSpec
 from ._tiles import FASTMATH, NT, TX, TY, micro_product, tile_loader, tile_store
 from .matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
 
@@ -61,7 +62,7 @@ USES_BLOCKS = True
 FULL_MASK = 0xFFFFFFFF
 #: Kernel names, as the counters and the IO model call them.
 FORWARD_NAMES = ("S = scale*Q@K^T", "P = softmax(S)", "O = P@V")
-BACKWARD_NAMES = (_flash2.BACKWARD_NAMES[0], "P, dS = P*(dP-D)", "dV = P^T@dO", "dK = scale*dS^T@Q", "dQ = scale*dS@K")
+BACKWARD_NAMES = (_rowsum.NAME, "P, dS = P*(dP-D)", "dV = P^T@dO", "dK = scale*dS^T@Q", "dQ = scale*dS@K")
 #: Rows of the softmax per thread block: one warp per row.
 SOFTMAX_ROWS = NT // 32
 #: Blocks in order of preference (the largest query block first: K and V are read once per query block).
@@ -686,9 +687,7 @@ def backward(prob, ops, block, counters):
     count, causal = counters.enabled, prob.causal
     counters.describe("standard", prob, block, "backward")
     Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
-    D = _inputs.empty((BH, Nq), acc)
-    rowsum = _flash2._rowsum_kernel(d, dt, count)
-    rowsum[(-(-Nq // _flash2.TY), BH), _flash2.NT](o, do, D, counters.array(BACKWARD_NAMES[0]), Nq)
+    D = _rowsum.rowsum(prob, o, do, counters)
     P = _inputs.empty((BH, Nq, Nk), dt)
     dS = _inputs.empty((BH, Nq, Nk), dt)
     grad_scores_kernel(d, Br, Bc, dt.name, causal, count)[Tr * BH, NT](
@@ -745,3 +744,10 @@ def compile_all(ccs, dtypes, ds):
                         for cc in ccs:
                             out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
     return out + matmul16.compile_all(ccs, dtypes, ds)
+
+
+SPEC = KernelSpec(
+    name="standard", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
+    shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
+)

@@ -1,0 +1,335 @@
+"""Tile loads and block products that flash1, flash2 and flash2_fast share, as device functions.
+
+(:mod:`flash_numba.kernels._tiles` holds the equivalent pieces the rebuilt ``standard`` kernels are
+made of; the two sets were written at the same time in different branches and can become one.)
+
+Two families:
+
+* For the readable kernels (flash1, flash2): :func:`load_rows` and
+  :func:`load_vector` copy rows of a ``(B*H, N, d)`` array into a shared tile,
+  the threads of the block taking consecutive elements in turn.
+* For the register-tiled kernels (flash2_fast): factories that return device
+  functions specialised on the tile's shape (closure constants, so that NVVM
+  unrolls their loops exactly as it did when the code stood inside each kernel).
+  They are compiled with ``forceinline``: inlined at the NVVM IR level, their
+  local arrays become registers of the caller.  docs/PERFORMANCE.md records the
+  SASS of the kernels before and after they moved here.
+
+Shared tiles of the register-tiled kernels are flat arrays: a tile stored
+*transposed* with row stride S holds element (r, x) of the source at ``x * S + r``.
+Loads and stores return the number of elements they read or wrote in global memory
+when built with ``count=True`` (the kernels multiply it by an item size), else 0:
+a counter that is never read still changed the SASS of the loop around it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, uint32
+
+from ..device import jit
+from ._common import acc_nb_type
+
+NT = 128  # threads of a flash2 / flash2_fast block (8 x 16)
+TY, TX = 8, 16
+
+# ------------------------------------------------------------------ readable kernels
+
+
+@jit(device=True)
+def load_rows(tile, src, bh, row0, n_rows, width, t, nt):
+    """Copy rows row0, row0 + 1, ... of ``src[bh]`` (``width`` columns) into a shared tile.
+
+    Thread t of ``nt`` copies elements t, t + nt, ... of the tile, so consecutive
+    threads read consecutive addresses.  Rows at or past ``n_rows`` (the
+    sequence's end) are zero-filled.  Returns the number of elements this thread read.
+    """
+    n = 0
+    for e in range(t, tile.shape[0] * width, nt):
+        r = e // width
+        x = e - r * width
+        if row0 + r < n_rows:
+            tile[r, x] = src[bh, row0 + r, x]
+            n += 1
+        else:
+            tile[r, x] = 0
+    return n
+
+
+@jit(device=True)
+def load_vector(tile, src, bh, row0, n_rows, t, nt):
+    """Copy ``src[bh, row0 : row0 + len(tile)]`` into a shared vector (zeros past ``n_rows``)."""
+    n = 0
+    for r in range(t, tile.shape[0], nt):
+        if row0 + r < n_rows:
+            tile[r] = src[bh, row0 + r]
+            n += 1
+        else:
+            tile[r] = 0
+    return n
+
+
+# ------------------------------------------------------------- register-tiled kernels
+
+
+def _zero(acc_name: str):
+    return np.dtype(acc_name).type(0)
+
+
+def fixed_columns(rows: int, d: int) -> tuple[bool, int, int]:
+    """``(FIXED, ROWSTEP, NLOAD)`` for loading a full tile of ``rows`` x d.
+
+    When d divides the 128 threads, each thread loads one fixed column, rows ROWSTEP
+    apart, NLOAD of them: a loop of constant length that NVVM unrolls (no per-element
+    index math).
+    """
+    fixed = NT % d == 0 and (rows * d) % NT == 0
+    return fixed, (NT // d if fixed else 1), ((rows * d) // NT if fixed else 1)
+
+
+@functools.lru_cache(maxsize=None)
+def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bool, acc_name: str, count: bool):
+    """Device functions ``(load, zero_padding)`` for rows r0 .. r0 + rows - 1 of two arrays.
+
+    ``load(A, B, a, b, bh, r0, n, tid)`` copies those rows of ``a[bh]`` into A
+    (transposed, stride S_A) and of ``b[bh]`` into B (transposed with stride S_B, or
+    row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  A whole tile is
+    loaded with uint32 indices, all of a thread's loads before its first shared store
+    (a signed index costs the code of Python's negative-index wraparound at every
+    access); the last tile, or any tile when d does not divide 128, by a checked loop.
+    With ``count``, ``load`` returns the elements read.
+    ``zero_padding(A, B, tid)`` zeroes the tiles' columns d .. DP - 1 (their padding).
+    """
+    ACC = acc_nb_type(np.dtype(acc_name))
+    ZERO = _zero(acc_name)
+    FIXED, ROWSTEP, NLOAD = fixed_columns(rows, d)
+    D_U, SA_U, SB_U = np.uint32(d), np.uint32(S_A), np.uint32(S_B)
+    B_T, PAD, COUNT = b_transposed, DP - d, count
+
+    @jit(device=True, forceinline=True)
+    def load(A, B, a, b, bh, r0, n, tid):
+        areg = cuda.local.array(NLOAD, ACC)
+        breg = cuda.local.array(NLOAD, ACC)
+        got = 0
+        if FIXED and r0 + rows <= n:
+            bh_u = uint32(bh)
+            x = uint32(tid) % D_U
+            c = uint32(tid) // D_U
+            rk = uint32(r0) + c
+            for t in range(NLOAD):
+                areg[t] = ACC(a[bh_u, rk + uint32(t * ROWSTEP), x])
+                breg[t] = ACC(b[bh_u, rk + uint32(t * ROWSTEP), x])
+            for t in range(NLOAD):
+                A[x * SA_U + c + uint32(t * ROWSTEP)] = areg[t]
+                if B_T:
+                    B[x * SB_U + c + uint32(t * ROWSTEP)] = breg[t]
+                else:
+                    B[(c + uint32(t * ROWSTEP)) * SB_U + x] = breg[t]
+            if COUNT:
+                got = 2 * NLOAD
+        else:
+            for e in range(tid, rows * d, NT):
+                c = e // d
+                x = e % d
+                aval = ZERO
+                bval = ZERO
+                if r0 + c < n:
+                    aval = ACC(a[bh, r0 + c, x])
+                    bval = ACC(b[bh, r0 + c, x])
+                    if COUNT:
+                        got += 2
+                A[x * S_A + c] = aval
+                if B_T:
+                    B[x * S_B + c] = bval
+                else:
+                    B[c * S_B + x] = bval
+        return got
+
+    @jit(device=True, forceinline=True)
+    def zero_padding(A, B, tid):
+        for e in range(tid, PAD * S_A, NT):
+            A[d * S_A + e] = ZERO
+        if B_T:
+            for e in range(tid, PAD * S_B, NT):
+                B[d * S_B + e] = ZERO
+        else:
+            for e in range(tid, PAD * rows, NT):
+                B[(e % rows) * S_B + d + e // rows] = ZERO
+
+    return load, zero_padding
+
+
+@functools.lru_cache(maxsize=None)
+def padded_loader(rows: int, d: int, DP: int, S: int, pair: bool, acc_name: str, count: bool):
+    """Device function ``load(A, B, a, b, bh, r0, n, tid)``: a tile loaded once, before a kernel's loop.
+
+    Rows r0 .. r0 + rows - 1 of ``a[bh]`` (and with ``pair`` of ``b[bh]``) into A (B),
+    transposed with stride S, zero beyond d (up to DP) and at or past row n.
+    """
+    ACC = acc_nb_type(np.dtype(acc_name))
+    ZERO = _zero(acc_name)
+    PAIR, COUNT = pair, count
+
+    @jit(device=True, forceinline=True)
+    def load(A, B, a, b, bh, r0, n, tid):
+        got = 0
+        for e in range(tid, rows * DP, NT):
+            r = e // DP
+            x = e % DP
+            aval = ZERO
+            bval = ZERO
+            if x < d and r0 + r < n:
+                aval = ACC(a[bh, r0 + r, x])
+                if PAIR:
+                    bval = ACC(b[bh, r0 + r, x])
+                if COUNT:
+                    got += 1 + PAIR
+            A[x * S + r] = aval
+            if PAIR:
+                B[x * S + r] = bval
+        return got
+
+    return load
+
+
+@functools.lru_cache(maxsize=None)
+def stats_loader(rows: int, acc_name: str, count: bool):
+    """Device function ``load(Ls, Ds, lse, D, bh, r0, n, tid)``: L_i (log2 units) and D_i of a query block.
+
+    Thread r < rows loads row r0 + r; a row past n, or one that sees no key
+    (L = -inf), gets L = +inf, so that exp2(S - L) = 0 there.
+    """
+    NEG_INF, POS_INF = np.dtype(acc_name).type(-np.inf), np.dtype(acc_name).type(np.inf)
+    ZERO, LOG2E = _zero(acc_name), np.dtype(acc_name).type(1.4426950408889634)
+    COUNT = count
+    assert rows <= NT  # one thread per row
+
+    @jit(device=True, forceinline=True)
+    def load(Ls, Ds, lse, D, bh, r0, n, tid):
+        got = 0
+        if tid < rows:
+            Lr = POS_INF
+            Dr = ZERO
+            r = uint32(r0) + uint32(tid)
+            if r < uint32(n):  # unsigned compares: uint32 < int64 would compare as float64
+                Lv = lse[uint32(bh), r]
+                Dr = D[uint32(bh), r]
+                if COUNT:
+                    got = 2
+                if Lv != NEG_INF:
+                    Lr = Lv * LOG2E
+            Ls[tid] = Lr
+            Ds[tid] = Dr
+        return got
+
+    return load
+
+
+@functools.lru_cache(maxsize=None)
+def micro_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: int, b_step: int, pair: bool,
+                  zero_first: bool, acc_name: str):
+    """Device function ``(c1, c2, A1, A2, B1, B2, ty, tx)``: c1 += A1^T B1 (and c2 += A2^T B2 with ``pair``).
+
+    A thread's TM x TN micro-tile, over ``steps`` rows k of the flat shared tiles: its
+    TM values ``A[k * S_A + ty*TM + a]`` times its TN values
+    ``B[tx*b_start + k*b_step + b*b_col]``; ``zero_first`` sets c1 (c2) to 0 first.
+
+    * S_ij = Q_i K_j^T from Q_i^T, K_j^T: b_start = TN, b_col = 1, b_step = KS (TN adjacent keys);
+    * O_i += P_ij V_j from P_ij^T, V_j: b_start = TD, b_col = 1, b_step = DP;
+    * dQ_i += dS_ij K_j from dS_ij^T, K_j^T: b_start = KS, b_col = 16 KS, b_step = 1 (strided columns).
+
+    The loop is a while over uint32 offsets that step by a tile row: NVVM unrolls it and
+    every load is a (16-byte where adjacent) LDS at a constant offset (a Python range loop
+    kept a 64-bit counter and an address multiply per step: ~50% overhead).
+    """
+    ACC = acc_nb_type(np.dtype(acc_name))
+    ZERO = _zero(acc_name)
+    PAIR, ZERO_FIRST = pair, zero_first
+    N_U, SA_U, BS_U, ONE_U = np.uint32(steps), np.uint32(S_A), np.uint32(b_step), np.uint32(1)
+
+    @jit(device=True, forceinline=True)
+    def product(c1, c2, A1, A2, B1, B2, ty, tx):
+        av = cuda.local.array(TM, ACC)
+        bv = cuda.local.array(TM, ACC)
+        xv = cuda.local.array(TN, ACC)
+        yv = cuda.local.array(TN, ACC)
+        if ZERO_FIRST:
+            for a in range(TM):
+                for b in range(TN):
+                    c1[a, b] = ZERO
+                    if PAIR:
+                        c2[a, b] = ZERO
+        ai = uint32(ty * TM)
+        bi = uint32(tx * b_start)
+        k = uint32(0)
+        while k < N_U:
+            for a in range(TM):
+                av[a] = A1[ai + uint32(a)]
+                if PAIR:
+                    bv[a] = A2[ai + uint32(a)]
+            for b in range(TN):
+                xv[b] = B1[bi + uint32(b * b_col)]
+                if PAIR:
+                    yv[b] = B2[bi + uint32(b * b_col)]
+            for a in range(TM):
+                for b in range(TN):
+                    c1[a, b] += av[a] * xv[b]
+                    if PAIR:
+                        c2[a, b] += bv[a] * yv[b]
+            ai += SA_U
+            bi += BS_U
+            k += ONE_U
+
+    return product
+
+
+@functools.lru_cache(maxsize=None)
+def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
+    """Device function ``store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx)``: accumulators to HBM.
+
+    Row r0 + ty*TM + a (if < n), columns tx + 16 u (if < d) of ``out1[bh]`` get
+    ``acc1[a, u] * scale1`` (and, with ``pair``, of ``out2[bh]`` ``acc2[a, u] * scale2``,
+    in the same loop).  With ``count``, returns the number of elements written.
+    """
+    PAIR, COUNT = pair, count
+
+    @jit(device=True, forceinline=True)
+    def store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx):
+        put = 0
+        for a in range(TM):
+            row = r0 + ty * TM + a
+            if row < n:
+                for u in range(TD):
+                    x = tx + u * TX
+                    if x < d:
+                        out1[bh, row, x] = acc1[a, u] * scale1
+                        if PAIR:
+                            out2[bh, row, x] = acc2[a, u] * scale2
+                        if COUNT:
+                            put += 1 + PAIR
+        return put
+
+    return store
+
+
+@jit(device=True, forceinline=True)
+def grid_tile(n_tiles):
+    """``(tile, bh)`` of this block in a 1-D grid of n_tiles * B*H blocks, tile after tile, each for every head."""
+    BH = cuda.gridDim.x // n_tiles
+    return cuda.blockIdx.x // BH, cuda.blockIdx.x % BH
+
+
+@jit(device=True, forceinline=True)
+def last_tile_first(n_rows, rows):
+    """``(row0, bh)``: the first row of this block's tile of ``rows`` rows, and its head.
+
+    A 1-D grid of Tr * B*H blocks, tile after tile, each for every head, the last tile
+    (the longest when causal) first: the heavy blocks start first and the light ones
+    fill the tail (a (Tr, B*H) grid started each head's light blocks before the next
+    head's heavy ones).
+    """
+    Tr = (n_rows + rows - 1) // rows
+    tile, bh = grid_tile(Tr)
+    return (Tr - 1 - tile) * rows, bh

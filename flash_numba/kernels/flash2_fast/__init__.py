@@ -1,0 +1,217 @@
+"""flash2_fast: FlashAttention-2 (the algorithm of :mod:`flash_numba.kernels.flash2`) register-tiled for speed.
+
+Forward: a thread block owns Br query rows, walks over the K/V blocks, keeps O_i,
+m_i, l_i on chip and writes O and L once.  Backward: D = rowsum(dO * O), then dK/dV
+per key block and dQ per query block (deterministic); with ``deterministic=False``
+one pass instead, the dK/dV kernel adding dS K_j into dQ with atomics.  Blocks the
+fast backward kernels cannot run (not micro-tile shapes, or too large, e.g. float64
+at d = 128) run flash2's backward.
+
+How the kernels spend their time on multiply-adds:
+
+* **Micro-tiles.**  128 threads as an 8 x 16 grid; each thread owns a TM x TN tile
+  of S_ij and a TM x TD tile of the accumulator (:mod:`.layout`).
+* **Transposed tiles, vector loads.**  Shared memory holds Q_i^T, K_j^T, V_j and
+  P_ij^T, so the TM (TN, TD) values a thread needs at each step of a product are
+  adjacent: one 16-byte ``LDS.128`` feeds four FMAs (16-byte aligned arrays and
+  *unsigned* indices: with a signed index Numba handles Python's negative indices
+  and the four loads stay apart).
+* **Loops the compiler unrolls**: ``while`` loops over uint32 offsets
+  (:mod:`flash_numba.kernels._tile_ops`); full K/V tiles loaded with uint32 indices,
+  every load of a thread before its first shared store.
+* **Typed constants** (``-inf``, 0, 1 in the accumulation dtype) and **exp2** with
+  log2(e) folded into the scale; ``fastmath`` without the no-inf/no-NaN flags, so
+  masked rows keep their -inf.
+* **Row reductions in registers** (four ``shfl_xor`` over the 16 threads of a row).
+* **Causal**: a 1-D grid, the longest row tiles of every head first.
+
+The measurements behind each choice are in docs/PERFORMANCE.md.  Kernels:
+:mod:`.forward` and :mod:`.backward`; shapes and block rules: :mod:`.layout`.
+
+Counters: "flash2_fast forward"; "D = rowsum(dO*O)", "flash2_fast dK, dV" and
+"flash2_fast dQ" (deterministic backward); "D = rowsum(dO*O)", "flash2_fast zero dQ",
+"flash2_fast dK, dV, dQ (atomic)" and, for float16, "flash2_fast dQ to storage dtype"
+(atomic backward).  :mod:`flash_numba.iomodel.flash2_fast` predicts them.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from numba import cuda, types
+
+from ... import _inputs
+from ...compile_check import compile_kernel
+from ...device import SIMULATOR, STATIC_SHARED_LIMIT
+from .. import _rowsum
+from .. import flash2 as _flash2
+from .._common import COUNTER_TYPE, acc_nb_type, array_type
+from .._spec import KernelSpec
+from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, zero_kernel
+from .forward import forward_kernel
+from .layout import (
+    BACKWARD_KV_NAME,
+    BACKWARD_KVQ_NAME,
+    BACKWARD_Q_NAME,
+    CAST_DQ_NAME,
+    FORWARD_NAME,
+    LOG2E,
+    MAX_REGISTERS,
+    NT,
+    TX,
+    TY,
+    ZERO_DQ_NAME,
+    backward_smem,
+    block_limits,
+    check_block,
+    choose_block,
+    geometry,
+    geometry_kv,
+    geometry_q,
+    register_cap,
+    shared_bytes,
+    uses_fast_backward,
+)
+
+__all__ = [
+    "SPEC", "forward", "backward", "backward_atomic", "compile_all", "forward_kernel", "dkdv_kernel", "dq_kernel",
+    "zero_kernel", "cast_kernel", "geometry", "geometry_kv", "geometry_q", "backward_smem", "shared_bytes",
+    "block_limits", "check_block", "choose_block", "uses_fast_backward", "NT", "LOG2E",
+]
+
+
+def forward(prob, ops, block, counters):
+    """O and L: one launch, a 1-D grid of Tr * B*H blocks, 128 threads."""
+    Br, Bc = block
+    kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled)
+    o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
+    lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
+    q, k, v = (ops[name].dev for name in ("q", "k", "v"))
+    grid = -(-prob.Nq // Br) * prob.BH
+    kernel[grid, NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME))
+    return o, lse
+
+
+def _backward_inputs(prob, ops, counters):
+    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2): D = rowsum(dO * O) launched, dk and dv allocated."""
+    q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
+    D = _rowsum.rowsum(prob, o, do, counters)
+    dk = _inputs.empty((prob.BH, prob.Nk, prob.d), prob.dtype)
+    dv = _inputs.empty((prob.BH, prob.Nk, prob.d), prob.dtype)
+    return q, k, v, do, lse, D, dk, dv, prob.acc.type(prob.scale), prob.acc.type(prob.scale * LOG2E)
+
+
+def backward(prob, ops, block, counters):
+    """dQ, dK, dV: D = rowsum(dO*O), dK/dV per key block (1-D grid of Tc * B*H), dQ per query block.
+
+    Blocks the fast kernels cannot run (:func:`uses_fast_backward`) run flash2's backward.
+    """
+    Br, Bc = block
+    BH, Nq, Nk, d, dt = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype
+    if not uses_fast_backward(Br, Bc, d, dt):
+        return _flash2.backward(prob, ops, block, counters)
+    count = counters.enabled
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count)
+    kv[-(-Nk // Bc) * BH, NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, scale, scale_log2,
+                              counters.array(BACKWARD_KV_NAME))
+    dq = _inputs.empty((BH, Nq, d), dt)
+    qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count)
+    qk[-(-Nq // Br) * BH, NT](q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counters.array(BACKWARD_Q_NAME))
+    return dq, dk, dv
+
+
+def backward_atomic(prob, ops, block, counters):
+    """dK, dV and dQ in one pass over the key blocks, dQ added with atomics (``deterministic=False``).
+
+    A zeroed accumulator of the accumulation dtype takes the atomic adds (float32 even for
+    float16 inputs) and, for float16, is cast to dq at the end.  Blocks the fast kernels
+    cannot run fall back to flash2's (deterministic) backward.
+    """
+    Br, Bc = block
+    BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
+    if not uses_fast_backward(Br, Bc, d, dt):
+        return _flash2.backward(prob, ops, block, counters)
+    count = counters.enabled
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
+    n = BH * Nq * d
+    elementwise_grid = -(-n // ELEMWISE_THREADS)
+    dq_acc = _inputs.empty((BH, Nq, d), acc)
+    zero_kernel(acc.name, count)[elementwise_grid, ELEMWISE_THREADS](dq_acc.reshape(n), n,
+                                                                     counters.array(ZERO_DQ_NAME))
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True)
+    kv[-(-Nk // Bc) * BH, NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, scale, scale_log2,
+                              counters.array(BACKWARD_KVQ_NAME))
+    if dt == acc:
+        return dq_acc, dk, dv
+    dq = _inputs.empty((BH, Nq, d), dt)
+    cast_kernel(acc.name, dt.name, count)[elementwise_grid, ELEMWISE_THREADS](dq_acc.reshape(n), dq.reshape(n), n,
+                                                                             counters.array(CAST_DQ_NAME))
+    return dq, dk, dv
+
+
+def _unused_dq(acc):
+    """The ``dq`` argument of the deterministic dK/dV kernel, which never touches it (one per context)."""
+    key = (0 if SIMULATOR else id(cuda.current_context()), np.dtype(acc).name)
+    if key not in _UNUSED:
+        _UNUSED[key] = cuda.device_array((1, 1, 1), dtype=acc)
+    return _UNUSED[key]
+
+
+_UNUSED: dict = {}
+
+
+def compile_all(ccs, dtypes, ds):
+    """The compile tier's :class:`~flash_numba.compile_check.Compiled` list: the forward and, where its
+    blocks are micro-tile shapes, the dK/dV, dQ and atomic dK/dV/dQ kernels (else the backward is
+    flash2's, compiled by that module), at the chosen blocks for each d, causal or not, counting or not."""
+    out = []
+    I64 = types.int64
+    for dtype in dtypes:
+        dt = np.dtype(dtype)
+        acc = _inputs.acc_dtype(dt)
+        X3, A2, A3, ACC = array_type(dt, 3), array_type(acc, 2), array_type(acc, 3), acc_nb_type(dt)
+        fwd_sig = (X3, X3, X3, X3, A2, I64, I64, ACC, COUNTER_TYPE)
+        kv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, A3, I64, I64, ACC, ACC, COUNTER_TYPE)
+        q_sig = (X3, X3, X3, X3, A2, A2, X3, I64, I64, ACC, ACC, COUNTER_TYPE)
+        for d in ds:
+            Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
+            bBr, bBc = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
+            fast_bwd = uses_fast_backward(bBr, bBc, d, dt)
+            for count, causal in itertools.product((False, True), (False, True)):
+                tag = f"{' causal' * causal} {dt}{' count' * count}"
+                fwd, bwd = f"d={d} Br={Br} Bc={Bc}{tag}", f"d={d} Br={bBr} Bc={bBc}{tag}"
+                # (launch, label, kernel, signature); built uncapped, assembled with each cc's cap below
+                specs = [(FORWARD_NAME, f"{FORWARD_NAME} {fwd}",
+                          forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count, None)[0], fwd_sig)]
+                if fast_bwd:
+                    kv_args = (d, bBc // TY, bBr // TX, dt.name, causal, count, None)
+                    specs += [
+                        (BACKWARD_KV_NAME, f"{BACKWARD_KV_NAME} {bwd}", dkdv_kernel(*kv_args)[0], kv_sig),
+                        (BACKWARD_Q_NAME, f"{BACKWARD_Q_NAME} {bwd}",
+                         dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count)[0], q_sig),
+                        (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}", dkdv_kernel(*kv_args, atomic_dq=True)[0],
+                         kv_sig),
+                    ]
+                if fast_bwd and causal and d == ds[0]:  # the atomic path's element-wise kernels, once
+                    A1, X1, c = array_type(acc, 1), array_type(dt, 1), " count" * count
+                    specs.append((ZERO_DQ_NAME, f"{ZERO_DQ_NAME} {dt}{c}", zero_kernel(acc.name, count),
+                                  (A1, I64, COUNTER_TYPE)))
+                    if dt != acc:
+                        specs.append((CAST_DQ_NAME, f"{CAST_DQ_NAME} {dt}{c}", cast_kernel(acc.name, dt.name, count),
+                                      (A1, X1, I64, COUNTER_TYPE)))
+                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d))
+                        for launch, label, kernel, sig in specs for cc in ccs]
+    return out
+
+
+SPEC = KernelSpec(
+    name="flash2_fast", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    backward_atomic=backward_atomic,  # deterministic=False
+    forward_launches=(FORWARD_NAME,),
+    backward_launches=(_rowsum.NAME, BACKWARD_KV_NAME, BACKWARD_Q_NAME),
+    atomic_backward_launches=(_rowsum.NAME, ZERO_DQ_NAME, BACKWARD_KVQ_NAME, CAST_DQ_NAME),
+    shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
+    max_registers=MAX_REGISTERS, register_rule=register_cap,
+)

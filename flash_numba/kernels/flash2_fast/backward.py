@@ -1,0 +1,309 @@
+"""The flash2_fast backward kernels: dK/dV per key block, dQ per query block, or dK/dV/dQ with atomics.
+
+After D = rowsum(dO * O) (:mod:`flash_numba.kernels._rowsum`):
+
+* ``dkdv_kernel``: a block owns Bc = 8 TM keys (thread rows), keeps dK_j, dV_j in
+  registers and walks over the query blocks of Br = 16 TN rows that see its keys,
+  recomputing S^T = K_j Q_i^T and P^T, dP^T = V_j dO_i^T, dS^T = P^T * (dP^T - D),
+  then dV_j += P^T dO_i and dK_j += dS^T Q_i.  With ``atomic_dq`` it also adds
+  dS_ij K_j into dQ_i in HBM with atomics (FlashAttention-2's way: no second pass;
+  the order of the additions, so the last bits of dQ, vary from run to run).
+* ``dq_kernel``: a block owns Br = 8 TM queries, keeps dQ_i in registers and walks
+  over the visible key blocks, recomputing S, P, dP and dS; dQ_i += dS K_j.
+
+Same micro-tiles as the forward (:mod:`.layout`).  The second operand of the
+dV/dK and dQ products is read down a column of a transposed tile, so those tiles
+have an odd row stride (conflict-free scalar loads) and those thread columns are
+strided (x = tx + 16 u).  Every output element is summed by one thread in a fixed
+order (deterministic) except dQ in the atomic kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, uint32
+
+from ...device import SIMULATOR, jit
+from .. import _tile_ops
+from .._common import acc_nb_type, add_counts, nb_type
+from ..causal import crosses_diagonal_dev as crosses_diagonal
+from ..causal import first_visible_q_block_dev as first_visible_q_block
+from ..causal import last_visible_key_dev as last_visible_key
+from ..causal import visible_kv_blocks_dev as visible_kv_blocks
+from .layout import (
+    BACKWARD_KV_NAME,
+    BACKWARD_KVQ_NAME,
+    FASTMATH,
+    NT,
+    TX,
+    device_register_cap,
+    geometry_kv,
+    geometry_q,
+    scalars,
+)
+
+ELEMWISE_THREADS = 256
+
+
+def _kernel_constants(dtype_name: str):
+    """(accumulation dtype name, Numba ACC type, storage bytes, accumulation bytes, alignment of tiles)."""
+    dtype = np.dtype(dtype_name)
+    acc = "float64" if dtype == np.float64 else "float32"
+    return acc, acc_nb_type(dtype), dtype.itemsize, np.dtype(acc).itemsize, None if SIMULATOR else 16
+
+
+@lru_cache(maxsize=None)
+def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
+                atomic_dq: bool = False):
+    """``(kernel, geometry)``: dK_j, dV_j for one key block of Bc = 8 TM rows (and dQ by atomics).
+
+    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, scale, scale_log2, counter)``; ``dq`` is
+    a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  ``maxreg``:
+    register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
+    """
+    acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
+    g = geometry_kv(d, TM, TN, dtype_name)
+    Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
+    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
+    _, _, ZERO, ONE, _, _ = scalars(dtype_name)
+    KT_SIZE, QT_SIZE, P_SIZE = DP * KS, DP * QS, Br * PS
+    # atomic dQ: warp w owns query rows w*RW .. of the block, lane owns dQ columns lane + 32 u
+    RW = Br // (NT // 32)
+    NX = -(-DP // 32)
+    KS_U, BC_U, FOUR_U, DP_MAX, D_U = np.uint32(KS), np.uint32(Bc), np.uint32(4), np.uint32(DP), np.uint32(d)
+    NX_FULL = d == 32 * NX  # every lane's dQ columns exist: no column test
+    load_kv = _tile_ops.padded_loader(Bc, d, DP, KS, True, acc, count)
+    load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, True, acc, count)  # Q_i^T, dO_i^T
+    load_stats = _tile_ops.stats_loader(Br, acc, count)
+    s_dp_product = _tile_ops.micro_product(TM, TN, DP, KS, TN, 1, QS, True, True, acc)  # S^T = K Q^T, dP^T = V dO^T
+    dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
+    store = _tile_ops.strided_store(TM, TD, d, True, count)
+
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, scale, scale_log2, counter):
+        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
+        VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS), QS odd
+        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
+        Ps = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # P_ij    (Br, PS)
+        dSs = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # dS_ij  (Br, PS)
+        Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf: row sees nothing)
+        Ds = cuda.shared.array(Br, ACC)  # D_i
+        sT = cuda.local.array((TM, TN), ACC)  # S^T micro-tile, then P^T
+        dpT = cuda.local.array((TM, TN), ACC)  # dP^T micro-tile, then dS^T
+        dk_acc = cuda.local.array((TM, TD), ACC)
+        dv_acc = cuda.local.array((TM, TD), ACC)
+        dqp = cuda.local.array((RW, NX), ACC)  # atomic dQ: this step's partial sums
+        kq = cuda.local.array((NX, 4), ACC)
+        ds4 = cuda.local.array(4, ACC)
+
+        tid = cuda.threadIdx.x
+        ty, tx = tid // TX, tid % TX
+        lane = uint32(tid % 32)
+        warp = uint32(tid // 32)
+        # key tile after key tile, each for every head; the first key tiles are the longest
+        # when causal (they see every query block), so they start first
+        tile, bh = _tile_ops.grid_tile((Nk + Bc - 1) // Bc)
+        bh_u = uint32(bh)
+        nq_u = uint32(Nq)  # unsigned compares: uint32 < int64 would compare as float64
+        c0 = tile * Bc
+        nr = 0
+        nw = 0
+
+        n = load_kv(KT, VT, k, v, bh, c0, Nk, tid)  # K_j, V_j -> KT, VT once, zero beyond Nk and d
+        if COUNT:
+            nr += n * SB
+        zero_q_padding(QT, dOT, tid)
+        for a in range(TM):
+            for u in range(TD):
+                dk_acc[a, u] = ZERO
+                dv_acc[a, u] = ZERO
+
+        for i in range(first_visible_q_block(c0, Br, Nq, Nk, CAUSAL), (Nq + Br - 1) // Br):
+            r0 = i * Br
+            cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
+            n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)
+            n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
+            if COUNT:
+                nr += n * SB + n_stats * AB
+            cuda.syncthreads()
+
+            s_dp_product(sT, dpT, KT, VT, QT, dOT, ty, tx)
+
+            # P = exp(S - L) (recomputed, masked), dS = P * (dP - D); stored row-major
+            edge = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)  # uniform over the block
+            for b in range(TN):
+                rl = tx * TN + b
+                L2 = Ls[rl]
+                Dv = Ds[rl]
+                lim = last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, visible
+                for a in range(TM):
+                    p = math.exp2(min(sT[a, b] * scale_log2 - L2, ZERO))  # P <= 1; padded keys can't overflow
+                    if edge and a > lim:
+                        p = ZERO
+                    Ps[rl * PS + ty * TM + a] = p
+                    dSs[rl * PS + ty * TM + a] = p * (dpT[a, b] - Dv)
+            cuda.syncthreads()
+
+            dv_dk_product(dv_acc, dk_acc, Ps, dSs, dOT, QT, ty, tx)  # scale applied to dK at the end
+
+            if ATOMIC_DQ:
+                # dQ_i += dS_ij K_j: per 4 keys, a 16-byte load of K_j^T per dQ column (KS = 4 mod 32
+                # words: a quarter-warp hits distinct banks) and a broadcast one of dS per row
+                for a in range(RW):
+                    for u in range(NX):
+                        dqp[a, u] = ZERO
+                kqi = lane * KS_U  # K_j^T[lane, c]
+                dsi = warp * uint32(RW * PS)  # dS_ij[warp * RW, c]
+                c = uint32(0)
+                while c < BC_U:
+                    for u in range(NX):
+                        for t in range(4):
+                            kq[u, t] = ZERO
+                            if NX_FULL or lane + uint32(32 * u) < DP_MAX:
+                                kq[u, t] = KT[kqi + uint32(32 * u * KS + t)]
+                    for a in range(RW):
+                        for t in range(4):
+                            ds4[t] = dSs[dsi + uint32(a * PS + t)]
+                        for u in range(NX):
+                            for t in range(4):
+                                dqp[a, u] += ds4[t] * kq[u, t]
+                    kqi += FOUR_U
+                    dsi += FOUR_U
+                    c += FOUR_U
+                for a in range(RW):
+                    row = uint32(r0) + warp * uint32(RW) + uint32(a)
+                    if row < nq_u:
+                        for u in range(NX):
+                            x = lane + uint32(32 * u)
+                            if NX_FULL or x < D_U:
+                                cuda.atomic.add(dq, (bh_u, row, x), dqp[a, u] * scale)
+                                if COUNT:
+                                    nr += AB
+                                    nw += AB
+
+        n = store(dk, dk_acc, scale, dv, dv_acc, ONE, bh, c0, Nk, ty, tx)
+        if COUNT:
+            add_counts(counter, nr, nw + n * SB)
+
+    maxreg = device_register_cap(BACKWARD_KVQ_NAME if atomic_dq else BACKWARD_KV_NAME, d) if maxreg == -1 else maxreg
+    opts = {} if maxreg is None else {"max_registers": maxreg}
+    return jit(fastmath=FASTMATH, **opts)(kernel), g
+
+
+@lru_cache(maxsize=None)
+def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool):
+    """``(kernel, geometry)``: dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j.
+
+    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter)``.
+    """
+    acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
+    g = geometry_q(d, TM, TN, dtype_name)
+    Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
+    CAUSAL, COUNT = causal, count
+    _, _, ZERO, _, _, _ = scalars(dtype_name)
+    QT_SIZE, KT_SIZE, P_SIZE = DP * QS, DP * KS, Bc * PS
+    load_q = _tile_ops.padded_loader(Br, d, DP, QS, True, acc, count)
+    load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, KS, True, acc, count)  # K_j^T, V_j^T
+    load_stats = _tile_ops.stats_loader(Br, acc, count)
+    s_dp_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, True, True, acc)  # S = Q K^T, dP = dO V^T
+    dq_product = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
+    store = _tile_ops.strided_store(TM, TD, d, False, count)
+
+    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter):
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
+        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
+        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS), KS odd
+        VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
+        dST = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # dS_ij^T (Bc, PS)
+        Ls = cuda.shared.array(Br, ACC)
+        Ds = cuda.shared.array(Br, ACC)
+        s = cuda.local.array((TM, TN), ACC)
+        dp = cuda.local.array((TM, TN), ACC)
+        dq_acc = cuda.local.array((TM, TD), ACC)
+        L2 = cuda.local.array(TM, ACC)
+        Dr = cuda.local.array(TM, ACC)
+
+        tid = cuda.threadIdx.x
+        ty, tx = tid // TX, tid % TX
+        r0, bh = _tile_ops.last_tile_first(Nq, Br)  # longest (causal) row tiles first, as in the forward
+        nr = nw = 0
+
+        n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)  # Q_i, dO_i -> QT, dOT once
+        n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)  # L_i (log2 units) and D_i
+        if COUNT:
+            nr += n * SB + n_stats * AB
+        zero_kv_padding(KT, VT, tid)
+        cuda.syncthreads()
+        for a in range(TM):
+            L2[a] = Ls[ty * TM + a]
+            Dr[a] = Ds[ty * TM + a]
+            for u in range(TD):
+                dq_acc[a, u] = ZERO
+
+        for j in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
+            c0 = j * Bc
+            cuda.syncthreads()  # previous step is done with KT, VT, dST
+            n = load_kv(KT, VT, k, v, bh, c0, Nk, tid)
+            if COUNT:
+                nr += n * SB
+            cuda.syncthreads()
+
+            s_dp_product(s, dp, QT, dOT, KT, VT, ty, tx)
+
+            # dS = P * (dP - D) with P = exp(S - L) recomputed; stored transposed
+            edge = c0 + Bc > Nk or (CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk))  # uniform over the block
+            cb = c0 + tx * TN  # this thread's first key
+            for a in range(TM):
+                lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
+                if CAUSAL:
+                    lim = min(lim, last_visible_key(r0 + ty * TM + a, Nq, Nk) - cb)
+                for b in range(TN):
+                    p = math.exp2(min(s[a, b] * scale_log2 - L2[a], ZERO))  # P <= 1; padded keys can't overflow
+                    if edge and b > lim:
+                        p = ZERO
+                    dST[(tx * TN + b) * PS + ty * TM + a] = p * (dp[a, b] - Dr[a])
+            cuda.syncthreads()
+
+            dq_product(dq_acc, dq_acc, dST, dST, KT, KT, ty, tx)  # dQ_i += dS K_j, scale applied at the end
+
+        n = store(dq, dq_acc, scale, dq, dq_acc, scale, bh, r0, Nq, ty, tx)
+        if COUNT:
+            add_counts(counter, nr, nw + n * SB)
+
+    return jit(fastmath=FASTMATH)(kernel), g
+
+
+@lru_cache(maxsize=None)
+def zero_kernel(acc_name: str, count: bool):
+    """Fill a flat buffer with zeros (the atomic dQ accumulator)."""
+    ZERO = np.dtype(acc_name).type(0)
+    AB, COUNT = np.dtype(acc_name).itemsize, count
+
+    def kernel(x, n, counter):
+        i = cuda.grid(1)
+        if i < n:
+            x[i] = ZERO
+            if COUNT:
+                cuda.atomic.add(counter, 1, AB)
+
+    return jit()(kernel)
+
+
+@lru_cache(maxsize=None)
+def cast_kernel(src_name: str, dst_name: str, count: bool):
+    """dq = dq_acc, element by element, in the storage dtype (float16 calls)."""
+    DST = nb_type(dst_name)
+    SA, SB, COUNT = np.dtype(src_name).itemsize, np.dtype(dst_name).itemsize, count
+
+    def kernel(src, dst, n, counter):
+        i = cuda.grid(1)
+        if i < n:
+            dst[i] = DST(src[i])
+            if COUNT:
+                cuda.atomic.add(counter, 0, SA)
+                cuda.atomic.add(counter, 1, SB)
+
+    return jit()(kernel)

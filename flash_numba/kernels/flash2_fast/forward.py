@@ -1,0 +1,156 @@
+"""The flash2_fast forward kernel: O and L for one block of Br = 8 TM query rows.
+
+FlashAttention-2's forward (as :mod:`flash_numba.kernels.flash2`): the block loads
+Q_i once, walks over the visible K/V blocks, keeps O_i, m_i, l_i in registers and
+writes O_i and L_i once.  Register-tiled (see :mod:`.layout`): each thread owns a
+TM x TN micro-tile of S_ij and a TM x TD one of O_i.  The row max takes four
+``shfl_xor`` over the 16 threads of a row (half a warp); the row sum l_i stays
+per thread, rescaled with the max, and is reduced once at the end.  The softmax
+runs in base 2 (log2(e) folded into the scale: one ``ex2.approx`` per probability).
+
+Launch: a 1-D grid of Tr * B*H blocks, row tile after row tile, each for every
+head, the last row tile (the longest when causal) first, 128 threads.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from ...device import SIMULATOR, jit
+from .. import _tile_ops
+from .._common import acc_nb_type, add_counts
+from ..causal import crosses_diagonal_dev as crosses_diagonal
+from ..causal import last_visible_key_dev as last_visible_key
+from ..causal import visible_kv_blocks_dev as visible_kv_blocks
+from .layout import FASTMATH, FORWARD_NAME, FULL_MASK, TX, device_register_cap, geometry, scalars
+
+
+@lru_cache(maxsize=None)
+def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1):
+    """``(kernel, geometry)``: the forward for head dim d, micro-tile TM x TN, storage ``dtype_name``.
+
+    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, scale_log2, counter)``.  ``maxreg``:
+    register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
+    """
+    dtype = np.dtype(dtype_name)
+    acc = "float64" if dtype == np.float64 else "float32"
+    g = geometry(d, TM, TN, dtype)
+    Br, Bc, TD, DP, QS, KS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "QS", "KS", "PS"))
+    ACC = acc_nb_type(dtype)
+    STORE_BYTES = dtype.itemsize
+    ACC_BYTES = np.dtype(acc).itemsize
+    ALIGN = None if SIMULATOR else 16
+    CAUSAL, COUNT = causal, count
+    NEG_INF, _, ZERO, ONE, _, LN2_ACC = scalars(dtype)
+    QT_SIZE, KT_SIZE, V_SIZE, PT_SIZE = DP * QS, DP * KS, Bc * DP, Bc * PS
+    load_q = _tile_ops.padded_loader(Br, d, DP, QS, False, acc, count)
+    load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count)  # K_j^T, V_j row-major
+    s_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
+    pv_product = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
+
+    def kernel(q, k, v, o, lse, Nq, Nk, scale_log2, counter):
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
+        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T  (DP, KS)
+        Vs = cuda.shared.array(V_SIZE, ACC, alignment=ALIGN)  # V_j    (Bc, DP)
+        PT = cuda.shared.array(PT_SIZE, ACC, alignment=ALIGN)  # P_ij^T (Bc, PS)
+        s = cuda.local.array((TM, TN), ACC)
+        acc = cuda.local.array((TM, TD), ACC)
+        m = cuda.local.array(TM, ACC)
+        l = cuda.local.array(TM, ACC)
+
+        tid = cuda.threadIdx.x
+        ty, tx = tid // TX, tid % TX
+        row0, bh = _tile_ops.last_tile_first(Nq, Br)
+        nr = nw = 0
+
+        n = load_q(QT, QT, q, q, bh, row0, Nq, tid)  # Q_i -> QT, zero beyond d and Nq
+        if COUNT:
+            nr += n * STORE_BYTES
+        zero_kv_padding(KT, Vs, tid)
+        for a in range(TM):
+            m[a] = NEG_INF
+            l[a] = ZERO
+            for x in range(TD):
+                acc[a, x] = ZERO
+
+        row_key = last_visible_key(row0 + ty * TM, Nq, Nk)  # causal: the last key this thread's first row sees
+        for j in range(visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)):
+            col0 = j * Bc
+            cuda.syncthreads()  # everyone is done with the previous KT, Vs, PT
+            n = load_kv(KT, Vs, k, v, bh, col0, Nk, tid)
+            if COUNT:
+                nr += n * STORE_BYTES
+            cuda.syncthreads()
+
+            s_product(s, s, QT, QT, KT, KT, ty, tx)
+
+            # online softmax in base 2 (log2(e) folded into the scale).  The scale is applied to
+            # S_ij, not to Q_i once at load time: the backward recomputes S = (Q K^T) * scale in
+            # this order, and with scores of 1e4 the two roundings of a pre-scaled Q would differ
+            # from it by ~1e-3 in the exponent, enough to spoil dQ (test_large_scores_backward).
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] *= scale_log2
+            # only the last block (past Nk) and, when causal, blocks that cross the
+            # diagonal need a mask; the test is uniform over the block
+            if col0 + Bc > Nk or (CAUSAL and crosses_diagonal(row0, col0, Bc, Nq, Nk)):
+                cb = col0 + tx * TN  # this thread's first key
+                for a in range(TM):
+                    lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
+                    if CAUSAL:
+                        lim = min(lim, row_key + a - cb)
+                    for b in range(TN):
+                        if b > lim:
+                            s[a, b] = NEG_INF
+            for a in range(TM):
+                mx = NEG_INF
+                for b in range(TN):
+                    mx = max(mx, s[a, b])
+                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 8))
+                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 4))
+                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
+                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
+                m_new = max(m[a], mx)
+                m_use = ZERO if m_new == NEG_INF else m_new
+                alpha = math.exp2(m[a] - m_use)
+                m[a] = m_new
+                l[a] *= alpha
+                for x in range(TD):
+                    acc[a, x] *= alpha
+                for b in range(TN):
+                    p = math.exp2(s[a, b] - m_use)
+                    l[a] += p
+                    PT[(tx * TN + b) * PS + ty * TM + a] = p
+            cuda.syncthreads()
+
+            pv_product(acc, acc, PT, PT, Vs, Vs, ty, tx)
+
+        # finish: l_i summed over the 16 lanes of the row, O_i / l_i, L_i = m_i + log l_i
+        for a in range(TM):
+            lt = l[a]
+            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 8)
+            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 4)
+            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 2)
+            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 1)
+            row = row0 + ty * TM + a
+            if row < Nq:
+                inv = ONE / lt if lt != 0 else ZERO  # != 0, not > 0: a NaN row stays NaN
+                for x in range(TD):
+                    col = tx * TD + x
+                    if col < d:
+                        o[bh, row, col] = acc[a, x] * inv
+                        if COUNT:
+                            nw += STORE_BYTES
+                if tx == 0:
+                    lse[bh, row] = m[a] * LN2_ACC + math.log(lt) if lt != 0 else NEG_INF
+                    if COUNT:
+                        nw += ACC_BYTES
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    maxreg = device_register_cap(FORWARD_NAME, d) if maxreg == -1 else maxreg
+    return jit(fastmath=FASTMATH, **({} if maxreg is None else {"max_registers": maxreg}))(kernel), g

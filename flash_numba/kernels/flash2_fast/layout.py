@@ -1,0 +1,199 @@
+"""flash2_fast's shapes: thread grid, micro-tiles, shared-memory tiles, block rules, register caps.
+
+A block is 128 threads, an 8 x 16 grid (ty, tx).  In the forward, thread (ty, tx)
+owns TM consecutive query rows ``ty*TM ..`` and, of S_ij, TN consecutive keys
+``tx*TN ..``; of O_i, TD consecutive columns ``tx*TD ..`` (DP = 16 TD >= d)::
+
+    S_ij  (Br = 8 TM  x  Bc = 16 TN)        O_i  (Br  x  DP = 16 TD)
+    +---------+---------+-- ...             +------+------+-- ...
+    | (0, 0)  | (0, 1)  |                   |(0,0) |(0,1) |
+    | TM x TN | TM x TN |                   |TMxTD |TMxTD |
+    +---------+---------+                   +------+------+
+    | (1, 0)  | ...                         | (1,0)| ...
+
+The backward kernels deal their tiles out the same way (see :mod:`.backward`).
+Shared tiles are held transposed where a product reads them down a column, padded
+by one 16-byte vector (or one element, for an odd stride) per row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import _inputs, device
+from ...device import STATIC_SHARED_LIMIT
+from .. import flash2 as _flash2
+from .._spec import check_pass
+
+TY, TX = 8, 16
+NT = TY * TX
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+FULL_MASK = 0xFFFFFFFF
+# fast math without 'ninf'/'nnan': the kernels compare against -inf on purpose
+FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}
+
+FORWARD_NAME = "flash2_fast forward"
+BACKWARD_KV_NAME = "flash2_fast dK, dV"
+BACKWARD_Q_NAME = "flash2_fast dQ"
+BACKWARD_KVQ_NAME = "flash2_fast dK, dV, dQ (atomic)"
+ZERO_DQ_NAME = "flash2_fast zero dQ"
+CAST_DQ_NAME = "flash2_fast dQ to storage dtype"
+
+#: Register cap of the forward: with the unrolled K/V loads ptxas takes 137 registers at d = 64
+#: (3 blocks of 128 threads per SM); capped at 128, 4 blocks fit.
+FORWARD_MAX_REGISTERS = 128
+#: Register cap of the dK/dV kernel.  Uncapped, ptxas took 159-168 registers at
+#: d = 64 (2 blocks per SM); capped at 128 it fit 3 blocks: 12.6 ms instead of 13.3 ms
+#: at N = 4096 non-causal on the H200 (same causal).
+DKDV_MAX_REGISTERS = 128
+#: The same for the kernel that also adds dQ with atomics (``deterministic=False``):
+#: 128 / none / 96 gave 12.3 / 11.9 / 12.1 ms in one run (``probe_sweep.txt``), within
+#: the run-to-run spread (about 3%), so the cap stays.
+DKDV_ATOMIC_MAX_REGISTERS = 128
+#: Launch name -> register cap (launches not named run uncapped).
+MAX_REGISTERS = {
+    FORWARD_NAME: FORWARD_MAX_REGISTERS,
+    BACKWARD_KV_NAME: DKDV_MAX_REGISTERS,
+    BACKWARD_KVQ_NAME: DKDV_ATOMIC_MAX_REGISTERS,
+}
+#: The caps apply from this compute capability up.  Below it (a T4 is cc 7.5: 64 KB of shared
+#: memory per SM) one block of these kernels (40-45 KB of tiles) fills an SM's shared memory,
+#: so a cap buys no occupancy and only makes ptxas spill (8-44 bytes at cc 7.5).
+CAPPED_FROM_CC = (8, 0)
+#: ... and up to this head dim: the caps were measured at d = 64; above it the atomic kernel's
+#: dQ partial sums need more than 128 registers (ptxas spilled 8-20 bytes at d = 80 and 128).
+CAPPED_UP_TO_D = {BACKWARD_KVQ_NAME: 64}
+
+
+def register_cap(launch: str, cc, d: int) -> int | None:
+    """The register cap of ``launch`` at head dim ``d`` compiled for compute capability ``cc`` (None: uncapped)."""
+    if tuple(cc) < CAPPED_FROM_CC or d > CAPPED_UP_TO_D.get(launch, d):
+        return None
+    return MAX_REGISTERS.get(launch)
+
+
+def device_register_cap(launch: str, d: int) -> int | None:
+    """:func:`register_cap` for the device present (the one the kernel launches on)."""
+    return register_cap(launch, device.info().compute_capability, d)
+
+# (TM, TN) micro-tile shapes in order of preference (fastest first on the H200
+# at d = 64, fp32: 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s, docs/PERFORMANCE.md).
+_PREFERENCE = ((8, 2), (8, 1), (4, 2), (4, 1), (2, 1), (1, 1))
+# (Br, Bc) preferences for the two backward kernels, fastest first
+_BACKWARD_BLOCKS = ((32, 32), (32, 16), (16, 32), (16, 16))
+
+
+def scalars(dtype):
+    """-inf, +inf, 0, 1, log2(e) and ln(2) as scalars of the accumulation dtype.
+
+    Closure constants of the kernels: a Python float (-math.inf) would turn every
+    use into float64 arithmetic.
+    """
+    f = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return f(-np.inf), f(np.inf), f(0), f(1), f(LOG2E), f(LN2)
+
+
+def _columns(d: int, dtype) -> tuple[int, int, int, int]:
+    """(accumulation item size, elements of a 16-byte vector, TD, DP = 16 TD >= d)."""
+    a = _inputs.acc_dtype(dtype).itemsize
+    TD = -(-d // TX)
+    return a, 16 // a, TD, TD * TX
+
+
+def geometry(d: int, TM: int, TN: int, dtype) -> dict:
+    """Block sizes, shared-memory row strides and bytes for a (TM, TN) micro-tile."""
+    acc_item, vec, TD, DP = _columns(d, dtype)  # rows padded by one 16-byte vector
+    Br, Bc = TY * TM, TX * TN
+    QS, KS, PS = Br + vec, Bc + vec, Br + vec
+    smem = acc_item * (DP * QS + DP * KS + Bc * DP + Bc * PS)
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, QS=QS, KS=KS, PS=PS, smem=smem)
+
+
+def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int:
+    """Static shared memory of the forward kernel; the backward is flash2's."""
+    if pass_ == "backward":
+        fast = backward_smem(Br, Bc, d, dtype)
+        if fast is not None and fast <= STATIC_SHARED_LIMIT:
+            return fast
+        return _flash2.shared_bytes(Br, Bc, d, dtype, pass_)  # falls back to flash2's backward
+    check_pass(pass_)
+    if Br % TY or Bc % TX:
+        return 1 << 40  # not a micro-tile shape: never fits (validate() names the limit)
+    return geometry(d, Br // TY, Bc // TX, dtype)["smem"]
+
+
+def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
+    if pass_ == "backward":
+        return _flash2.block_limits(d, dtype, pass_)
+    return TY * 8, TX * 4
+
+
+def check_block(block, d: int, dtype, pass_: str = "forward") -> None:
+    """Refuse, by name, a forward block that is not a micro-tile shape (api.py calls this first)."""
+    if pass_ != "forward" or block is None:
+        return
+    try:
+        Br, Bc = block
+    except (TypeError, ValueError):
+        return  # blocks.validate names the problem
+    if isinstance(Br, int) and isinstance(Bc, int) and (Br % TY or Bc % TX or Br < 1 or Bc < 1):
+        raise ValueError(
+            f"block: flash2_fast's forward needs Br a multiple of {TY} and Bc a multiple of {TX} "
+            f"(its {TY} x {TX} thread grid), got ({Br}, {Bc})"
+        )
+
+
+def uses_fast_backward(Br: int, Bc: int, d: int, dtype) -> bool:
+    """True when block (Br, Bc) runs this module's backward kernels (else flash2's)."""
+    fast = backward_smem(Br, Bc, d, dtype)
+    return fast is not None and fast <= STATIC_SHARED_LIMIT
+
+
+def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[int, int]:
+    """The fastest measured micro-tile whose tiles fit ``budget`` bytes of shared memory.
+
+    Unlike flash1 and flash2 (the paper's rule Bc = ceil(M/4d), Br = min(Bc, d)),
+    this kernel's blocks are set by its register micro-tiles: the paper's rule
+    ignores registers, and here registers, not shared memory, bound the tile.
+    """
+    if pass_ == "backward":
+        for Br, Bc in _BACKWARD_BLOCKS:
+            if backward_smem(Br, Bc, d, dtype) <= budget:
+                return Br, Bc
+        return _flash2.SPEC.block(d, dtype, pass_, budget=budget)  # nothing fits: flash2's backward
+    for TM, TN in _PREFERENCE:
+        if geometry(d, TM, TN, dtype)["smem"] <= budget:
+            return TY * TM, TX * TN
+    raise ValueError(f"no micro-tile fits d = {d} ({np.dtype(dtype)}) in {budget} bytes of shared memory")
+
+
+def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
+    """dK/dV kernel: Bc = 8 TM keys per block (thread rows), Br = 16 TN queries per step."""
+    a, vec, TD, DP = _columns(d, dtype)
+    Bc, Br = TY * TM, TX * TN
+    KS, QS, PS = Bc + vec, Br + 1, Bc + vec
+    smem = a * (2 * DP * KS + 2 * DP * QS + 2 * Br * PS + 2 * Br)
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, smem=smem)
+
+
+def geometry_q(d: int, TM: int, TN: int, dtype) -> dict:
+    """dQ kernel: Br = 8 TM queries per block (thread rows), Bc = 16 TN keys per step."""
+    a, vec, TD, DP = _columns(d, dtype)
+    Br, Bc = TY * TM, TX * TN
+    QS, KS, PS = Br + vec, Bc + 1, Br + vec
+    smem = a * (2 * DP * QS + 2 * DP * KS + Bc * PS)
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, smem=smem)
+
+
+def backward_smem(Br: int, Bc: int, d: int, dtype) -> int | None:
+    """Shared memory of the larger backward kernel for block (Br, Bc), None if not a micro-tile shape.
+
+    The dK/dV kernel runs Bc = 8 TM keys x Br = 16 TN queries, the dQ kernel
+    Br = 8 TM queries x Bc = 16 TN keys: both need Br and Bc multiples of 16.
+    """
+    if Br % TX or Bc % TX:
+        return None
+    kv = geometry_kv(d, Bc // TY, Br // TX, dtype)["smem"]
+    q = geometry_q(d, Br // TY, Bc // TX, dtype)["smem"]
+    return max(kv, q)
