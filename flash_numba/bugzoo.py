@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from numba import cuda
 
 from . import exercise_kernels
-from .exercises import _fmt, _Mismatch, _register
+from .exercises.checking import _fmt, _Mismatch, _register
 
 
 @dataclass(frozen=True)

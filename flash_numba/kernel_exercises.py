@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
@@ -55,7 +56,7 @@ from .exercise_kernels import (  # noqa: F401  (the solutions and frames, re-exp
     flash2_rows,
     frame_source,
 )
-from .exercises import RACE_NOTE, _close, _fmt, _kernel_not_done, _Mismatch, _register, _rng
+from .exercises.checking import RACE_NOTE, _close, _fmt, _kernel_not_done, _Mismatch, _register, _rng
 from .iomodel.flash1 import query_rows_processed
 from .iomodel.flash2 import kv_rows_read
 
@@ -225,26 +226,36 @@ def _softmax_v(S, v):
     return (p @ v) / np.where(l > 0, l, 1.0)
 
 
-FORWARD_CASES = [
-    # (label, Nq, Nk, late max) at Br = Bc = 4 by default; the label names what the case tests
-    ("one tile: Nq = Nk = Br = Bc", None, None, False),
-    ("Nq = Nk = 16: several tiles each way", 16, 16, False),
-    ("every row's max arrives in the last tile (the old terms must be rescaled)", 12, 12, True),
-    ("N = 13, not a multiple of the block: the last tile is partial", 13, 13, False),
-    ("Nq = 5 queries, Nk = 11 keys", 5, 11, False),
-    ("N = 1", 1, 1, False),
+class Case(NamedTuple):
+    """One case of a kernel exercise: what it tests (the label), its sizes and what it asks of the inputs."""
+
+    label: str
+    Nq: int | None = None  # None: one query tile, Nq = Br
+    Nk: int | None = None  # None: one key tile, Nk = Bc
+    late_max: bool = False  # every row's max in the last key tile (forward)
+    causal: bool = False  # under the causal mask (backward; the forward's mask is the checker's)
+
+
+def _sized(cases, Br, Bc):
+    """``cases`` at the tile sizes Br, Bc: a size left None becomes one tile."""
+    return [case._replace(Nq=case.Nq or Br, Nk=case.Nk or Bc) for case in cases]
+
+
+FORWARD_CASES = [  # at Br = Bc = 4 by default
+    Case("one tile: Nq = Nk = Br = Bc"),
+    Case("Nq = Nk = 16: several tiles each way", 16, 16),
+    Case("every row's max arrives in the last tile (the old terms must be rescaled)", 12, 12, late_max=True),
+    Case("N = 13, not a multiple of the block: the last tile is partial", 13, 13),
+    Case("Nq = 5 queries, Nk = 11 keys", 5, 11),
+    Case("N = 1", 1, 1),
 ]
-
-
-def _forward_cases(Br, Bc):
-    return [(label, Nq or Br, Nk or Bc, late) for label, Nq, Nk, late in FORWARD_CASES]
 
 
 def _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array):
     """Check a forward kernel on ``cases``: O and L, then bytes.  ``kernel_for(Nq, Nk)`` gives
     (kernel, grid, threads, extra arrays); ``model(Nq, Nk)`` the IO model's (read, written)."""
     rng = _rng(name)
-    for n, (label, Nq, Nk, late) in enumerate(cases, 1):
+    for n, (label, Nq, Nk, late, _) in enumerate(cases, 1):
         where = f"case {n} of {len(cases)} ({label}; Nq = {Nq}, Nk = {Nk}, d = {d})"
         q, k, v = _qkv(rng, Nq, Nk, d, late)
         o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal)
@@ -298,7 +309,7 @@ def _run_flash1_block(step, Br: int = 4, Bc: int = 4, d: int = 4):
         return {"q": (R * d, 0), "k": (Nk * d, 0), "v": (Nk * d, 0), "O": (R * d, R * d),
                 "l": (R + Nq, R), "m": (R + Nq, R), "L": (0, Nq)}
 
-    return _run_forward(kernel_for, "flash1_block", _forward_cases(Br, Bc), d, Bc, False, model, per_array)
+    return _run_forward(kernel_for, "flash1_block", _sized(FORWARD_CASES, Br, Bc), d, Bc, False, model, per_array)
 
 
 # ============================================================================= (b) flash2_loop, lesson 9
@@ -358,7 +369,7 @@ def _flash2_check(rows_fn, tiles_fn, name, cases, Br, Bc, d, causal):
            flash2_rows)
 def _run_flash2_loop(rows_fn, Br: int = 4, Bc: int = 4, d: int = 4):
     _kernel_not_done(rows_fn)
-    return _flash2_check(rows_fn, causal_tiles, "flash2_loop", _forward_cases(Br, Bc), Br, Bc, d, False)
+    return _flash2_check(rows_fn, causal_tiles, "flash2_loop", _sized(FORWARD_CASES, Br, Bc), Br, Bc, d, False)
 
 
 # ============================================================================= (c) dkdv_block, lesson 7
@@ -375,12 +386,12 @@ def _dkdv_numpy(q, k, v, do, L, Dv, mask, scale):
 
 
 DKDV_CASES = [
-    ("one tile each way: Nq = Br, Nk = Bc", None, None, False),
-    ("N = 13, not a multiple of the block", 13, 13, False),
-    ("Nq = 5 queries, Nk = 11 keys", 5, 11, False),
-    ("causal, Nq = Nk = 13", 13, 13, True),
-    ("causal, Nq = 6 < Nk = 14 (the mask's diagonal starts at key Nk - Nq = 8)", 6, 14, True),
-    ("causal, Nq = 14 > Nk = 6 (the first 8 queries see no key: L = -inf)", 14, 6, True),
+    Case("one tile each way: Nq = Br, Nk = Bc"),
+    Case("N = 13, not a multiple of the block", 13, 13),
+    Case("Nq = 5 queries, Nk = 11 keys", 5, 11),
+    Case("causal, Nq = Nk = 13", 13, 13, causal=True),
+    Case("causal, Nq = 6 < Nk = 14 (the mask's diagonal starts at key Nk - Nq = 8)", 6, 14, causal=True),
+    Case("causal, Nq = 14 > Nk = 6 (the first 8 queries see no key: L = -inf)", 14, 6, causal=True),
 ]
 
 
@@ -389,8 +400,8 @@ def _run_dkdv_block(step, Br: int = 4, Bc: int = 4, d: int = 4):
     _kernel_not_done(step)
     rng = _rng("dkdv_block")
     scale = 1 / math.sqrt(d)
-    cases = [(label, Nq or Br, Nk or Bc, causal) for label, Nq, Nk, causal in DKDV_CASES]
-    for n, (label, Nq, Nk, causal) in enumerate(cases, 1):
+    cases = _sized(DKDV_CASES, Br, Bc)
+    for n, (label, Nq, Nk, _, causal) in enumerate(cases, 1):
         where = f"case {n} of {len(cases)} ({label}; Br = {Br}, Bc = {Bc}, d = {d})"
         q, k, v = _qkv(rng, Nq, Nk, d)
         do = rng.standard_normal((Nq, d)).astype(np.float32)
@@ -498,7 +509,7 @@ def _run_causal_tiles(tiles_fn, Br: int = 4, Bc: int = 4, d: int = 4):
                     notes.append("too few: a tile with visible keys is skipped, so O would be wrong")
             return n, _Mismatch(f"case {n} (Nq = {Nq}, Nk = {Nk}, Br = {Br}, Bc = {Bc}, query tile i = {i})",
                                 _fmt(got), _fmt(spec), tuple(notes))
-    cases = [(f"causal, Nq = {Nq}, Nk = {Nk}", Nq, Nk, False) for Nq, Nk in CAUSAL_SHAPES[:4]]
+    cases = [Case(f"causal, Nq = {Nq}, Nk = {Nk}", Nq, Nk) for Nq, Nk in CAUSAL_SHAPES[:4]]
     k, bad = _flash2_check(flash2_rows, tiles_fn, "causal_tiles", cases, Br, Bc, d, True)
     return n + k, bad
 

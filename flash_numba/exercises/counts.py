@@ -1,0 +1,74 @@
+"""The exercises whose answer is a closed-form count: ``matmul_intensity`` (lesson 1), ``theorem2`` (lesson 6)
+and ``kv_cache_bytes`` (lesson 10)."""
+
+from __future__ import annotations
+
+from .checking import _compare, _register
+
+
+# ============================================================================= lesson 1: arithmetic intensity
+
+
+def _matmul_intensity_solution(M, N, K, itemsize):
+    flops = 2 * M * N * K  # one multiply and one add per (i, j, k)
+    bytes_moved = (M * K + K * N + M * N) * itemsize  # read A and B once, write C once
+    return flops / bytes_moved
+
+
+@_register("matmul_intensity", 1, "FLOPs per byte of C = A B at minimum traffic", _matmul_intensity_solution)
+def _run_matmul_intensity(answer):
+    cases = [
+        ("M = N = K = 1024, float32", (1024, 1024, 1024, 4)),
+        ("M = N = K = 1024, float16", (1024, 1024, 1024, 2)),
+        ("S = Q K^T: M = N = 4096, K = 64, float32", (4096, 4096, 64, 4)),
+        ("a matrix-vector product: M = 4096, N = 1, K = 4096, float32", (4096, 1, 4096, 4)),
+        ("M = 3, N = 5, K = 7, float64", (3, 5, 7, 8)),
+    ]
+    return _compare(cases, answer, _matmul_intensity_solution, rtol=1e-12)
+
+
+# ============================================================================= lesson 6: Theorem 2
+
+
+def _theorem2_solution(N, d, Bc):
+    Tc = -(-N // Bc)  # outer passes (ceil(N / Bc))
+    # K and V are read once (2 N d); every outer pass reads Q, O, l, m (2 N d + 2 N)
+    # and writes O, l, m (N d + 2 N).
+    return 2 * N * d + Tc * (3 * N * d + 4 * N)
+
+
+@_register("theorem2", 6, "elements Algorithm 1 reads and writes in HBM (Theorem 2)", _theorem2_solution)
+def _run_theorem2(answer):
+    cases = [
+        ("N = 1024, d = 64, Bc = 128", (1024, 64, 128)),
+        ("N = 1024, d = 64, Bc = 1024 (one pass)", (1024, 64, 1024)),
+        ("N = 100, d = 16, Bc = 48 (Bc does not divide N)", (100, 16, 48)),
+        ("N = 1, d = 8, Bc = 16", (1, 8, 16)),
+    ]
+    n, mismatch = _compare(cases, answer, _theorem2_solution, exact=True)
+    if mismatch is not None:
+        mismatch.yours += " elements"
+        mismatch.spec += " elements"
+    return n, mismatch
+
+
+# ============================================================================= lesson 10: the KV cache
+
+
+def _kv_cache_bytes_solution(layers, heads, d, context, batch, itemsize):
+    # Every layer keeps one key and one value vector (heads x d numbers) per token of every sequence.
+    return 2 * layers * heads * d * context * batch * itemsize
+
+
+@_register("kv_cache_bytes", 10, "bytes of a KV cache", _kv_cache_bytes_solution)
+def _run_kv_cache_bytes(answer):
+    cases = [
+        ("Llama-2-7B: 32 layers, 32 heads, d = 128, 4096 tokens, batch 1, float16", (32, 32, 128, 4096, 1, 2)),
+        ("the same, batch 8", (32, 32, 128, 4096, 8, 2)),
+        ("1 layer, 1 head, d = 1, 1 token, batch 1, float32", (1, 1, 1, 1, 1, 4)),
+        ("12 layers, 12 heads, d = 64, 1024 tokens, batch 3, float32", (12, 12, 64, 1024, 3, 4)),
+    ]
+    n, mismatch = _compare(cases, answer, _kv_cache_bytes_solution, exact=True)
+    if mismatch is not None and not mismatch.yours.startswith("raised"):
+        mismatch.notes += ("a cache keeps K and V, for every layer, head, token and sequence",)
+    return n, mismatch
