@@ -56,3 +56,19 @@ def add_counts(counter, nr, nw):
     """Add a thread's bytes read (``nr``) and written (``nw``) to a launch's ``int64[2]`` counter."""
     cuda.atomic.add(counter, 0, nr)
     cuda.atomic.add(counter, 1, nw)
+
+
+GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest grid (x, y, z)
+
+
+def head_grid(blocks_per_head: int, BH: int) -> int:
+    """A 1-D grid of ``blocks_per_head * BH`` blocks: B*H folded into axis x, whose limit is 2^31 - 1.
+
+    Axes y and z stop at 65,535, so a grid ``(Tr, B*H)`` fails for a large batch; the
+    kernels decode the head from ``blockIdx.x`` instead.
+    """
+    n = blocks_per_head * BH
+    if n > GRID_LIMITS[0]:
+        raise ValueError(f"BH: {BH} heads x {blocks_per_head} blocks per head = {n} blocks, over CUDA's "
+                         f"grid limit of {GRID_LIMITS[0]}")
+    return n
