@@ -15,7 +15,7 @@ from numba import cuda, types
 
 from .. import _inputs
 from ..device import jit
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, head_grid
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, head_block, head_grid
 
 NAME = "D = rowsum(dO*O)"
 TY, TX = 8, 16
@@ -36,9 +36,8 @@ def rowsum_kernel(d: int, dtype, count: bool):
     def flash2_rowsum(o, do, D, counter, Nq):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        blocks_per_head = (Nq + TY - 1) // TY  # B*H is folded into grid axis x
-        bh = cuda.blockIdx.x // blocks_per_head
-        r = (cuda.blockIdx.x % blocks_per_head) * TY + ty
+        bh, r0 = head_block(Nq, TY)  # B*H is folded into grid axis x
+        r = r0 + ty
         nr = 0
         nw = 0
         part = cuda.shared.array(PART, ACC)  # per-row partial sums, one per thread

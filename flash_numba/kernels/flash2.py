@@ -92,7 +92,7 @@ from ._tile_ops import load_rows, load_vector
 from .causal import first_visible_q_block_dev as first_visible_q_block
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, head_grid
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, head_block, head_grid
 from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
@@ -230,9 +230,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
     def flash2_forward(q, k, v, o, lse, counter, Nq, Nk, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        Tr = (Nq + Br - 1) // Br  # B*H is folded into grid axis x: block = bh * Tr + i
-        bh = cuda.blockIdx.x // Tr
-        i0 = (cuda.blockIdx.x % Tr) * Br  # first query row of Q_i
+        bh, i0 = head_block(Nq, Br)  # (batch, head) and the first query row of Q_i
         nr = 0
         nw = 0
 
@@ -379,9 +377,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
     def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        Tc = (Nk + Bc - 1) // Bc  # B*H is folded into grid axis x: block = bh * Tc + j
-        bh = cuda.blockIdx.x // Tc
-        j0 = (cuda.blockIdx.x % Tc) * Bc  # first key row of K_j
+        bh, j0 = head_block(Nk, Bc)  # (batch, head) and the first key row of K_j
         nr = 0
         nw = 0
 
@@ -480,9 +476,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
     def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        Tr = (Nq + Br - 1) // Br  # B*H is folded into grid axis x: block = bh * Tr + i
-        bh = cuda.blockIdx.x // Tr
-        i0 = (cuda.blockIdx.x % Tr) * Br
+        bh, i0 = head_block(Nq, Br)
         nr = 0
         nw = 0
 

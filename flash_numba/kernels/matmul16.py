@@ -41,6 +41,19 @@ NEG_INF = -math.inf
 # ---------------------------------------------------------------------------
 
 
+@jit(device=True)
+def stage(tile, tr, tc, src, bh, i, j, n_i, n_j):
+    """``tile[tr, tc] = src[bh, i, j]``, or 0 past the edge of the (n_i, n_j) matrix.
+
+    Returns the elements read from ``src``: 1 or 0.
+    """
+    if i < n_i and j < n_j:
+        tile[tr, tc] = src[bh, i, j]
+        return 1
+    tile[tr, tc] = 0
+    return 0
+
+
 @functools.lru_cache(maxsize=None)
 def matmul_kernel(dtype, trans_a: bool = False, trans_b: bool = False, causal: bool = False, count: bool = False):
     """The kernel ``C[bh] = alpha * op(A[bh]) @ op(B[bh])`` for every batch index ``bh``.
@@ -87,39 +100,15 @@ def matmul_kernel(dtype, trans_a: bool = False, trans_b: bool = False, causal: b
             # transposed operand the thread stores into the tile transposed.  Elements
             # past the edge of the matrix are 0 and add nothing.
             if TRANS_A:  # A is (K, M): load A[k0 + ty, row0 + tx] = op(A)[row0 + tx, k0 + ty]
-                k = k0 + ty
-                r = row0 + tx
-                if k < K and r < M:
-                    a_tile[tx, ty] = ACC(a[bh, k, r])
-                    if COUNT:
-                        nr += E
-                else:
-                    a_tile[tx, ty] = ACC(0)
+                n_read = stage(a_tile, tx, ty, a, bh, k0 + ty, row0 + tx, K, M)
             else:  # A is (M, K): load A[row, k0 + tx]
-                k = k0 + tx
-                if row < M and k < K:
-                    a_tile[ty, tx] = ACC(a[bh, row, k])
-                    if COUNT:
-                        nr += E
-                else:
-                    a_tile[ty, tx] = ACC(0)
+                n_read = stage(a_tile, ty, tx, a, bh, row, k0 + tx, M, K)
             if TRANS_B:  # B is (N, K): load B[col0 + ty, k0 + tx] = op(B)[k0 + tx, col0 + ty]
-                n = col0 + ty
-                k = k0 + tx
-                if n < N and k < K:
-                    b_tile[tx, ty] = ACC(b[bh, n, k])
-                    if COUNT:
-                        nr += E
-                else:
-                    b_tile[tx, ty] = ACC(0)
+                n_read += stage(b_tile, tx, ty, b, bh, col0 + ty, k0 + tx, N, K)
             else:  # B is (K, N): load B[k0 + ty, col]
-                k = k0 + ty
-                if k < K and col < N:
-                    b_tile[ty, tx] = ACC(b[bh, k, col])
-                    if COUNT:
-                        nr += E
-                else:
-                    b_tile[ty, tx] = ACC(0)
+                n_read += stage(b_tile, ty, tx, b, bh, k0 + ty, col, K, N)
+            if COUNT:
+                nr += n_read * E
             cuda.syncthreads()  # both tiles complete before anyone reads them
 
             for kk in range(T):  # row `ty` of the A tile times column `tx` of the B tile

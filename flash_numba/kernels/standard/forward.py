@@ -10,7 +10,7 @@ from numba import cuda, uint32
 
 from ... import _inputs
 from .._common import acc_nb_type, add_counts, nb_type
-from .._tile_ops import last_tile_first
+from .._tile_ops import half_warp_max, half_warp_sum, last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
 from .layout import FULL_MASK, SOFTMAX_ROWS, _align, _consts, _n_visible, geometry
 
@@ -98,10 +98,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
                 mx = NEG_INF
                 for b in range(TN):
                     mx = max(mx, s[a, b])
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 8))
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 4))
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
+                mx = half_warp_max(mx)
                 m_new = max(m[a], mx)
                 m_use = ZERO if m_new == NEG_INF else m_new  # a row that sees nothing yet: exp(-inf) = 0
                 l[a] *= math.exp(m[a] - m_use)
@@ -114,10 +111,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
 
         for a in range(TM):  # L_i = m_i + log l_i, l_i summed over the 16 threads of the row
             lt = l[a]
-            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 8)
-            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 4)
-            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 2)
-            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 1)
+            lt = half_warp_sum(lt)
             if tx == 0 and rt + a < Nq:
                 lse[bh, rt + a] = m[a] + math.log(lt) if lt != 0 else NEG_INF
                 ml[bh, 0, rt + a] = m[a]
