@@ -22,7 +22,7 @@ before leaving).
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda, int64, types, uint32
 
 from ..device import jit
 
@@ -56,3 +56,31 @@ def add_counts(counter, nr, nw):
     """Add a thread's bytes read (``nr``) and written (``nw``) to a launch's ``int64[2]`` counter."""
     cuda.atomic.add(counter, 0, nr)
     cuda.atomic.add(counter, 1, nw)
+
+
+@jit(device=True, forceinline=True)
+def head_block(n_rows, rows):
+    """``(bh, row0)`` of this block in a :func:`head_grid` of ceil(n_rows / rows) blocks per head.
+
+    Block ``bh * T + i`` (T blocks per head) holds rows ``i * rows ..`` of head ``bh``;
+    the division is 32-bit (a 64-bit one costs registers).
+    """
+    T = uint32((n_rows + rows - 1) // rows)
+    block = uint32(cuda.blockIdx.x)
+    return block // T, int64(block % T) * rows
+
+
+GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest grid (x, y, z)
+
+
+def head_grid(blocks_per_head: int, BH: int) -> int:
+    """A 1-D grid of ``blocks_per_head * BH`` blocks: B*H folded into axis x, whose limit is 2^31 - 1.
+
+    Axes y and z stop at 65,535, so a grid ``(Tr, B*H)`` fails for a large batch; the
+    kernels decode the head from ``blockIdx.x`` instead.
+    """
+    n = blocks_per_head * BH
+    if n > GRID_LIMITS[0]:
+        raise ValueError(f"BH: {BH} heads x {blocks_per_head} blocks per head = {n} blocks, over CUDA's "
+                         f"grid limit of {GRID_LIMITS[0]}")
+    return n

@@ -15,7 +15,7 @@ from numba import cuda, types
 
 from .. import _inputs
 from ..device import jit
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, head_block, head_grid
 
 NAME = "D = rowsum(dO*O)"
 TY, TX = 8, 16
@@ -24,7 +24,7 @@ NT = TY * TX
 
 @functools.lru_cache(maxsize=None)
 def rowsum_kernel(d: int, dtype, count: bool):
-    """The kernel for head dim d and storage ``dtype``; grid (ceil(Nq / 8), B*H), 128 threads."""
+    """The kernel for head dim d and storage ``dtype``; 1-D grid of ceil(Nq / 8) * B*H blocks, 128 threads."""
     dtype = np.dtype(dtype)
     ACC = acc_nb_type(dtype)
     ZERO = _inputs.acc_dtype(dtype).type(0)
@@ -36,8 +36,8 @@ def rowsum_kernel(d: int, dtype, count: bool):
     def flash2_rowsum(o, do, D, counter, Nq):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        bh = cuda.blockIdx.y
-        r = cuda.blockIdx.x * TY + ty
+        bh, r0 = head_block(Nq, TY)  # B*H is folded into grid axis x
+        r = r0 + ty
         nr = 0
         nw = 0
         part = cuda.shared.array(PART, ACC)  # per-row partial sums, one per thread
@@ -66,8 +66,13 @@ def rowsum(prob, o, do, counters):
     """D (B*H, Nq) in the accumulation dtype, counted under :data:`NAME`."""
     D = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     kernel = rowsum_kernel(prob.d, prob.dtype, counters.enabled)
-    kernel[(-(-prob.Nq // TY), prob.BH), NT](o, do, D, counters.array(NAME), prob.Nq)
+    kernel[grid(prob), NT](o, do, D, counters.array(NAME), prob.Nq)
     return D
+
+
+def grid(prob) -> int:
+    """The launch grid: ceil(Nq / 8) blocks for each of the B*H heads, on axis x."""
+    return head_grid(-(-prob.Nq // TY), prob.BH)
 
 
 def signature(dtype) -> tuple:

@@ -314,6 +314,27 @@ def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
     return store
 
 
+FULL_MASK = 0xFFFFFFFF
+
+
+@jit(device=True, forceinline=True)
+def half_warp_max(x):
+    """The largest ``x`` of the 16 lanes of this half warp (a row of the 8 x 16 thread grid), in every lane."""
+    x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, 8))
+    x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, 4))
+    x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, 2))
+    return max(x, cuda.shfl_xor_sync(FULL_MASK, x, 1))
+
+
+@jit(device=True, forceinline=True)
+def half_warp_sum(x):
+    """The sum of ``x`` over the 16 lanes of this half warp, in every lane (a fixed order: the same in each)."""
+    x += cuda.shfl_xor_sync(FULL_MASK, x, 8)
+    x += cuda.shfl_xor_sync(FULL_MASK, x, 4)
+    x += cuda.shfl_xor_sync(FULL_MASK, x, 2)
+    return x + cuda.shfl_xor_sync(FULL_MASK, x, 1)
+
+
 @jit(device=True, forceinline=True)
 def grid_tile(n_tiles):
     """``(tile, bh)`` of this block in a 1-D grid of n_tiles * B*H blocks, tile after tile, each for every head."""

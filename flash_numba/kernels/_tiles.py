@@ -33,6 +33,28 @@ NT = TY * TX
 FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}
 
 
+
+def fast_kernel(kernel):
+    """``kernel`` compiled as a CUDA kernel with :data:`FASTMATH` (also kept on it as ``_fastmath``)."""
+    kernel._fastmath = FASTMATH
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+def check_micro_tile_block(block, what: str) -> None:
+    """Refuse, by name, a block (Br, Bc) that is not a multiple of the TY x TX thread grid.
+
+    ``what`` names the kernel in the message ("standard", "flash2_fast's forward").
+    Anything that is not a pair of ints is left to blocks.validate, which names the problem.
+    """
+    try:
+        Br, Bc = block
+    except (TypeError, ValueError):
+        return
+    if isinstance(Br, int) and isinstance(Bc, int) and (Br % TY or Bc % TX or Br < 1 or Bc < 1):
+        raise ValueError(
+            f"block: {what} needs Br a multiple of {TY} and Bc a multiple of {TX} "
+            f"(its {TY} x {TX} thread grid), got ({Br}, {Bc})"
+        )
 @lru_cache(maxsize=None)
 def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
     """``load(x, bh, r0, c0, n_r, n_c, buf, tid) -> elements read``.

@@ -58,7 +58,7 @@ from numba import cuda
 from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, head_grid
 from ._spec import KernelSpec
 from ._tile_ops import load_rows
 from .causal import visible_dev as visible
@@ -367,6 +367,11 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
     return init_dQ, algorithm4
 
 
+def grids(prob, block) -> dict:
+    """The launch grid of each launch, by launch name: one block per (batch, head), on axis x."""
+    return dict.fromkeys(FORWARD_NAMES + BACKWARD_NAMES, head_grid(1, prob.BH))
+
+
 def forward(prob, ops, block, counters):
     """O and L = m + log(l) for ``prob``: the init kernel, then Algorithm 1."""
     counters.describe("flash1", prob, block, "forward")  # the IO model splits the bytes by term
@@ -379,9 +384,10 @@ def forward(prob, ops, block, counters):
     m = _inputs.empty((BH, Nq), acc)
     lse = _inputs.empty((BH, Nq), acc)
     threads = max(Br, Bc)
-    init[BH, threads](O, l, m, counters.array(FORWARD_NAMES[0]))
+    grid = grids(prob, block)[FORWARD_NAMES[0]]
+    init[grid, threads](O, l, m, counters.array(FORWARD_NAMES[0]))
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
-    algorithm1[BH, threads](q, k, v, O, l, m, o, lse, acc.type(prob.scale), counters.array(FORWARD_NAMES[1]))
+    algorithm1[grid, threads](q, k, v, O, l, m, o, lse, acc.type(prob.scale), counters.array(FORWARD_NAMES[1]))
     return o, lse
 
 
@@ -396,10 +402,11 @@ def backward(prob, ops, block, counters):
     dk = _inputs.empty((BH, Nk, d), prob.dtype)
     dv = _inputs.empty((BH, Nk, d), prob.dtype)
     threads = max(Br, Bc)
-    init[BH, threads](dQ, counters.array(BACKWARD_NAMES[0]))
+    grid = grids(prob, block)[BACKWARD_NAMES[0]]
+    init[grid, threads](dQ, counters.array(BACKWARD_NAMES[0]))
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     scale, counter = acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
-    algorithm4[BH, threads](q, k, v, o, lse, do, dQ, dq, dk, dv, scale, counter)
+    algorithm4[grid, threads](q, k, v, o, lse, do, dQ, dq, dk, dv, scale, counter)
     return dq, dk, dv
 
 

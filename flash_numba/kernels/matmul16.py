@@ -8,6 +8,11 @@ of C and B once per tile row: the re-reads a larger tile (or a register tile,
 as in :mod:`flash_numba.kernels.standard`) cuts.  It was the first standard
 attention's only matrix product; it is no longer part of any attention kernel.
 
+Its grid is ``(ceil(N / 16), ceil(M / 16), BH)``: the batch sits on axis z, which
+CUDA caps at 65,535, so :func:`matmul` takes at most 65,535 matrices per call
+(:func:`grid` raises a ValueError beyond that; the attention kernels fold B*H into
+axis x instead).
+
 What the counters count.  Every in-bounds element of the A and B tiles each
 thread block stages, and every element of C it writes;
 :func:`flash_numba.iomodel.matmul16.matmul` gives the same numbers in closed form.
@@ -24,7 +29,7 @@ from numba import cuda
 from .. import _inputs
 from ..device import jit
 from ..hbm import Counters
-from ._common import COUNTER_TYPE, acc_nb_type, array_type
+from ._common import COUNTER_TYPE, GRID_LIMITS, acc_nb_type, add_counts, array_type
 
 #: Side of the square shared-memory tiles of the matrix product (16 x 16 threads per block).
 TILE = 16
@@ -34,6 +39,19 @@ NEG_INF = -math.inf
 # ---------------------------------------------------------------------------
 # The tiled matrix product
 # ---------------------------------------------------------------------------
+
+
+@jit(device=True)
+def stage(tile, tr, tc, src, bh, i, j, n_i, n_j):
+    """``tile[tr, tc] = src[bh, i, j]``, or 0 past the edge of the (n_i, n_j) matrix.
+
+    Returns the elements read from ``src``: 1 or 0.
+    """
+    if i < n_i and j < n_j:
+        tile[tr, tc] = src[bh, i, j]
+        return 1
+    tile[tr, tc] = 0
+    return 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,39 +100,15 @@ def matmul_kernel(dtype, trans_a: bool = False, trans_b: bool = False, causal: b
             # transposed operand the thread stores into the tile transposed.  Elements
             # past the edge of the matrix are 0 and add nothing.
             if TRANS_A:  # A is (K, M): load A[k0 + ty, row0 + tx] = op(A)[row0 + tx, k0 + ty]
-                k = k0 + ty
-                r = row0 + tx
-                if k < K and r < M:
-                    a_tile[tx, ty] = ACC(a[bh, k, r])
-                    if COUNT:
-                        nr += E
-                else:
-                    a_tile[tx, ty] = ACC(0)
+                n_read = stage(a_tile, tx, ty, a, bh, k0 + ty, row0 + tx, K, M)
             else:  # A is (M, K): load A[row, k0 + tx]
-                k = k0 + tx
-                if row < M and k < K:
-                    a_tile[ty, tx] = ACC(a[bh, row, k])
-                    if COUNT:
-                        nr += E
-                else:
-                    a_tile[ty, tx] = ACC(0)
+                n_read = stage(a_tile, ty, tx, a, bh, row, k0 + tx, M, K)
             if TRANS_B:  # B is (N, K): load B[col0 + ty, k0 + tx] = op(B)[k0 + tx, col0 + ty]
-                n = col0 + ty
-                k = k0 + tx
-                if n < N and k < K:
-                    b_tile[tx, ty] = ACC(b[bh, n, k])
-                    if COUNT:
-                        nr += E
-                else:
-                    b_tile[tx, ty] = ACC(0)
+                n_read += stage(b_tile, tx, ty, b, bh, col0 + ty, k0 + tx, N, K)
             else:  # B is (K, N): load B[k0 + ty, col]
-                k = k0 + ty
-                if k < K and col < N:
-                    b_tile[ty, tx] = ACC(b[bh, k, col])
-                    if COUNT:
-                        nr += E
-                else:
-                    b_tile[ty, tx] = ACC(0)
+                n_read += stage(b_tile, ty, tx, b, bh, k0 + ty, col, K, N)
+            if COUNT:
+                nr += n_read * E
             cuda.syncthreads()  # both tiles complete before anyone reads them
 
             for kk in range(T):  # row `ty` of the A tile times column `tx` of the B tile
@@ -129,10 +123,16 @@ def matmul_kernel(dtype, trans_a: bool = False, trans_b: bool = False, causal: b
             if COUNT:
                 nw += E
         if COUNT:
-            cuda.atomic.add(counter, 0, nr)
-            cuda.atomic.add(counter, 1, nw)
+            add_counts(counter, nr, nw)
 
     return kernel
+
+
+def grid(BH: int, M: int, N: int) -> tuple[int, int, int]:
+    """The launch grid of a (BH, M, N) product; ``BH`` is limited to 65,535 (grid axis z)."""
+    if BH > GRID_LIMITS[2]:
+        raise ValueError(f"BH: matmul16 puts the batch on grid axis z, at most {GRID_LIMITS[2]} matrices, got {BH}")
+    return (math.ceil(N / TILE), math.ceil(M / TILE), BH)
 
 
 def _launch_matmul(a, b, c, alpha, counter, *, trans_a=False, trans_b=False, causal=False, count=False):
@@ -140,8 +140,7 @@ def _launch_matmul(a, b, c, alpha, counter, *, trans_a=False, trans_b=False, cau
     dtype = np.dtype(c.dtype)
     BH, M, N = c.shape
     kernel = matmul_kernel(dtype, trans_a, trans_b, causal, count)
-    grid = (math.ceil(N / TILE), math.ceil(M / TILE), BH)
-    kernel[grid, (TILE, TILE)](a, b, c, _inputs.acc_dtype(dtype).type(alpha), counter)
+    kernel[grid(BH, M, N), (TILE, TILE)](a, b, c, _inputs.acc_dtype(dtype).type(alpha), counter)
 
 
 def matmul(a, b, *, trans_a=False, trans_b=False, alpha=1.0, count_hbm=False):

@@ -87,7 +87,7 @@ assert ex.check_solution("standard_attention")
 # %% [markdown]
 # ## The three kernels
 #
-# `flash_numba/kernels/standard.py` runs those three steps as three kernels, with the $N \times N$
+# `flash_numba/kernels/standard/` runs those three steps as three kernels, with the $N \times N$
 # matrices in HBM between them. It is the paper's baseline done well: the same blocks $(B_r, B_c)$ and
 # the same register tiles as the fastest flash kernel (`flash2_fast`, lesson 9), so that the only
 # difference between the two is where $S$ and $P$ live.

@@ -46,7 +46,7 @@ from ...compile_check import compile_kernel
 from ...device import SIMULATOR, STATIC_SHARED_LIMIT
 from .. import _rowsum
 from .. import flash2 as _flash2
-from .._common import COUNTER_TYPE, acc_nb_type, array_type
+from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
 from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, zero_kernel
 from .forward import forward_kernel
@@ -81,6 +81,17 @@ __all__ = [
 ]
 
 
+def grids(prob, block) -> dict:
+    """The 1-D launch grid of each launch, by launch name (B*H folded into axis x, see head_grid)."""
+    Br, Bc = block
+    Tr, Tc = -(-prob.Nq // Br), -(-prob.Nk // Bc)
+    elementwise = -(-(prob.BH * prob.Nq * prob.d) // ELEMWISE_THREADS)
+    return {FORWARD_NAME: head_grid(Tr, prob.BH), _rowsum.NAME: _rowsum.grid(prob),
+            BACKWARD_KV_NAME: head_grid(Tc, prob.BH), BACKWARD_Q_NAME: head_grid(Tr, prob.BH),
+            BACKWARD_KVQ_NAME: head_grid(Tc, prob.BH), ZERO_DQ_NAME: head_grid(elementwise, 1),
+            CAST_DQ_NAME: head_grid(elementwise, 1)}
+
+
 def forward(prob, ops, block, counters):
     """O and L: one launch, a 1-D grid of Tr * B*H blocks, 128 threads."""
     Br, Bc = block
@@ -88,8 +99,8 @@ def forward(prob, ops, block, counters):
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
-    grid = -(-prob.Nq // Br) * prob.BH
-    kernel[grid, NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME))
+    kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.acc.type(prob.scale * LOG2E),
+                                                 counters.array(FORWARD_NAME))
     return o, lse
 
 
@@ -114,11 +125,12 @@ def backward(prob, ops, block, counters):
     count = counters.enabled
     q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count)
-    kv[-(-Nk // Bc) * BH, NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, scale, scale_log2,
+    grid = grids(prob, block)
+    kv[grid[BACKWARD_KV_NAME], NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, scale, scale_log2,
                               counters.array(BACKWARD_KV_NAME))
     dq = _inputs.empty((BH, Nq, d), dt)
     qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count)
-    qk[-(-Nq // Br) * BH, NT](q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counters.array(BACKWARD_Q_NAME))
+    qk[grid[BACKWARD_Q_NAME], NT](q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counters.array(BACKWARD_Q_NAME))
     return dq, dk, dv
 
 
@@ -136,12 +148,13 @@ def backward_atomic(prob, ops, block, counters):
     count = counters.enabled
     q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
     n = BH * Nq * d
-    elementwise_grid = -(-n // ELEMWISE_THREADS)
+    grid = grids(prob, block)
+    elementwise_grid = grid[ZERO_DQ_NAME]
     dq_acc = _inputs.empty((BH, Nq, d), acc)
     zero_kernel(acc.name, count)[elementwise_grid, ELEMWISE_THREADS](dq_acc.reshape(n), n,
                                                                      counters.array(ZERO_DQ_NAME))
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True)
-    kv[-(-Nk // Bc) * BH, NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, scale, scale_log2,
+    kv[grid[BACKWARD_KVQ_NAME], NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, scale, scale_log2,
                               counters.array(BACKWARD_KVQ_NAME))
     if dt == acc:
         return dq_acc, dk, dv

@@ -22,11 +22,12 @@ from numba import cuda
 
 from ...device import SIMULATOR, jit
 from .. import _tile_ops
+from .._tile_ops import half_warp_max, half_warp_sum
 from .._common import acc_nb_type, add_counts
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import last_visible_key_dev as last_visible_key
 from ..causal import visible_kv_blocks_dev as visible_kv_blocks
-from .layout import FASTMATH, FORWARD_NAME, FULL_MASK, TX, device_register_cap, geometry, scalars
+from .layout import FASTMATH, FORWARD_NAME, TX, device_register_cap, geometry, scalars
 
 
 @lru_cache(maxsize=None)
@@ -110,10 +111,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                 mx = NEG_INF
                 for b in range(TN):
                     mx = max(mx, s[a, b])
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 8))
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 4))
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
+                mx = half_warp_max(mx)
                 m_new = max(m[a], mx)
                 m_use = ZERO if m_new == NEG_INF else m_new
                 alpha = math.exp2(m[a] - m_use)
@@ -132,10 +130,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         # finish: l_i summed over the 16 lanes of the row, O_i / l_i, L_i = m_i + log l_i
         for a in range(TM):
             lt = l[a]
-            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 8)
-            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 4)
-            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 2)
-            lt += cuda.shfl_xor_sync(FULL_MASK, lt, 1)
+            lt = half_warp_sum(lt)
             row = row0 + ty * TM + a
             if row < Nq:
                 inv = ONE / lt if lt != 0 else ZERO  # != 0, not > 0: a NaN row stays NaN

@@ -24,6 +24,7 @@ from ... import _inputs, device
 from ...device import STATIC_SHARED_LIMIT
 from .. import flash2 as _flash2
 from .._spec import check_pass
+from .._tiles import check_micro_tile_block
 
 TY, TX = 8, 16
 NT = TY * TX
@@ -131,17 +132,8 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
 
 def check_block(block, d: int, dtype, pass_: str = "forward") -> None:
     """Refuse, by name, a forward block that is not a micro-tile shape (api.py calls this first)."""
-    if pass_ != "forward" or block is None:
-        return
-    try:
-        Br, Bc = block
-    except (TypeError, ValueError):
-        return  # blocks.validate names the problem
-    if isinstance(Br, int) and isinstance(Bc, int) and (Br % TY or Bc % TX or Br < 1 or Bc < 1):
-        raise ValueError(
-            f"block: flash2_fast's forward needs Br a multiple of {TY} and Bc a multiple of {TX} "
-            f"(its {TY} x {TX} thread grid), got ({Br}, {Bc})"
-        )
+    if pass_ == "forward" and block is not None:
+        check_micro_tile_block(block, "flash2_fast's forward")
 
 
 def uses_fast_backward(Br: int, Bc: int, d: int, dtype) -> bool:

@@ -1,0 +1,211 @@
+"""Standard attention: the paper's baseline done well, S and P through HBM.
+
+What it does.  The three lines of the FlashAttention paper's Algorithm 0, each a
+kernel that reads its inputs from HBM and writes its result to HBM::
+
+    S = scale * Q K^T; m, l, L = m + log l   (BH, Nq, Nk); (BH, Nq) each   "S = scale*Q@K^T"
+    P = exp(S - m) / l  (= softmax(S))       (BH, Nq, Nk)                  "P = softmax(S)"
+    O = P V                                  (BH, Nq, d)                   "O = P@V"
+
+with the same blocks ``(Br, Bc)`` and the same on-chip discipline as the flash
+kernels: the thread block of query block i keeps Q_i on chip while the K_j
+stream past in Bc-row tiles, writes each S_ij tile to HBM and keeps the row
+statistics m_i, l_i on chip, then writes them and L_i = m_i + log l_i once; the
+softmax reads each row of S (and m_i, l_i) once and writes P; the product kernel
+streams the P_ij and V_j tiles past an O_i held in registers and writes O once.  So Q is read once,
+K and V once per query block, O and L written once, exactly as in
+:mod:`flash2`; the only other bytes are S and P written and read back once
+each, with their row statistics m and l: the S/P term of
+:func:`flash_numba.iomodel.standard.sp_bytes`, which FlashAttention removes.
+Causal attention visits the same (query block, key block) pairs as flash2: S
+and P exist only in the visible tiles (masked entries inside them are -inf and
+0), the other tiles are never written or read.
+
+The backward is the paper's Algorithm 3 with the same blocks: D = rowsum(dO*O)
+(flash2's kernel), then per query block the recomputed P = exp(S - L) and
+dS = P * (dP - D) with dP = dO V^T (dP stays in registers; P and dS go to HBM),
+then dV = P^T dO and dK = scale dS^T Q per key block, dQ = scale dS K per query
+block.  The API is stateless, so P is recomputed from Q, K and L rather than
+kept from the forward pass as PyTorch's autograd would.
+
+How it is fast.  Every kernel is register-tiled like :mod:`flash2_fast`: 128
+threads as an 8 x 16 grid, each owning a TM x TN (or TM x TD) micro-tile, tiles
+stored in shared memory so that a thread's values are adjacent (vector loads),
+uint32 indices on whole tiles and fastmath; the pieces are the device functions
+of :mod:`flash_numba.kernels._tiles`.  Blocks are multiples of (8, 16):
+Br = 8 TM query rows, Bc = 16 TN keys.
+
+What the counters count.  Each launch adds to ``counters.array(name)`` the bytes
+its threads load from and store to global arrays (see :mod:`._common`): every
+element of Q_i, K_j, V_j, S_ij, P_ij, dS_ij, dO_i, L_i, D_i, m_i, l_i it loads
+and every element it stores.  :mod:`flash_numba.iomodel.standard` gives the same numbers
+in closed form, per kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+
+from ... import _inputs
+from ...device import STATIC_SHARED_LIMIT
+from .. import _rowsum
+from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid
+from .._spec import KernelSpec
+from .._tiles import NT
+from ..matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
+from .backward import colprod_kernel, grad_scores_kernel
+from .forward import rowprod_kernel, scores_kernel, softmax_kernel
+from .layout import (  # noqa: F401  (the public names of standard, imported from here)
+    BACKWARD_NAMES,
+    FORWARD_NAMES,
+    SOFTMAX_ROWS,
+    USES_BLOCKS,
+    block_limits,
+    check_block,
+    choose_block,
+    geometry,
+    n_key_blocks,
+    shared_bytes,
+)
+
+
+def grids(prob, block) -> dict:
+    """The 1-D launch grid of each launch, by launch name (B*H folded into axis x, see head_grid)."""
+    Br, Bc = block
+    Tr, Tc = -(-prob.Nq // Br), -(-prob.Nk // Bc)
+    softmax = head_grid(-(-prob.BH * prob.Nq // SOFTMAX_ROWS), 1)
+    by_row, by_col = head_grid(Tr, prob.BH), head_grid(Tc, prob.BH)
+    return dict(zip(FORWARD_NAMES + BACKWARD_NAMES,
+                    (by_row, softmax, by_row, _rowsum.grid(prob), by_row, by_col, by_col, by_row)))
+
+
+def _forward_steps(prob, ops, block, counters):
+    """The forward's three launches as ``[(name, run)]`` (``run()`` launches one kernel) and the
+    device arrays they fill, ``{"S", "P", "O", "L", "ml"}``: allocated here, once."""
+    Br, Bc = block
+    BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
+    q, k, v = (ops[name].dev for name in ("q", "k", "v"))
+    count, causal = counters.enabled, prob.causal
+    shape = grids(prob, block)
+    out = dict(
+        S=_inputs.empty((BH, Nq, Nk), dt), P=_inputs.empty((BH, Nq, Nk), dt), O=_inputs.empty((BH, Nq, d), dt),
+        L=_inputs.empty((BH, Nq), acc), ml=_inputs.empty((BH, 2, Nq), acc),  # ml: m_i, l_i
+    )
+    S, P, O, L, ml = (out[x] for x in ("S", "P", "O", "L", "ml"))
+    scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
+    softmax = softmax_kernel(Br, Bc, dt.name, causal, count)
+    rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count)
+    c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
+    scale, one = acc.type(prob.scale), acc.type(1)
+    steps = [
+        (FORWARD_NAMES[0], lambda: scores[shape[FORWARD_NAMES[0]], NT](q, k, S, L, ml, Nq, Nk, scale, c0)),
+        (FORWARD_NAMES[1], lambda: softmax[shape[FORWARD_NAMES[1]], NT](S, ml, P, Nq, Nk, c1)),
+        (FORWARD_NAMES[2], lambda: rowprod[shape[FORWARD_NAMES[2]], NT](P, v, O, Nq, Nk, one, c2)),
+    ]
+    return steps, out
+
+
+def forward(prob, ops, block, counters):
+    """S and L, P = softmax(S), O = P V: three launches, S and P in HBM.  Returns device arrays O, L."""
+    counters.describe("standard", prob, block, "forward")
+    steps, out = _forward_steps(prob, ops, block, counters)
+    for _, run in steps:
+        run()
+    return out["O"], out["L"]
+
+
+def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
+    """The forward of ``q, k, v`` as its three kernel launches, to run (and time) one at a time.
+
+    ``q`` (..., Nq, d), ``k`` and ``v`` (..., Nk, d), device or host arrays as for
+    :func:`flash_numba.attention_forward` (host arrays are copied to the device once, here;
+    leading dims are flattened to BH); ``causal``, ``scale`` and ``block`` as there (block None:
+    the block the API would choose).
+    Returns ``(launches, arrays)``: ``launches`` is ``[(name, run)]`` in order, ``name``
+    as the counters call the kernel (:data:`FORWARD_NAMES`), ``run()`` one launch of the
+    plain (uncounted) kernel; ``arrays`` the device arrays they read and fill,
+    ``{"q", "k", "v", "S", "P", "O", "L", "ml"}`` (``ml``: m_i and l_i, (BH, 2, Nq)).
+    Running the launches in order computes what :func:`forward` computes.
+    """
+    from ...api import resolve_block
+    from ...hbm import Counters
+
+    prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
+    block = resolve_block("standard", prob.d, prob.dtype, block, "forward")
+    steps, out = _forward_steps(prob, ops, block, Counters(False))
+    return steps, {**{name: ops[name].dev for name in ("q", "k", "v")}, **out}
+
+
+def backward(prob, ops, block, counters):
+    """The paper's Algorithm 3 with blocks: D, then P and dS (to HBM), then dV, dK, dQ.  Returns dQ, dK, dV."""
+    Br, Bc = block
+    BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
+    q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
+    count, causal = counters.enabled, prob.causal
+    counters.describe("standard", prob, block, "backward")
+    grid = [grids(prob, block)[name] for name in BACKWARD_NAMES]
+    D = _rowsum.rowsum(prob, o, do, counters)
+    P = _inputs.empty((BH, Nq, Nk), dt)
+    dS = _inputs.empty((BH, Nq, Nk), dt)
+    grad_scores_kernel(d, Br, Bc, dt.name, causal, count)[grid[1], NT](
+        q, k, v, do, lse, D, P, dS, Nq, Nk, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
+    )
+    scale = acc.type(prob.scale)
+    colprod = colprod_kernel(d, Br, Bc, dt.name, causal, count)
+    dV = _inputs.empty((BH, Nk, d), dt)
+    colprod[grid[2], NT](P, do, dV, Nq, Nk, acc.type(1), counters.array(BACKWARD_NAMES[2]))
+    dK = _inputs.empty((BH, Nk, d), dt)
+    colprod[grid[3], NT](dS, q, dK, Nq, Nk, scale, counters.array(BACKWARD_NAMES[3]))
+    dQ = _inputs.empty((BH, Nq, d), dt)
+    rowprod_kernel(d, Br, Bc, dt.name, causal, count)[grid[4], NT](
+        dS, k, dQ, Nq, Nk, scale, counters.array(BACKWARD_NAMES[4])
+    )
+    return dQ, dK, dV
+
+
+def compile_all(ccs, dtypes, ds):
+    """PTX of every kernel at the chosen blocks for each d, causal or not, counting or not,
+    as ``[(label, ptx)]``; then lesson 4's 16 x 16 product (:mod:`.matmul16`)."""
+    from ...compile_check import compile_ptx
+    from .. import matmul16
+
+    out = []
+    I64 = types.int64
+    for dtype in dtypes:
+        dt = np.dtype(dtype)
+        X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
+        A3 = array_type(_inputs.acc_dtype(dt), 3)
+        for d in ds:
+            fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward")
+            bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
+            for count in (False, True):
+                for causal in (False, True):
+                    tag = f"d={d} {dt}{' causal' * causal}{' count' * count}"
+                    f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
+                    specs = [
+                        (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
+                         (X3, X3, X3, A2, A3, I64, I64, ACC, COUNTER_TYPE)),
+                        (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
+                         (X3, A3, X3, I64, I64, COUNTER_TYPE)),
+                        (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
+                         (X3, X3, X3, I64, I64, ACC, COUNTER_TYPE)),
+                        (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
+                         (X3, X3, X3, X3, A2, A2, X3, X3, I64, I64, ACC, COUNTER_TYPE)),
+                        (f"colprod {b}", colprod_kernel(d, *bwd, dt.name, causal, count),
+                         (X3, X3, X3, I64, I64, ACC, COUNTER_TYPE)),
+                    ]
+                    if bwd != fwd:
+                        specs.append((f"rowprod {b}", rowprod_kernel(d, *bwd, dt.name, causal, count),
+                                      (X3, X3, X3, I64, I64, ACC, COUNTER_TYPE)))
+                    for label, kernel, sig in specs:
+                        for cc in ccs:
+                            out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
+    return out + matmul16.compile_all(ccs, dtypes, ds)
+
+
+SPEC = KernelSpec(
+    name="standard", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
+    shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
+)

@@ -1,0 +1,200 @@
+"""Standard attention's backward kernels: P and dS = P (dP - D) per tile; C_j = alpha A^T B (dV, dK)."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from ... import _inputs
+from .._common import acc_nb_type, add_counts, nb_type
+from .._tile_ops import last_tile_first
+from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
+from .layout import _align, _consts, _n_visible, geometry
+
+
+@lru_cache(maxsize=None)
+def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
+    """``C_j = alpha * sum_i A_ij^T B_i`` (``dV = P^T dO``; ``dK = scale dS^T Q``), one key block per thread block.
+
+    ``a``: (BH, Nq, Nk) storage dtype, read in the visible tiles only; ``b``: (BH, Nq, d);
+    ``c``: (BH, Nk, d).  Launch ``kernel[Tc * BH, 128](a, b, c, Nq, Nk, alpha, counter)``.
+    Thread (ty, tx) owns keys ``ty*TMc ..`` (TMc = Bc / 8) and columns ``tx*TD ..`` of C_j.
+    """
+    dtype = np.dtype(dtype_name)
+    g = geometry(Br, Bc, d, dtype)
+    TMc, TD, DP, AS = g["TMc"], g["TD"], g["DP"], g["KS"]
+    ACC = acc_nb_type(dtype)
+    acc_name = str(ACC)
+    SB = dtype.itemsize
+    _, _, ZERO = _consts(dtype)
+    CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
+    load_a = tile_loader(Br, Bc, AS, 1, acc_name)  # A_ij -> As[r * AS + c]
+    load_b = tile_loader(Br, d, DP, 1, acc_name)  # B_i -> Bs[r * DP + x]
+    product = micro_product(TMc, TD, Br, AS, DP, acc_name)
+    store = tile_store(TMc, TD, dtype.name)
+
+    A_SIZE, B_SIZE = Br * AS, Br * DP  # shared-array sizes must be constants
+    def kernel(a_in, b_in, c_out, Nq, Nk, alpha, counter):
+        As = cuda.shared.array(A_SIZE, ACC, alignment=ALIGN)  # A_ij (Br, AS)
+        Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_i (Br, DP)
+        acc = cuda.local.array((TMc, TD), ACC)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        # 1-D grid, key block after key block for every head; the first key blocks are
+        # the longest when causal (every query block sees them), so they start first
+        Tc = (Nk + Bc - 1) // Bc
+        BH = cuda.gridDim.x // Tc
+        c0 = (cuda.blockIdx.x // BH) * Bc
+        bh = cuda.blockIdx.x % BH
+        nr = 0
+        nw = 0
+        Tr = (Nq + Br - 1) // Br
+        i0 = 0
+        if CAUSAL:  # the first query row that sees key c0 is c0 - (Nk - Nq)
+            first = c0 - (Nk - Nq)
+            i0 = 0 if first <= 0 else min(first // Br, Tr)
+        for e in range(tid, PAD * Br, NT):  # padding columns d..DP of B_i stay 0
+            Bs[(e // PAD) * DP + d + e % PAD] = ZERO
+        for u in range(TMc):
+            for x in range(TD):
+                acc[u, x] = ZERO
+        for i in range(i0, Tr):
+            r0 = i * Br
+            cuda.syncthreads()
+            n = load_a(a_in, bh, r0, c0, Nq - r0, Nk - c0, As, tid)
+            n += load_b(b_in, bh, r0, 0, Nq - r0, d, Bs, tid)
+            if COUNT:
+                nr += n * SB
+            cuda.syncthreads()
+            product(As, ty * TMc, Bs, tx * TD, acc)
+        for u in range(TMc):
+            for x in range(TD):
+                acc[u, x] *= alpha
+        ct = c0 + ty * TMc
+        n = store(c_out, bh, ct, tx * TD, Nk - ct, d - tx * TD, acc)
+        if COUNT:
+            nw += n * SB
+            add_counts(counter, nr, nw)
+
+    return fast_kernel(kernel)
+
+
+@lru_cache(maxsize=None)
+def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
+    """``P = exp(S - L)`` and ``dS = P * (dP - D)``, ``dP = dO V^T``, for the visible tiles, one query block per
+    thread block; P and dS are written to HBM, dP never leaves the registers.
+
+    Launch ``kernel[Tr * BH, 128](q, k, v, do, lse, D, p, ds, Nq, Nk, scale, counter)``.
+    Q_i and dO_i stay in shared memory; V_j, then K_j pass through one buffer.  P is
+    ``exp(S - L)`` of exactly the S the forward stored (the same products in the same
+    order, the same scale, rounded to the storage dtype), so it differs from the
+    forward's P only by a factor per row (L's rounding), which D = rowsum(dO O)
+    cancels: with scores of 1e4 a differently rounded S would put noise of ~1e-3
+    into each P_ij, which the sum dS K no longer cancels.
+    """
+    dtype = np.dtype(dtype_name)
+    g = geometry(Br, Bc, d, dtype)
+    TM, TN, DP, QS, KS = g["TM"], g["TN"], g["DP"], g["QS"], g["KS"]
+    ACC = acc_nb_type(dtype)
+    acc_name = str(ACC)
+    SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
+    NEG_INF, POS_INF, ZERO = _consts(dtype)
+    ST = nb_type(dtype)
+    ROUND = SB < AB
+    CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
+    load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i, dO_i -> (DP, QS) transposed
+    load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j, V_j -> (DP, KS) transposed
+    product = micro_product(TM, TN, DP, QS, KS, acc_name)
+    store = tile_store(TM, TN, dtype.name)
+
+    QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
+    def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, scale, counter):
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
+        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
+        XT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T, then K_j^T (DP, KS)
+        Ls = cuda.shared.array(Br, ACC)  # L_i (+inf: the row sees nothing)
+        Ds = cuda.shared.array(Br, ACC)  # D_i
+        s = cuda.local.array((TM, TN), ACC)  # S, then P
+        dp = cuda.local.array((TM, TN), ACC)  # dP, then dS
+        Lr = cuda.local.array(TM, ACC)
+        Dr = cuda.local.array(TM, ACC)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        r0, bh = last_tile_first(Nq, Br)
+        off = Nk - Nq
+        nr = 0
+        nw = 0
+        n_j = (Nk + Bc - 1) // Bc
+        if CAUSAL:
+            n_j = _n_visible(r0, Br, Bc, Nq, Nk)
+
+        n = load_q(q, bh, r0, 0, Nq - r0, d, QT, tid)
+        n += load_q(do, bh, r0, 0, Nq - r0, d, dOT, tid)
+        if COUNT:
+            nr += n * SB
+        for e in range(tid, PAD * QS, NT):  # padding rows d..DP stay 0
+            QT[d * QS + e] = ZERO
+            dOT[d * QS + e] = ZERO
+        for e in range(tid, PAD * KS, NT):
+            XT[d * KS + e] = ZERO
+        if tid < Br:
+            Lv = POS_INF
+            Dv = ZERO
+            if r0 + tid < Nq:
+                Lv = lse[bh, r0 + tid]
+                Dv = D[bh, r0 + tid]
+                if COUNT:
+                    nr += 2 * AB
+                if Lv == NEG_INF:
+                    Lv = POS_INF  # a row that sees no key: exp(S - inf) = 0
+            Ls[tid] = Lv
+            Ds[tid] = Dv
+        cuda.syncthreads()
+        for a in range(TM):
+            Lr[a] = Ls[ty * TM + a]
+            Dr[a] = Ds[ty * TM + a]
+        rt = r0 + ty * TM
+        for j in range(n_j):
+            c0 = j * Bc
+            ct = c0 + tx * TN
+            cuda.syncthreads()  # everyone is done with the previous K_j
+            n = load_k(v, bh, c0, 0, Nk - c0, d, XT, tid)
+            cuda.syncthreads()
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+                    dp[a, b] = ZERO
+            product(dOT, ty * TM, XT, tx * TN, dp)  # dP = dO_i V_j^T
+            cuda.syncthreads()  # everyone is done with V_j
+            n += load_k(k, bh, c0, 0, Nk - c0, d, XT, tid)
+            if COUNT:
+                nr += n * SB
+            cuda.syncthreads()
+            product(QT, ty * TM, XT, tx * TN, s)  # S = Q_i K_j^T (unscaled)
+            edge = c0 + Bc > Nk or (CAUSAL and c0 + Bc - 1 > r0 + off)  # uniform over the block
+            for a in range(TM):
+                lim = Nk - 1 - ct  # keys ct + b with b <= lim exist and are visible
+                if CAUSAL:
+                    lim = min(lim, rt + a + off - ct)
+                for b in range(TN):
+                    x = s[a, b] * scale  # S as the forward stored it
+                    if ROUND:
+                        x = ACC(ST(x))
+                    pv = ZERO  # masked, or past Nk (where S = 0 and exp(0 - L) could overflow)
+                    if not (edge and b > lim):
+                        pv = math.exp(x - Lr[a])
+                    s[a, b] = pv
+                    dp[a, b] = pv * (dp[a, b] - Dr[a])
+            n = store(p_out, bh, rt, ct, Nq - rt, Nk - ct, s)
+            n += store(ds_out, bh, rt, ct, Nq - rt, Nk - ct, dp)
+            if COUNT:
+                nw += n * SB
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return fast_kernel(kernel)

@@ -1,0 +1,257 @@
+"""Standard attention's forward kernels: S = scale Q K^T (with m, l, L), P = softmax(S), O = P V."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, uint32
+
+from ... import _inputs
+from .._common import acc_nb_type, add_counts, nb_type
+from .._tile_ops import half_warp_max, half_warp_sum, last_tile_first
+from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
+from .layout import FULL_MASK, SOFTMAX_ROWS, _align, _consts, _n_visible, geometry
+
+
+@lru_cache(maxsize=None)
+def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
+    """``S = scale * Q K^T`` for the visible tiles, its row statistics m, l and ``L = m + log l``,
+    one query block per thread block.
+
+    Launch ``kernel[Tr * BH, 128](q, k, s, lse, ml, Nq, Nk, scale, counter)``; ``ml`` is
+    ``(BH, 2, Nq)``: m_i and l_i for the softmax, which normalises with them (with
+    L alone, rounded to float32, the rows of P would sum to 1 + 5e-4 at |L| = 1e4:
+    O would carry that factor and D = rowsum(dO O) would no longer cancel it in the
+    backward).  The statistics are kept online (rescaled as a new maximum appears)
+    and are those of S as stored: for float16 S is rounded to float16 first.
+    """
+    dtype = np.dtype(dtype_name)
+    g = geometry(Br, Bc, d, dtype)
+    TM, TN, DP, QS, KS = g["TM"], g["TN"], g["DP"], g["QS"], g["KS"]
+    ACC, ST = acc_nb_type(dtype), nb_type(dtype)
+    acc_name = str(ACC)
+    SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
+    ROUND = SB < AB
+    NEG_INF, _, ZERO = _consts(dtype)
+    CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
+    load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i -> QT[x * QS + r]
+    load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j -> KT[x * KS + c]
+    product = micro_product(TM, TN, DP, QS, KS, acc_name)
+    store = tile_store(TM, TN, dtype.name)
+
+    QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
+    def kernel(q, k, s_out, lse, ml, Nq, Nk, scale, counter):
+        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
+        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T (DP, KS)
+        s = cuda.local.array((TM, TN), ACC)
+        m = cuda.local.array(TM, ACC)
+        l = cuda.local.array(TM, ACC)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        r0, bh = last_tile_first(Nq, Br)  # 1-D grid, the last (longest when causal) query block of every head first
+        off = Nk - Nq
+        nr = 0
+        nw = 0
+        n_j = (Nk + Bc - 1) // Bc
+        if CAUSAL:
+            n_j = _n_visible(r0, Br, Bc, Nq, Nk)
+
+        n = load_q(q, bh, r0, 0, Nq - r0, d, QT, tid)
+        if COUNT:
+            nr += n * SB
+        for e in range(tid, PAD * QS, NT):  # padding rows d..DP of Q^T and K^T stay 0
+            QT[d * QS + e] = ZERO
+        for e in range(tid, PAD * KS, NT):
+            KT[d * KS + e] = ZERO
+        for a in range(TM):
+            m[a] = NEG_INF
+            l[a] = ZERO
+        rt = r0 + ty * TM  # this thread's first row
+        for j in range(n_j):
+            c0 = j * Bc
+            cuda.syncthreads()  # everyone is done with the previous K_j
+            n = load_k(k, bh, c0, 0, Nk - c0, d, KT, tid)
+            if COUNT:
+                nr += n * SB
+            cuda.syncthreads()
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = ZERO
+            product(QT, ty * TM, KT, tx * TN, s)
+            for a in range(TM):
+                for b in range(TN):
+                    x = s[a, b] * scale
+                    s[a, b] = ACC(ST(x)) if ROUND else x
+            ct = c0 + tx * TN  # this thread's first key
+            if c0 + Bc > Nk or (CAUSAL and c0 + Bc - 1 > r0 + off):  # uniform over the block
+                for a in range(TM):
+                    lim = Nk - 1 - ct  # keys ct + b with b <= lim exist and are visible
+                    if CAUSAL:
+                        lim = min(lim, rt + a + off - ct)
+                    for b in range(TN):
+                        if b > lim:
+                            s[a, b] = NEG_INF
+            for a in range(TM):  # online row max and sum (the 16 threads of a row are a half warp)
+                mx = NEG_INF
+                for b in range(TN):
+                    mx = max(mx, s[a, b])
+                mx = half_warp_max(mx)
+                m_new = max(m[a], mx)
+                m_use = ZERO if m_new == NEG_INF else m_new  # a row that sees nothing yet: exp(-inf) = 0
+                l[a] *= math.exp(m[a] - m_use)
+                for b in range(TN):
+                    l[a] += math.exp(s[a, b] - m_use)
+                m[a] = m_new
+            n = store(s_out, bh, rt, ct, Nq - rt, Nk - ct, s)
+            if COUNT:
+                nw += n * SB
+
+        for a in range(TM):  # L_i = m_i + log l_i, l_i summed over the 16 threads of the row
+            lt = l[a]
+            lt = half_warp_sum(lt)
+            if tx == 0 and rt + a < Nq:
+                lse[bh, rt + a] = m[a] + math.log(lt) if lt != 0 else NEG_INF
+                ml[bh, 0, rt + a] = m[a]
+                ml[bh, 1, rt + a] = lt
+                if COUNT:
+                    nw += 3 * AB
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return fast_kernel(kernel)
+
+
+@lru_cache(maxsize=None)
+def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
+    """``P = exp(S - m) / l``: the softmax of each row of S in one pass (m, l from :func:`scores_kernel`).
+
+    One warp per row, ``SOFTMAX_ROWS`` rows per block: launch
+    ``kernel[ceil(BH * Nq / SOFTMAX_ROWS), 128](s, ml, p, Nq, Nk, counter)``.  A row
+    of query block i reads and writes the keys of the tiles that block visits
+    (all Nk, or fewer when causal); a row with no visible key (m = -inf, l = 0) gets P = 0.
+    """
+    dtype = np.dtype(dtype_name)
+    ACC, ST = acc_nb_type(dtype), nb_type(dtype)
+    SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
+    NEG_INF, _, ZERO = _consts(dtype)
+    ONE = ZERO + 1
+    CAUSAL, COUNT = causal, count
+    W, W2, W3, W4 = (np.uint32(32 * u) for u in (1, 2, 3, 4))
+
+    def kernel(s, ml, p, Nq, Nk, counter):
+        lane = cuda.threadIdx.x % 32
+        w = cuda.blockIdx.x * SOFTMAX_ROWS + cuda.threadIdx.x // 32  # global row index
+        nr = 0
+        nw = 0
+        if w < s.shape[0] * Nq:
+            bh = uint32(w // Nq)
+            row = uint32(w % Nq)
+            n = Nk
+            if CAUSAL:
+                r0 = (w % Nq) // Br * Br
+                n = min(_n_visible(r0, Br, Bc, Nq, Nk) * Bc, Nk)
+            m = ZERO
+            l = ZERO
+            if lane == 0:
+                m = ACC(ml[bh, 0, row])
+                l = ACC(ml[bh, 1, row])
+                if COUNT:
+                    nr += 2 * AB
+            m = cuda.shfl_sync(FULL_MASK, m, 0)
+            l = cuda.shfl_sync(FULL_MASK, l, 0)
+            if m == NEG_INF:  # no visible key: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
+                m = ZERO
+            inv = ONE / l if l != 0 else ZERO  # != 0: a NaN row stays NaN
+            n_u = uint32(n)
+            c = uint32(lane)
+            while c + W3 < n_u:  # four loads in flight per thread, then four stores
+                x0 = ACC(s[bh, row, c])
+                x1 = ACC(s[bh, row, c + W])
+                x2 = ACC(s[bh, row, c + W2])
+                x3 = ACC(s[bh, row, c + W3])
+                p[bh, row, c] = ST(math.exp(x0 - m) * inv)
+                p[bh, row, c + W] = ST(math.exp(x1 - m) * inv)
+                p[bh, row, c + W2] = ST(math.exp(x2 - m) * inv)
+                p[bh, row, c + W3] = ST(math.exp(x3 - m) * inv)
+                if COUNT:
+                    nr += 4 * SB
+                    nw += 4 * SB
+                c += W4
+            while c < n_u:
+                x0 = ACC(s[bh, row, c])
+                p[bh, row, c] = ST(math.exp(x0 - m) * inv)
+                if COUNT:
+                    nr += SB
+                    nw += SB
+                c += W
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return fast_kernel(kernel)
+
+
+@lru_cache(maxsize=None)
+def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
+    """``C_i = alpha * sum_j A_ij B_j`` (``O = P V``; ``dQ = scale dS K``), one query block per thread block.
+
+    ``a``: (BH, Nq, Nk) storage dtype, read in the visible tiles only; ``b``: (BH, Nk, d);
+    ``c``: (BH, Nq, d).  Launch ``kernel[Tr * BH, 128](a, b, c, Nq, Nk, alpha, counter)``.
+    Thread (ty, tx) owns rows ``ty*TM ..`` and columns ``tx*TD ..`` of C_i.
+    """
+    dtype = np.dtype(dtype_name)
+    g = geometry(Br, Bc, d, dtype)
+    TM, TD, DP, AS = g["TM"], g["TD"], g["DP"], g["QS"]
+    ACC = acc_nb_type(dtype)
+    acc_name = str(ACC)
+    SB = dtype.itemsize
+    _, _, ZERO = _consts(dtype)
+    CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
+    load_a = tile_loader(Br, Bc, 1, AS, acc_name)  # A_ij -> AT[c * AS + r]
+    load_b = tile_loader(Bc, d, DP, 1, acc_name)  # B_j -> Bs[c * DP + x]
+    product = micro_product(TM, TD, Bc, AS, DP, acc_name)
+    store = tile_store(TM, TD, dtype.name)
+
+    AT_SIZE, B_SIZE = Bc * AS, Bc * DP  # shared-array sizes must be constants
+    def kernel(a_in, b_in, c_out, Nq, Nk, alpha, counter):
+        AT = cuda.shared.array(AT_SIZE, ACC, alignment=ALIGN)  # A_ij^T (Bc, AS)
+        Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_j (Bc, DP)
+        acc = cuda.local.array((TM, TD), ACC)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        Tr = (Nq + Br - 1) // Br
+        BH = cuda.gridDim.x // Tr
+        r0 = (Tr - 1 - cuda.blockIdx.x // BH) * Br
+        bh = cuda.blockIdx.x % BH
+        nr = 0
+        nw = 0
+        n_j = (Nk + Bc - 1) // Bc
+        if CAUSAL:
+            n_j = _n_visible(r0, Br, Bc, Nq, Nk)
+        for e in range(tid, PAD * Bc, NT):  # padding columns d..DP of B_j stay 0
+            Bs[(e // PAD) * DP + d + e % PAD] = ZERO
+        for u in range(TM):
+            for x in range(TD):
+                acc[u, x] = ZERO
+        for j in range(n_j):
+            c0 = j * Bc
+            cuda.syncthreads()  # everyone is done with the previous tiles
+            n = load_a(a_in, bh, r0, c0, Nq - r0, Nk - c0, AT, tid)
+            n += load_b(b_in, bh, c0, 0, Nk - c0, d, Bs, tid)
+            if COUNT:
+                nr += n * SB
+            cuda.syncthreads()
+            product(AT, ty * TM, Bs, tx * TD, acc)
+        for u in range(TM):
+            for x in range(TD):
+                acc[u, x] *= alpha
+        rt = r0 + ty * TM
+        n = store(c_out, bh, rt, tx * TD, Nq - rt, d - tx * TD, acc)
+        if COUNT:
+            nw += n * SB
+            add_counts(counter, nr, nw)
+
+    return fast_kernel(kernel)

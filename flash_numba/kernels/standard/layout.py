@@ -1,0 +1,99 @@
+"""Standard attention's launch names, micro-tile geometry and block rule (host side), shared by its kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import _inputs
+from ...device import SIMULATOR, jit
+from .. import _rowsum
+from .._tiles import NT, TX, TY, check_micro_tile_block
+
+USES_BLOCKS = True
+FULL_MASK = 0xFFFFFFFF
+#: Kernel names, as the counters and the IO model call them.
+FORWARD_NAMES = ("S = scale*Q@K^T", "P = softmax(S)", "O = P@V")
+BACKWARD_NAMES = (_rowsum.NAME, "P, dS = P*(dP-D)", "dV = P^T@dO", "dK = scale*dS^T@Q", "dQ = scale*dS@K")
+#: Rows of the softmax per thread block: one warp per row.
+SOFTMAX_ROWS = NT // 32
+#: Blocks in order of preference (the largest query block first: K and V are read once per query block).
+_PREFERENCE = ((64, 32), (64, 16), (32, 32), (32, 16), (16, 32), (16, 16), (8, 16))
+
+
+def _consts(dtype):
+    """-inf, +inf, 0 as scalars of the accumulation dtype (typed: a Python float means float64 math)."""
+    f = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return f(-np.inf), f(np.inf), f(0)
+
+
+def geometry(Br: int, Bc: int, d: int, dtype) -> dict:
+    """Micro-tiles, padded sizes and shared-memory bytes of every kernel for block (Br, Bc)."""
+    a = _inputs.acc_dtype(dtype).itemsize
+    vec = 16 // a  # pad rows by one 16-byte vector
+    TD = -(-d // TX)
+    DP = TD * TX
+    QS, KS = Br + vec, Bc + vec
+    return dict(
+        TM=Br // TY, TN=Bc // TX, TMc=Bc // TY, TD=TD, DP=DP, QS=QS, KS=KS,
+        scores=a * DP * (QS + KS),  # Q_i^T, K_j^T
+        rowprod=a * Bc * (QS + DP),  # A_ij^T, B_j
+        colprod=a * Br * (KS + DP),  # A_ij, B_i
+        grad=a * (DP * (2 * QS + KS) + 2 * Br),  # Q_i^T, dO_i^T, K_j^T or V_j^T, L_i, D_i
+    )
+
+
+def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int:
+    """Static shared memory of the largest kernel of the pass (huge if (Br, Bc) is not a micro-tile shape)."""
+    if pass_ not in ("forward", "backward"):
+        raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
+    if Br % TY or Bc % TX or Br < 1 or Bc < 1:
+        return 1 << 40
+    g = geometry(Br, Bc, d, dtype)
+    if pass_ == "forward":
+        return max(g["scores"], g["rowprod"])
+    return max(g["grad"], g["colprod"], g["rowprod"])
+
+
+def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
+    """Br = 8 TM <= 64 and Bc = 16 TN <= 64 (register micro-tiles of at most 8 x 4)."""
+    return TY * 8, TX * 4
+
+
+def check_block(block, d: int, dtype, pass_: str = "forward") -> None:
+    """Refuse, by name, a block that is not a micro-tile shape (api.py calls this first)."""
+    if block is not None:
+        check_micro_tile_block(block, "standard")
+
+
+def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[int, int]:
+    """The first block of ``_PREFERENCE`` whose kernels fit ``budget`` bytes of shared memory.
+
+    The same rule as flash2_fast's forward (register micro-tiles bound the block,
+    not the paper's Bc = ceil(M / 4d)); at d = 64, float32 both pick (64, 32).
+    """
+    for Br, Bc in _PREFERENCE:
+        if shared_bytes(Br, Bc, d, dtype, pass_) <= budget:
+            return Br, Bc
+    raise ValueError(f"no block fits d = {d} ({np.dtype(dtype)}) in {budget} bytes of shared memory")
+
+
+def n_key_blocks(r0: int, Br: int, Bc: int, Nq: int, Nk: int, causal: bool) -> int:
+    """Key blocks the query block starting at row ``r0`` visits: all, or (causal) up to
+    the one holding the last key its last row sees (host twin of :func:`_n_visible`)."""
+    Tc = -(-Nk // Bc)
+    if not causal:
+        return Tc
+    last = r0 + Br - 1 + Nk - Nq
+    return 0 if last < 0 else min(Tc, last // Bc + 1)
+
+
+@jit(device=True)
+def _n_visible(r0, Br, Bc, Nq, Nk):
+    """Causal: key blocks visible to the query block starting at row ``r0``."""
+    Tc = (Nk + Bc - 1) // Bc
+    last = r0 + Br - 1 + Nk - Nq
+    return 0 if last < 0 else min(Tc, last // Bc + 1)
+
+
+def _align():
+    return None if SIMULATOR else 16
