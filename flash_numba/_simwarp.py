@@ -26,11 +26,22 @@ from the threads doing the work at every switch.  :func:`install` replaces that
 loop with the same loop plus ``time.sleep(0)`` per round, which hands the GIL
 to the CUDA threads: the same threads, barriers and results, about 2-5x faster
 kernels in the simulator (flash1 5x, flash2_fast 3x, standard 2x).
+
+Barrier epochs and watched arrays, for :mod:`flash_numba.simrace`.  Each
+simulated thread counts the ``syncthreads`` it has passed (its attribute
+``BARRIERS``), and a static shared array is handed to ``WATCH`` (when it is not
+None) as it is allocated, so the race detector can wrap it.
 """
 
 from __future__ import annotations
 
 import threading
+
+#: The attribute of a simulated thread that counts the syncthreads it has passed (its barrier epoch).
+BARRIERS = "_flash_numba_barriers"
+
+#: None, or a function that wraps each new static shared array (set by simrace.race_check).
+WATCH = None
 
 
 def install() -> None:
@@ -41,6 +52,7 @@ def install() -> None:
     mod = kernelapi.FakeCUDAModule
     if getattr(mod, "_flash_numba_shuffles", False):
         return
+    _count_barriers(kernel.BlockThread)
 
     def _exchange(value, partner_of):
         me = threading.current_thread()
@@ -79,6 +91,16 @@ def install() -> None:
     if not hasattr(mod, "syncwarp"):
         mod.syncwarp = syncwarp
     mod._flash_numba_shuffles = True
+
+
+def _count_barriers(thread_class) -> None:
+    syncthreads = thread_class.syncthreads
+
+    def counted(self):
+        syncthreads(self)
+        setattr(self, BARRIERS, getattr(self, BARRIERS, 0) + 1)
+
+    thread_class.syncthreads = counted
 
 
 def _poisoned(shape, dtype):
@@ -120,6 +142,8 @@ def _install_poisoned_arrays(kernelapi) -> None:
             res = self._allocations.get(caller)
             if res is None:
                 res = _poisoned(shape, dtype)
+                if WATCH is not None:
+                    res = WATCH(res)
                 self._allocations[caller] = res
         return res
 

@@ -56,7 +56,17 @@ from .exercise_kernels import (  # noqa: F401  (the solutions and frames, re-exp
     flash2_rows,
     frame_source,
 )
-from .exercises.checking import RACE_NOTE, _close, _fmt, _kernel_not_done, _Mismatch, _register, _rng
+from .exercises.checking import (
+    RACE_NOTE,
+    _close,
+    _fmt,
+    _kernel_not_done,
+    _Mismatch,
+    _race_mismatch,
+    _races_watched,
+    _register,
+    _rng,
+)
 from .iomodel.flash1 import query_rows_processed
 from .iomodel.flash2 import kv_rows_read
 
@@ -79,20 +89,27 @@ INDEX_HINT = "an index past the end of an array: when N is not a multiple of the
 # ============================================================================= running a kernel, watching its bytes
 
 
-def _launch(kernel, grid, threads, arrays, scalars):
+def _launch(kernel, grid, threads, arrays, scalars, where=None):
     """Launch ``kernel[grid, threads](*arrays, *scalars, counter)``; arrays are ``(name, host array)``.
 
     Returns ({name: host copy after the launch}, (bytes read, bytes written) by the counter,
-    and the :class:`~flash_numba.simtrace.AccessLog` in the simulator, else None).
+    the :class:`~flash_numba.simtrace.AccessLog` in the simulator, else None, and, when ``where``
+    (the case, in words) is given, a _Mismatch naming the first shared-memory race the simulator's
+    detector saw, else None).
     """
     from .simtrace import AccessLog, traced
 
     log = AccessLog() if SIMULATOR else None
     devs = [traced(a, n, log) if SIMULATOR else cuda.to_device(a) for n, a in arrays]
     counter = cuda.to_device(np.zeros(2, dtype=np.int64))
-    kernel[grid, threads](*devs, *scalars, counter)
+    races = None
+    if where is None:
+        kernel[grid, threads](*devs, *scalars, counter)
+    else:
+        with _races_watched() as races:
+            kernel[grid, threads](*devs, *scalars, counter)
     out = {n: dev.copy_to_host() for (n, _), dev in zip(arrays, devs)}
-    return out, tuple(int(x) for x in counter.copy_to_host()), log
+    return out, tuple(int(x) for x in counter.copy_to_host()), log, _race_mismatch(where, races)
 
 
 def _bytes_verdict(label, counted, model, per_array, log):
@@ -262,10 +279,12 @@ def _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array):
         kernel, grid, threads, arrays = kernel_for(Nq, Nk)
         arrays = [("q", q), ("k", k), ("v", v), *arrays]
         try:
-            out, counted, log = _launch(kernel, grid, threads, arrays, (np.float32(1 / math.sqrt(d)),))
+            out, counted, log, race = _launch(kernel, grid, threads, arrays, (np.float32(1 / math.sqrt(d)),), where)
         except Exception as exc:  # the learner's error is part of the verdict
             hint = INDEX_HINT if isinstance(exc, IndexError) else "the kernel raised"
             return len(cases), _Mismatch(where, _fmt(exc), "O, L", (hint,))
+        if race is not None:
+            return len(cases), race
         got = {"O": out["O"], "L": out["L"]}
         bad = _values_verdict(where, got, {"O": o_ref, "L": lse_ref}, _forward_mistakes(q, k, v, causal, Bc))
         if bad is not None:
@@ -354,7 +373,7 @@ def measure_forward(exercise: str, heart, Nq: int, Nk: int, Br: int = 4, Bc: int
         raise ValueError(f"exercise: expected 'flash1_block', 'flash2_loop' or 'causal_tiles', got {exercise!r}")
     q, k, v = _qkv(np.random.default_rng(seed), Nq, Nk, d)
     kernel, grid, threads, arrays = kernel_for(Nq, Nk)
-    out, counted, log = _launch(kernel, grid, threads, [("q", q), ("k", k), ("v", v), *arrays],
+    out, counted, log, _ = _launch(kernel, grid, threads, [("q", q), ("k", k), ("v", v), *arrays],
                                 (np.float32(1 / math.sqrt(d)),))
     return {"O": out["O"], "L": out["L"], "bytes": counted, "log": log}
 
@@ -424,11 +443,13 @@ def _run_dkdv_block(step, Br: int = 4, Bc: int = 4, d: int = 4):
                   ("D", Dv.astype(np.float32)), ("dK", np.full((Nk, d), np.nan, np.float32)),
                   ("dV", np.full((Nk, d), np.nan, np.float32))]
         try:
-            out, counted, log = _launch(dkdv_frame(step, Br, Bc, d, causal), -(-Nk // Bc), Bc, arrays,
-                                        (np.float32(scale),))
+            out, counted, log, race = _launch(dkdv_frame(step, Br, Bc, d, causal), -(-Nk // Bc), Bc, arrays,
+                                              (np.float32(scale),), where)
         except Exception as exc:  # the learner's error is part of the verdict
             hint = INDEX_HINT if isinstance(exc, IndexError) else "the kernel raised"
             return len(cases), _Mismatch(where, _fmt(exc), "dK, dV", (hint,))
+        if race is not None:
+            return len(cases), race
         bad = _values_verdict(where, {"dK": out["dK"], "dV": out["dV"]}, spec, mistakes)
         if bad is not None:
             frame = dkdv_frame(step, Br, Bc, d, causal)

@@ -8,7 +8,7 @@ from flash_numba.device import SIMULATOR
 
 # What the verdict must say for each exhibit (the words that point at the bug).
 NAMED_BY = {
-    "missing_barrier": ["threads race", "NaN"],
+    "missing_barrier": ["threads race on shared array K_j", "before any syncthreads"],
     "stale_max": ["stale maximum"],
     "top_left_mask": ["top-left bound"],
     "partial_tile": ["IndexError", "the last tile is partial"],
@@ -25,7 +25,7 @@ def test_the_zoo_has_the_bugs_the_course_promises():
     assert len(bugzoo.names()) >= 6
 
 
-#: Caught only in the simulator: its trace sees single loads, its schedule and poisoned memory expose the race.
+#: Caught only in the simulator: its trace sees single loads, its race detector sees every shared-memory access.
 SIMULATOR_ONLY = {"uncounted_load", "missing_barrier"}
 
 

@@ -7,6 +7,7 @@ packaged solution) and returns ``(number of cases, _Mismatch or None)``;
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -71,6 +72,35 @@ KERNEL_NAN = ("yours has {n} NaN: the simulator fills shared and local memory wi
 RACE_NOTE = ("{name} changed between runs on the same inputs: threads race. In the simulator each thread runs on "
              "until it waits at a barrier, so a missing cuda.syncthreads() lets one thread read a tile before "
              "the others have written it, or overwrite it while they still read it")
+
+#: What a race the simulator's detector saw means, and where to look.
+RACE_HINT = ("two threads touched one element of a shared array with no cuda.syncthreads() between them: put a "
+             "barrier after the loads that fill a tile (before any thread reads it) and after the last read of a "
+             "tile (before the loads that overwrite it). Checked on every access, whatever order the threads ran in")
+
+
+@contextmanager
+def _races_watched():
+    """Yields the :class:`~flash_numba.simrace.RaceLog` of the kernels launched inside, in the simulator
+    (None on a GPU, where nothing watches shared memory)."""
+    from ..device import SIMULATOR
+
+    if not SIMULATOR:
+        yield None
+        return
+    from ..simrace import race_check
+
+    with race_check() as races:
+        yield races
+
+
+def _race_mismatch(where: str, races) -> _Mismatch | None:
+    """A _Mismatch naming the first race ``races`` (a RaceLog or None) saw, else None."""
+    if races is None or races.first is None:
+        return None
+    return _Mismatch(f"{where}: shared memory", str(races.first),
+                     "a cuda.syncthreads() between one thread writing a shared element and another touching it",
+                     (RACE_HINT,))
 
 
 def _diff_notes(yours, spec, kernel: bool = False) -> tuple:

@@ -7,7 +7,18 @@ import functools
 import numpy as np
 from numba import cuda, float32  # cuda: a module global, which the simulator swaps for its own
 
-from .checking import RACE_NOTE, _close, _diff_notes, _fmt, _kernel_not_done, _Mismatch, _register, _rng
+from .checking import (
+    RACE_NOTE,
+    _close,
+    _diff_notes,
+    _fmt,
+    _kernel_not_done,
+    _Mismatch,
+    _race_mismatch,
+    _races_watched,
+    _register,
+    _rng,
+)
 
 
 # ============================================================================= lesson 0: a first kernel
@@ -138,10 +149,14 @@ def _run_tiled_matmul(kernel, tile: int):
             return out.copy_to_host()
 
         try:
-            kernel[grid](cuda.to_device(a), cuda.to_device(b), c, counter)
+            with _races_watched() as races:
+                kernel[grid](cuda.to_device(a), cuda.to_device(b), c, counter)
             got = c.copy_to_host()
         except Exception as exc:
             return len(shapes), _Mismatch(label, _fmt(exc), _fmt(spec), ("an index past the edge of A, B or C?",))
+        race = _race_mismatch(label, races)
+        if race is not None:
+            return len(shapes), race
         if not _close(got, spec, 1e-5, 1e-5):
             notes = _diff_notes(got, spec, kernel=True)
             if any(not np.array_equal(got, launch(), equal_nan=True) for _ in range(3)):

@@ -96,12 +96,15 @@ print("formula:", f"{tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4):,} bytes")
 #    element a slow thread is still reading (write after read).
 #
 # A missing barrier is a *race*: on a GPU the result is wrong only sometimes, depending on timing. In the
-# simulator each thread is a Python thread that runs on until it waits at a barrier, and this package
-# fills shared memory with NaN there, so both races above usually do show: without barrier 1 a thread
-# reads tile elements nobody has stored yet (NaN in $C$); without barrier 2 it reads elements of the next
-# tile (wrong values that change from run to run; the checker below runs a failing case again to see).
-# Usually is not always, and a GPU schedules threads differently: reason about your barriers, do not
-# rely on a run (lesson 11 shows more races and what tools find them on a GPU).
+# simulator each thread is a Python thread, and whether one reads a tile element before another has
+# stored it depends on how Python switches between them, so the values alone would catch a missing
+# barrier only sometimes. The checker below therefore runs your kernel with the package's race detector
+# (`flash_numba.simrace`): each shared element remembers which thread wrote it and which threads read it
+# since the last barrier, so without barrier 1 it sees a thread read an element another thread stored
+# (read after write), and without barrier 2 a thread store an element another thread read (write after
+# read), on every run. It watches only the sizes it runs, and a GPU schedules threads differently:
+# reason about your barriers, do not rely on a run (lesson 11 shows more races and what tools find them
+# on a GPU).
 #
 # One trap of the simulator: it keeps one shared array per *source line*, so
 # `a, b = cuda.shared.array(4, float32), cuda.shared.array(4, float32)` gives `a` and `b` the same memory

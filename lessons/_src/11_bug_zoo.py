@@ -58,17 +58,20 @@ print(bugzoo.diff("missing_barrier"))
 caught["missing_barrier"] = not ex.check("flash2_loop", bugzoo.build("missing_barrier"))
 
 # %% [markdown]
-# What the simulator can and cannot show. It runs every CUDA thread as a Python thread that runs on
-# until it waits at a barrier, so without the barrier the first thread computes its scores while its
-# neighbours have not loaded their part of $K_j$ yet. The package's simulator set-up fills shared memory
-# with NaN (`flash_numba/_simwarp.py`), so those reads give NaN, and the checker also runs the failing
-# case again and finds a different answer: a race. A GPU interleaves threads differently (a warp of 32
-# runs in lockstep), and the same bug may pass a thousand runs there and fail the next one. Neither the
-# simulator nor any test proves a kernel free of races; on a GPU, `compute-sanitizer --tool racecheck`
-# and `--tool synccheck` look for them (the package's kernels pass both:
-# `benchmarks/results/h200-2026-11-30-s3/C/`). The *other* barrier, at the top of the loop, guards
-# against overwriting $K_j$ while a slow thread still reads it; without it the simulator usually shows
-# wrong values from the next tile, not NaN.
+# What the simulator can and cannot show. It runs every CUDA thread as a Python thread, and whether a
+# thread reads $K_j$ before its neighbours have loaded it depends on how Python happens to switch between
+# them: a verdict built on the values alone would depend on the machine. So the checker runs the kernel
+# with the package's race detector on (`flash_numba.simrace`): every element of a shared array remembers
+# which thread wrote it and which threads read it since the block's last `cuda.syncthreads()`, and a read
+# of an element another thread wrote, or a write to an element another thread touched, before the next
+# barrier is a race, whatever order the threads ran in. The verdict names the array, the element and the
+# two threads. A GPU interleaves threads differently (a warp of 32 runs in lockstep), and the same bug may
+# pass a thousand runs there and fail the next one; on a GPU, `compute-sanitizer --tool racecheck` and
+# `--tool synccheck` look for races (the package's kernels pass both:
+# `benchmarks/results/h200-2026-11-30-s3/C/`). The detector sees only the runs and the sizes it watched,
+# so it proves no kernel race-free either. The *other* barrier, at the top of the loop, guards against
+# overwriting $K_j$ while a slow thread still reads it; without it the detector reports a write to an
+# element another thread read before the barrier.
 #
 # ## Exhibit 2: the stale maximum
 
@@ -177,14 +180,13 @@ for letter, name in bugzoo.MYSTERIES.items():
 #   still read a tile from HBM five times.
 # * A counter only counts what its author remembered to count; an independent witness (the simulator's
 #   trace, or a profiler on a GPU) keeps it honest.
-# * The simulator shows a missing barrier as NaN or as results that change from run to run, because
-#   poisoned shared memory and its one-thread-at-a-time schedule expose the race; a GPU may not, and no
-#   test proves a kernel race-free.
+# * The simulator's race detector names a missing barrier on every run, whatever order Python ran the
+#   threads in; on a GPU a race may not show in the values, and no test proves a kernel race-free.
 #
 # ## Check
 
 # %%
-simulator_only = {"missing_barrier", "uncounted_load"}  # on a GPU: no trace, and a race may not show
+simulator_only = {"missing_barrier", "uncounted_load"}  # on a GPU: no trace, no race detector
 assert all(ok for name, ok in caught.items() if SIM or name not in simulator_only), caught
 assert set(caught) == {"missing_barrier", "stale_max", "reread_k", "uncounted_load", "o_every_tile", *bugzoo.MYSTERIES}
 assert ratio > 1
