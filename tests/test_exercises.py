@@ -7,13 +7,17 @@ offset left out).  The checker must report it as wrong with the ``Yours:`` /
 in the simulator with small tiles.
 """
 
+import inspect
 import math
+import textwrap
 
 import numpy as np
 import pytest
 from numba import cuda, float32
 
 from flash_numba import exercises as ex
+from flash_numba.device import SIMULATOR
+from flash_numba.exercises import first_kernels
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the wrong answers overflow on purpose
 
@@ -195,6 +199,29 @@ def test_tiled_matmul_with_a_wrong_product(capsys):
     assert ex.check("tiled_matmul", matmul_transposed_tile, tile=TILE) is False
     out = capsys.readouterr().out
     assert "Yours: " in out and "largest difference" in out
+
+
+def _tiled_matmul_without_barrier(which: int):
+    """The packaged tiled product with its ``which``-th cuda.syncthreads() (0: after the loads, 1: before the
+    next loads) replaced by ``pass``."""
+    lines = textwrap.dedent(inspect.getsource(first_kernels._tiled_matmul_solution)).splitlines(keepends=True)
+    barriers = [i for i, line in enumerate(lines) if "cuda.syncthreads()" in line]
+    assert len(barriers) == 2, barriers
+    i = barriers[which]
+    lines[i] = lines[i].replace("cuda.syncthreads()", "pass")
+    namespace = dict(vars(first_kernels))
+    exec(compile("".join(lines), "<tiled matmul without a barrier>", "exec"), namespace)
+    return namespace["_tiled_matmul_solution"](TILE)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the race detector watches the simulator's shared arrays")
+@pytest.mark.parametrize("which", [0, 1])
+def test_tiled_matmul_without_a_barrier_is_a_race(which, capsys):
+    """Reported as a race on every run, whether or not the simulator's thread order changed C."""
+    for _ in range(2):
+        assert ex.check("tiled_matmul", _tiled_matmul_without_barrier(which), tile=TILE) is False
+        out = capsys.readouterr().out
+        assert "Yours: threads race on shared array " in out and "before any syncthreads" in out, out
 
 
 def test_answer_that_raises_is_shown(capsys):
