@@ -7,16 +7,16 @@ exactly its :func:`diff`.  The learner runs an exhibit through the exercise's
 checker (``ex.check(exhibit.exercise, build(name))``) and reads the verdict:
 which case fails, which output, the hint, the bytes.
 
-What the simulator can show.  It runs each CUDA thread as a Python thread that
-keeps running until it waits at a barrier, so a missing ``cuda.syncthreads()``
-usually makes a thread read a tile that its neighbours have not loaded yet
-(NaN: :mod:`flash_numba._simwarp` fills shared memory with NaN) or have already
-overwritten with the next tile.  (The solutions write ``max(s, m)``, score
-first, so that a NaN score wins in the simulator's Python ``max``; the other
-order drops it and shows a row of zeros instead.)  Either way the result
-changes from run to run: the checker launches a failing case again and says
-when the output changes.  On a GPU the same bug may pass a thousand runs and fail the
-next; no test proves a kernel race-free.
+What the simulator can show.  It runs each CUDA thread as a Python thread, so
+whether a missing ``cuda.syncthreads()`` makes a thread read a tile its
+neighbours have not loaded yet (NaN: :mod:`flash_numba._simwarp` fills shared
+memory with NaN) depends on how Python switches between them.  The checkers
+therefore run kernels under the race detector of :mod:`flash_numba.simrace`,
+which names the missing barrier on every run, whatever the order.  (The
+solutions write ``max(s, m)``, score first, so that a NaN score wins in the
+simulator's Python ``max``; the other order drops it and shows a row of zeros
+instead.)  On a GPU the same bug may pass a thousand runs and fail the next; no
+test proves a kernel race-free.
 """
 
 from __future__ import annotations

@@ -18,8 +18,10 @@ exercise           lesson  the learner writes
 ``flash2_loop``    9       FlashAttention-2's loop over K_j, V_j, normalised at the end
 =================  ======  ===========================================================
 
-The checker runs the kernel at tiny sizes (N = 1, 13, 16; Nq != Nk) and
-compares, in this order: O and L (or dK and dV) with the float64 reference
+The checker runs the kernel at tiny sizes (N = 1, 13, 16; Nq != Nk); in the
+simulator it watches shared memory for races (:mod:`flash_numba.simrace`: two
+threads touching one element with no ``syncthreads`` between them) and names
+the first one.  Then it compares, in this order: O and L (or dK and dV) with the float64 reference
 (:mod:`flash_numba.reference`), where a NaN or a known mistake (the scale
 applied twice, a stale maximum, a top-left mask) is named; the bytes the
 kernel's counter reports with the IO model (:mod:`flash_numba.iomodel`); and,
@@ -74,7 +76,8 @@ from .iomodel.flash2 import kv_rows_read
 #: 1e-4 leaves a margin of ~10 over that, while every mistake named below is off by > 1e-2.
 TOL = 1e-4
 
-#: A failing case is launched again up to this many times, to see whether its output changes (a race).
+#: A failing case is launched again up to this many times, to see whether its output changes (a race the
+#: simulator's detector cannot see: on a GPU, or one a warp shuffle separates).
 RERUNS = 3
 
 NAN_HINT = (
