@@ -45,8 +45,8 @@ from ._inputs import MAX_HEAD_DIM
 
 __all__ = ["DEFAULT_KERNEL", "MultiheadAttention", "scaled_dot_product_attention"]
 
-#: The kernel ``kernel=None`` picks: the fastest one that passes every test.
-DEFAULT_KERNEL = "flash2_fast"
+#: The kernel ``kernel=None`` picks: the package's default, the fastest FlashAttention kernel.
+DEFAULT_KERNEL = api.DEFAULT_KERNEL
 
 _DTYPES = (torch.float16, torch.float32, torch.float64)
 

@@ -197,14 +197,14 @@ def test_counted_bytes_equal_io_model(rng, causal):
         check_counts(f, b, q, k, causal)
 
 
-def test_attention_api_uses_flash2_with_default_blocks(rng):
+def test_attention_api_runs_flash2_with_default_blocks(rng):
     q, k, v, _ = make(rng, 2, 11, 11, 8, np.float32)
     q, k, v = (x.reshape(2, 1, 11, 8) for x in (q, k, v))  # (B, H, N, d)
-    o = fn.attention(q, k, v, causal=True)
+    o = fn.attention(q, k, v, causal=True, kernel="flash2")
     o_ref, _ = reference.attention_forward(q, k, v, causal=True)
     assert o.shape == (2, 1, 11, 8) and o.dtype == np.float32
     assert rel_err(o, o_ref) < 1e-6
-    assert fn.flash_attention_forward(q, k, v).block == default_block(8, np.float32, "forward")
+    assert fn.flash_attention_forward(q, k, v, kernel="flash2").block == default_block(8, np.float32, "forward")
 
 
 # ----------------------------------------------------------------------------- block sizes and the model
@@ -239,9 +239,9 @@ def test_oversized_block_is_refused_with_a_clear_message(rng):
     q, k, v, _ = make(rng, 1, 4, 4, 64, np.float32)
     max_Br, max_Bc = flash2.block_limits(64, np.float32, "forward")
     with pytest.raises(ValueError, match="exceeds this kernel's limits"):
-        fn.flash_attention_forward(q, k, v, block=(max_Br + 1, 8))
+        fn.flash_attention_forward(q, k, v, kernel="flash2", block=(max_Br + 1, 8))
     with pytest.raises(ValueError, match="bytes of shared memory"):
-        fn.flash_attention_forward(q, k, v, block=(64, 256))
+        fn.flash_attention_forward(q, k, v, kernel="flash2", block=(64, 256))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
