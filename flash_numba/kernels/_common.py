@@ -51,7 +51,7 @@ def array_type(dtype, ndim: int):
 COUNTER_TYPE = types.Array(types.int64, 1, "C")
 
 
-@jit(device=True)
+@jit(device=True, forceinline=True)
 def add_counts(counter, nr, nw):
     """Add a thread's bytes read (``nr``) and written (``nw``) to a launch's ``int64[2]`` counter."""
     cuda.atomic.add(counter, 0, nr)

@@ -38,7 +38,7 @@ TY, TX = 8, 16
 # ------------------------------------------------------------------ readable kernels
 
 
-@jit(device=True)
+@jit(device=True, forceinline=True)
 def load_rows(tile, src, bh, row0, n_rows, width, t, nt):
     """Copy rows row0, row0 + 1, ... of ``src[bh]`` (``width`` columns) into a shared tile.
 
@@ -58,7 +58,7 @@ def load_rows(tile, src, bh, row0, n_rows, width, t, nt):
     return n
 
 
-@jit(device=True)
+@jit(device=True, forceinline=True)
 def load_vector(tile, src, bh, row0, n_rows, t, nt):
     """Copy ``src[bh, row0 : row0 + len(tile)]`` into a shared vector (zeros past ``n_rows``)."""
     n = 0

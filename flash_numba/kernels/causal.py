@@ -7,7 +7,7 @@ is visible to query r iff ``c <= r + Nk - Nq``.  A query row with no visible key
 Each rule is written once, as a plain Python function (calling no other: a device
 function can only call device functions): the host calls it (launch geometry, the
 IO models) and the kernels call its device version, the same code compiled with
-``jit(device=True)`` (NVVM inlines it).  Block rules count in units
+``jit(device=True, forceinline=True)``.  Block rules count in units
 of blocks of Br query rows (i) and Bc key rows (j)::
 
           keys ->   j = 0    j = 1    j = 2          visible_kv_blocks(i0 = 0)  = 1
@@ -74,8 +74,8 @@ def crosses_diagonal(i0, j0, Bc, Nq, Nk):
 
 
 # The device versions, for kernels (the simulator runs the same Python code).
-last_visible_key_dev = jit(device=True)(last_visible_key)
-visible_dev = jit(device=True)(visible)
-visible_kv_blocks_dev = jit(device=True)(visible_kv_blocks)
-first_visible_q_block_dev = jit(device=True)(first_visible_q_block)
-crosses_diagonal_dev = jit(device=True)(crosses_diagonal)
+last_visible_key_dev = jit(device=True, forceinline=True)(last_visible_key)
+visible_dev = jit(device=True, forceinline=True)(visible)
+visible_kv_blocks_dev = jit(device=True, forceinline=True)(visible_kv_blocks)
+first_visible_q_block_dev = jit(device=True, forceinline=True)(first_visible_q_block)
+crosses_diagonal_dev = jit(device=True, forceinline=True)(crosses_diagonal)

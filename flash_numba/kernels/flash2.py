@@ -142,17 +142,20 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
     return min(rows, 64), min(rows, 128)
 
 
-@jit(device=True)
-def _load_pair(A, B, a, b, bh, row0, n_rows, t):
-    """Rows row0, ... of ``a[bh]`` and ``b[bh]`` into the shared tiles A and B (zeros past n_rows)."""
-    return load_rows(A, a, bh, row0, n_rows, a.shape[2], t, NT) + load_rows(B, b, bh, row0, n_rows, b.shape[2], t, NT)
+@jit(device=True, forceinline=True)
+def _load_pair(A, B, a, b, bh, row0, n_rows, d, t):
+    """Rows row0, ... of ``a[bh]`` and ``b[bh]`` (d columns) into the shared tiles A and B (zeros past n_rows).
+
+    ``d`` is the kernel's compile-time head dim: with it the index arithmetic divides by a constant.
+    """
+    return load_rows(A, a, bh, row0, n_rows, d, t, NT) + load_rows(B, b, bh, row0, n_rows, d, t, NT)
 
 
-@jit(device=True)
-def _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, t):
+@jit(device=True, forceinline=True)
+def _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, d, t):
     """Q_i, dO_i (tiles) and L_i, D_i (vectors) of the query block at row i0: (elements of q and dO, of L and D)."""
     n_vec = load_vector(L_i, lse, bh, i0, Nq, t, NT) + load_vector(D_i, D, bh, i0, Nq, t, NT)
-    return _load_pair(Q_i, dO_i, q, do, bh, i0, Nq, t), n_vec
+    return _load_pair(Q_i, dO_i, q, do, bh, i0, Nq, d, t), n_vec
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,7 +170,7 @@ def _two_products(RA: int, CB: int, acc_name: str):
     ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = np.dtype(acc_name).type(0)
 
-    @jit(device=True)
+    @jit(device=True, forceinline=True)
     def products(S, dP, A1, A2, B1, B2, ty, tx, nA, nB, d):
         b1 = cuda.local.array(CB, ACC)
         b2 = cuda.local.array(CB, ACC)
@@ -199,7 +202,7 @@ def _p_and_ds(acc_name: str):
     """
     ZERO = np.dtype(acc_name).type(0)
 
-    @jit(device=True)
+    @jit(device=True, forceinline=True)
     def p_and_ds(s, dp, L, D, scale, visible):
         if not visible:
             return ZERO, ZERO
@@ -261,7 +264,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
             j0 = j * Bc
             cuda.syncthreads()  # the previous step has finished reading K_j, V_j, P_ij
             # Line 7: load K_j, V_j
-            n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, t)
+            n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, d, t)
             if COUNT:
                 nr += n * IN_BYTES
             cuda.syncthreads()
@@ -397,7 +400,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
         do_row = cuda.local.array(XB, ACC)
 
         # Load K_j, V_j; dK_j = 0, dV_j = 0 on chip.
-        n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, t)
+        n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, d, t)
         if COUNT:
             nr += n * IN_BYTES
         for a in range(CA):
@@ -411,7 +414,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
             i0 = i * Br
             cuda.syncthreads()  # the previous step has finished reading Q_i, dO_i, P^T, dS^T
             # Load Q_i, dO_i, L_i, D_i.
-            n, n_vec = _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, t)
+            n, n_vec = _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, d, t)
             if COUNT:
                 nr += n * IN_BYTES + n_vec * L_BYTES
             cuda.syncthreads()
@@ -493,7 +496,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
         k_row = cuda.local.array(XB, ACC)
 
         # Load Q_i, dO_i, L_i, D_i once; dQ_i = 0 on chip.
-        n, n_vec = _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, t)
+        n, n_vec = _load_query_side(Q_i, dO_i, L_i, D_i, q, do, lse, D, bh, i0, Nq, d, t)
         if COUNT:
             nr += n * IN_BYTES + n_vec * L_BYTES
         for a in range(RA):
@@ -503,7 +506,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
         for j in range(visible_kv_blocks(i0, Br, Bc, Nq, Nk, CAUSAL)):
             j0 = j * Bc
             cuda.syncthreads()  # the previous step has finished reading K_j, dS_ij
-            n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, t)
+            n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, d, t)
             if COUNT:
                 nr += n * IN_BYTES
             cuda.syncthreads()
