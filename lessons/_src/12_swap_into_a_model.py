@@ -77,8 +77,11 @@ theirs = output_and_grads(F.scaled_dot_product_attention, q, k, v)
 exact = output_and_grads(F.scaled_dot_product_attention, *(x.detach().double().requires_grad_() for x in (q, k, v)))
 swap_err = {}
 for name, a, b, e in zip(("O", "dQ", "dK", "dV"), ours, theirs, exact):
-    swap_err[name] = ((a.double() - e).abs().max().item(), (b.double() - e).abs().max().item())
-    print(f"{name}: max |ours - exact| = {swap_err[name][0]:.1e}   max |SDPA - exact| = {swap_err[name][1]:.1e}")
+    # float32 sums of up to N + d terms: each result is within a few (N + d) float32 ulps of its largest terms
+    bound = 8 * 2.0**-24 * (q.shape[-2] + q.shape[-1]) * e.abs().max().item()
+    swap_err[name] = ((a.double() - e).abs().max().item(), (b.double() - e).abs().max().item(), bound)
+    print(f"{name}: max |ours - exact| = {swap_err[name][0]:.1e}   max |SDPA - exact| = {swap_err[name][1]:.1e}"
+          f"   (float32 bound {bound:.1e})")
 
 # %% [markdown]
 # Both float32 implementations sit at float32 rounding from the float64 result, ours no further than
@@ -252,8 +255,8 @@ else:
 # ## Check
 
 # %%
-for name, (ours_e, sdpa_e) in swap_err.items():
-    assert ours_e <= 3 * sdpa_e + 1e-6, (name, ours_e, sdpa_e)
+for name, (ours_e, sdpa_e, bound) in swap_err.items():
+    assert ours_e <= bound, (name, ours_e, bound)
 assert tuple(saved["L"]) == (B * H, N)
 assert max(causal_err.values()) < 1e-13, causal_err
 assert split_ok
