@@ -154,9 +154,10 @@ def _figure1_markdown(run: Run, rows: list, title: str) -> str:
     lines += [
         "* **float32 vs float16.**  Our kernels run in float32 here, 4 bytes an element against the paper's 2: "
         "the fp16 column is the same model with 2-byte storage (L and accumulators stay float32).",
-        "* **Counting convention.**  Our bytes are the bytes the code *requests*, every re-read included: the "
-        "standard matrix product stages 16 x 16 tiles, so it reads each input N / 16 times, and flash1 reads "
-        "and writes O, l, m once per K/V block.  The paper's bytes are (we take it) measured DRAM traffic, in "
+        "* **Counting convention.**  Our bytes are the bytes the code *requests*, every re-read included: "
+        "standard and the flash kernels re-read K and V once per query block (they share one block rule), and "
+        "flash1 reads and writes O, l, m once per K/V block.  The paper's bytes are (we take it) measured DRAM "
+        "traffic, in "
         "which the L2 cache absorbs most re-reads; `flash-numba profile` shows Nsight Compute's DRAM bytes "
         "beside our counts.  Reading or writing each N x N matrix once per kernel that uses it, our standard "
         f"path moves 14 N^2 elements per head (4 forward, 10 backward): {once_elems * 4 / 1e9:.1f} GB in "
@@ -164,8 +165,8 @@ def _figure1_markdown(run: Run, rows: list, title: str) -> str:
         "* **Dropout and mask.**  The paper's standard attention (PyTorch) writes a dropout mask in the forward "
         "pass and reads it back in the backward, and the other version applies a key-padding mask; ours has "
         "neither.",
-        "* **Our standard backward recomputes S and P** (the API keeps nothing between passes): S written and "
-        "read again and P written, 3 N^2 elements per head that an autograd which saves P does not move.",
+        "* **Our standard backward recomputes P** from Q, K and L (the API keeps nothing between passes) and "
+        "writes P and dS to HBM for the dV, dK and dQ products, as the paper's Algorithm 3 reads them.",
         "* **Runtime.**  The paper's kernels run float16 on an A100's tensor cores; ours are float32 Numba "
         "kernels on CUDA cores" + ("" if run.gpu else " (not timed here: no GPU)") + ".",
     ]
