@@ -84,3 +84,37 @@ def counted_beside_model(counted, kernel: str, BH: int, N: int, d: int, dtype, N
         share = last.per_kernel[name].total / last.total
         lines.append(f"{name:<{w}}{kb.total:>18,}{row}{share:>8.0%}")
     return "\n".join(lines)
+
+
+def sdpa_backend_rows(q, k, v, o_ref, time_ms, dtypes=None) -> list[tuple[str, str, str, str]]:
+    """PyTorch's SDPA under each backend it has, on torch tensors ``q, k, v`` (B, H, N, d).
+
+    Returns rows ``(backend, dtype, time, error)``: the time from ``time_ms(call)`` (None prints as
+    "-") and the largest error of head (0, 0) against ``o_ref`` (one head of the float64 reference),
+    or ``"refused"`` and PyTorch's first reason when a backend cannot run these inputs.
+    """
+    import warnings
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+    backends = [b for b in names if hasattr(SDPBackend, b)]  # CUDNN_ATTENTION: PyTorch 2.5 and later
+    rows = []
+    for dt in dtypes or (torch.float32, torch.float16):
+        xq, xk, xv = (x.to(dt) for x in (q, k, v))
+        for name in backends:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    with sdpa_kernel(getattr(SDPBackend, name)):
+                        o = F.scaled_dot_product_attention(xq, xk, xv)
+                        t = time_ms(lambda: F.scaled_dot_product_attention(xq, xk, xv))
+                    err = np.abs(o[0, 0].double().cpu().numpy() - o_ref).max()
+                    rows.append((name, str(dt)[6:], "-" if t is None else f"{t:.2f} ms", f"{err:.1e}"))
+                except RuntimeError as exc:
+                    reasons = [str(w.message) for w in caught] or [str(exc)]
+                    rows.append((name, str(dt)[6:], "refused", "; ".join(r.splitlines()[0][:90] for r in reasons)))
+    return rows

@@ -302,3 +302,21 @@ def test_gpu_module_matches_torch(rng):
         y_ours, _ = ours(x, x, x)
     assert_close(y_ours, y_theirs, 1e-5, "output")
 
+
+
+def test_lesson_10s_backend_table_on_cpu_tensors():
+    """lessonkit.sdpa_backend_rows: every backend gives a row, measured or refused with PyTorch's reason;
+    the MATH backend (which always runs) agrees with the float64 reference to float32 rounding."""
+    import numpy as np
+
+    from flash_numba import lessonkit, reference
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float32) for _ in range(3))
+    o_ref = reference.attention_forward(q[:1, :1], k[:1, :1], v[:1, :1])[0][0, 0]
+    rows = lessonkit.sdpa_backend_rows(*(torch.from_numpy(x) for x in (q, k, v)), o_ref, lambda call: None,
+                                       dtypes=(torch.float32,))
+    assert {r[0] for r in rows} >= {"MATH"} and all(r[2] in ("-", "refused") for r in rows)
+    math_row = next(r for r in rows if r[0] == "MATH")
+    # 16 keys, d = 8, |o| <= max|v| ~ 3: float32 rounding stays far below 1e-5
+    assert float(math_row[3]) < 1e-5

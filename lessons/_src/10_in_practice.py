@@ -31,7 +31,6 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
     pass  # source-only
 
 # %%
-import warnings
 
 import numpy as np
 
@@ -80,31 +79,13 @@ if TORCH and not TORCH_GPU:
     cpu_diff = np.abs(o_torch - ours.o).max()
     print(f"SDPA on the CPU against our flash2 (simulator): max |difference| = {cpu_diff:.1e}")
 elif TORCH_GPU:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     o_ref = reference.attention_forward(q[:1, :1], k[:1, :1], v[:1, :1])[0]  # one head is enough to check
     tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
     res = fn.flash_attention_forward(tq, tk, tv, kernel="flash2")  # torch tensors in, torch tensors out
     err = np.abs(torch.as_tensor(res.o)[0, 0].double().cpu().numpy() - o_ref[0, 0]).max()
     t = median_ms(lambda: fn.flash_attention_forward(tq, tk, tv, kernel="flash2"))
     sdpa_rows.append(("flash_numba flash2", "float32", f"{t:.2f} ms", f"{err:.1e}"))
-    names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
-    backends = [b for b in names if hasattr(SDPBackend, b)]  # CUDNN_ATTENTION: PyTorch 2.5 and later
-    for dt in (torch.float32, torch.float16):
-        xq, xk, xv = (x.to(dt) for x in (tq, tk, tv))
-        for name in backends:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    with sdpa_kernel(getattr(SDPBackend, name)):
-                        o = F.scaled_dot_product_attention(xq, xk, xv)
-                        t = median_ms(lambda: F.scaled_dot_product_attention(xq, xk, xv))
-                    err = np.abs(o[0, 0].double().cpu().numpy() - o_ref[0, 0]).max()
-                    sdpa_rows.append((name, str(dt)[6:], f"{t:.2f} ms", f"{err:.1e}"))
-                except RuntimeError as exc:
-                    reasons = [str(w.message) for w in caught] or [str(exc)]
-                    why = "; ".join(r.splitlines()[0][:90] for r in reasons)
-                    sdpa_rows.append((name, str(dt)[6:], "refused", why))
+    sdpa_rows += lessonkit.sdpa_backend_rows(tq, tk, tv, o_ref[0, 0], median_ms)  # every backend, fp32 and fp16
     print(f"B = {B}, H = {H}, N = {N}, d = {d}; error: max |O - O_ref| on one head (float64 reference)")
     for row in sdpa_rows:
         print(f"  {row[0]:<20} {row[1]:<8} {row[2]:>9}   {row[3]}")
