@@ -64,6 +64,7 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
     blk = spec.block(prob.d, prob.dtype, "forward", block)
     counters = Counters(count_hbm)
+    counters.describe(kernel, prob, blk, "forward")  # the IO model splits the counted bytes by term
     with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         o, lse = spec.forward(prob, ops, blk, counters)
     return ForwardResult(
@@ -86,6 +87,7 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, dete
     blk = spec.block(prob.d, prob.dtype, "backward", block)
     run = spec.run_backward(bool(deterministic))  # the atomic backward where the kernel has one
     counters = Counters(count_hbm)
+    counters.describe(kernel, prob, blk, "backward", bool(deterministic) or not spec.supports_atomic)
     with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         dq, dk, dv = run(prob, ops, blk, counters)
     return BackwardResult(

@@ -137,10 +137,10 @@ class Counters:
         self._dummy = None if enabled else _dummy_counter()
         self._call = None
 
-    def describe(self, kernel: str, prob, block, pass_: str) -> None:
-        """Record what runs (kernel module, problem, block, pass), so that :meth:`result`
+    def describe(self, kernel: str, prob, block, pass_: str, deterministic: bool = True) -> None:
+        """Record what runs (kernel, problem, block, pass, which backward), so that :meth:`result`
         can attach the IO model's split of the bytes by term."""
-        self._call = (kernel, prob, block, pass_)
+        self._call = (kernel, prob, block, pass_, deterministic)
 
     def array(self, name: str):
         """The device array a kernel named ``name`` adds its bytes to."""
@@ -161,9 +161,9 @@ class Counters:
         if self._call is not None:
             from .iomodel import terms as _terms
 
-            kernel, prob, block, pass_ = self._call
+            kernel, prob, block, pass_, deterministic = self._call
             terms = _terms.split(
                 kernel, pass_, prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.causal, block,
-                deterministic=getattr(prob, "deterministic", True),
+                deterministic=deterministic,
             )
         return HBMCount(per, terms)

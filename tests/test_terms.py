@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import flash_numba as fn
-from flash_numba import api, iomodel
+from flash_numba import api, iomodel, kernels
 from flash_numba.iomodel import terms
 
 # (BH, Nq, Nk, d, causal, dtype, block)
@@ -69,3 +69,16 @@ def test_figure_and_rows():
         assert r["total"] == sum(r[t] for t in terms.TERMS)
         want = iomodel.forward(r["kernel"], 2, r["N"], r["N"], 64, np.float32, False, (r["Br"], r["Bc"]))
         assert r["total"] == want.total
+
+
+@pytest.mark.parametrize("kernel", kernels.NAMES)
+def test_every_kernels_counted_bytes_carry_the_split(kernel):
+    """api attaches the IO model's split to every counted result: its terms add up to the bytes counted."""
+    rng = np.random.default_rng(7)
+    q, k, v, do = (rng.standard_normal((1, 2, n, 8)).astype(np.float32) for n in (13, 17, 17, 13))
+    f = fn.attention_forward(q, k, v, kernel=kernel, causal=True, count_hbm=True)
+    assert set(f.hbm.terms) == {"compulsory", "re-reads", "S/P"} and sum(f.hbm.terms.values()) == f.hbm.total
+    for deterministic in (True, False):
+        b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, causal=True, count_hbm=True,
+                                  deterministic=deterministic)
+        assert sum(b.hbm.terms.values()) == b.hbm.total

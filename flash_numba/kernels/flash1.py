@@ -374,7 +374,6 @@ def grids(prob, block) -> dict:
 
 def forward(prob, ops, block, counters):
     """O and L = m + log(l) for ``prob``: the init kernel, then Algorithm 1."""
-    counters.describe("flash1", prob, block, "forward")  # the IO model splits the bytes by term
     Br, Bc = block
     init, algorithm1 = _forward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
     BH, Nq, d, acc = prob.BH, prob.Nq, prob.d, prob.acc
@@ -393,7 +392,6 @@ def forward(prob, ops, block, counters):
 
 def backward(prob, ops, block, counters):
     """dQ, dK, dV for ``prob``: the init kernel, then Algorithm 4."""
-    counters.describe("flash1", prob, block, "backward")  # the IO model splits the bytes by term
     Br, Bc = block
     init, algorithm4 = _backward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
     BH, Nq, Nk, d, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.acc

@@ -559,7 +559,6 @@ def grids(prob, block) -> dict:
 
 def forward(prob, ops, block, counters):
     """O and L = m + log(l): one launch of Tr * B*H blocks."""
-    counters.describe("flash2", prob, block, "forward")  # the IO model splits the bytes by term
     Br, Bc = block
     kernel = _forward_kernel(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
@@ -572,7 +571,6 @@ def forward(prob, ops, block, counters):
 
 def backward(prob, ops, block, counters):
     """dQ, dK, dV: D = rowsum(dO * O), then dK, dV (Tc * B*H blocks), then dQ (Tr * B*H blocks)."""
-    counters.describe("flash2", prob, block, "backward")  # the IO model splits the bytes by term
     Br, Bc = block
     BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
     count = counters.enabled

@@ -108,7 +108,6 @@ def _forward_steps(prob, ops, block, counters):
 
 def forward(prob, ops, block, counters):
     """S and L, P = softmax(S), O = P V: three launches, S and P in HBM.  Returns device arrays O, L."""
-    counters.describe("standard", prob, block, "forward")
     steps, out = _forward_steps(prob, ops, block, counters)
     for _, run in steps:
         run()
@@ -143,7 +142,6 @@ def backward(prob, ops, block, counters):
     BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     count, causal = counters.enabled, prob.causal
-    counters.describe("standard", prob, block, "backward")
     grid = [grids(prob, block)[name] for name in BACKWARD_NAMES]
     D = _rowsum.rowsum(prob, o, do, counters)
     P = _inputs.empty((BH, Nq, Nk), dt)
