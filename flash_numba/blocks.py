@@ -60,21 +60,28 @@ def choose(d: int, dtype, shared_bytes, *, max_Br: int, max_Bc: int, budget: int
     return Br, Bc
 
 
-def validate(
-    block, d: int, dtype, shared_bytes, *, max_Br: int, max_Bc: int, budget: int | None = None
-) -> tuple[int, int]:
-    """Check an explicit ``block=(Br, Bc)`` against the kernel's and the device's limits."""
-    budget = shared_budget() if budget is None else budget
+def as_pair(block, *, max_Br: int, max_Bc: int) -> tuple[int, int]:
+    """``block=(Br, Bc)`` as two Python ints (NumPy integers accepted), checked to be positive and
+    within the kernel's limits; the first checks every kernel's own block rule can rely on."""
     try:
         Br, Bc = block
     except (TypeError, ValueError):
         raise TypeError(f"block: expected a pair (Br, Bc) of positive ints or None, got {block!r}") from None
     for name, x in (("Br", Br), ("Bc", Bc)):
-        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 1:
             raise ValueError(f"block: {name} must be a positive int, got {x!r}")
     Br, Bc = int(Br), int(Bc)
     if Br > max_Br or Bc > max_Bc:
         raise ValueError(f"block: (Br, Bc) = ({Br}, {Bc}) exceeds this kernel's limits Br <= {max_Br}, Bc <= {max_Bc}")
+    return Br, Bc
+
+
+def validate(
+    block, d: int, dtype, shared_bytes, *, max_Br: int, max_Bc: int, budget: int | None = None
+) -> tuple[int, int]:
+    """Check an explicit ``block=(Br, Bc)`` against the kernel's and the device's limits."""
+    budget = shared_budget() if budget is None else budget
+    Br, Bc = as_pair(block, max_Br=max_Br, max_Bc=max_Bc)
     need = shared_bytes(Br, Bc, d, dtype)
     if need > budget:
         raise ValueError(

@@ -131,9 +131,11 @@ class KernelSpec:
             if block is not None:
                 raise ValueError(f"block: the {self.name} kernels use fixed tiles; pass block=None")
             return None
+        max_Br, max_Bc = self.block_limits(d, dtype, pass_)
+        if block is not None:  # type, sign and limits first, so a kernel's own rule sees two ints
+            block = blocks.as_pair(block, max_Br=max_Br, max_Bc=max_Bc)
         if self.check_block is not None:
             self.check_block(block, d, dtype, pass_)
-        max_Br, max_Bc = self.block_limits(d, dtype, pass_)
 
         def fp(Br, Bc, d_, dt):
             return self.shared_bytes(Br, Bc, d_, dt, pass_)
