@@ -37,7 +37,7 @@ LESSONS = Path(__file__).resolve().parent
 SOURCES = LESSONS / "_src"
 
 #: Where Colab installs the package from (the install cell of every lesson).
-REPO_URL = "https://github.com/OWNER/flash_numba"  # the one place to set the public repository's address (not known yet)
+REPO_URL = "https://github.com/OWNER/flash_numba"  # the one place to set the repository address (not known yet)
 
 _MARKER = re.compile(r"^# %%(?P<md> \[markdown\])?\s*$")
 _MAGIC = re.compile(r"^(?P<indent>\s*)# (?P<cmd>[!%].*)$")
