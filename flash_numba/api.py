@@ -48,8 +48,23 @@ class BackwardResult:
 
 
 def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"):
-    """The ``(Br, Bc)`` a call would use (``None`` for kernels with fixed tiles, such as standard)."""
-    return kernels.get(kernel).block(d, dtype, pass_, block)
+    """The ``(Br, Bc)`` a call would use (``None`` for kernels with fixed tiles).
+
+    Its arguments are checked as the attention functions check theirs: ``d`` an integer in
+    1..128 (NumPy integers accepted), ``dtype`` float16, float32 or float64.
+    """
+    spec = kernels.get(kernel)
+    if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+        raise TypeError(f"d: expected an integer head dim, got {d!r}")
+    if not 1 <= d <= _inputs.MAX_HEAD_DIM:
+        raise ValueError(f"d: head dim d = {d} is not supported; use 1 <= d <= {_inputs.MAX_HEAD_DIM}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype: {dtype!r} is not a dtype; use float16, float32 or float64") from None
+    if dt not in _inputs.SUPPORTED_DTYPES:
+        raise TypeError(f"dtype: {dt} is not supported; use float16, float32 or float64")
+    return spec.block(int(d), dt, pass_, block)
 
 
 def _check_count(count_hbm) -> bool:

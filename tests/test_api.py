@@ -76,3 +76,21 @@ def test_calls_from_several_threads_agree_with_one_thread():
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(call, range(8)))
     assert all(np.array_equal(g, want) for g in got)
+
+
+@pytest.mark.parametrize("d, dtype, exc, match", [
+    (0, np.float32, ValueError, r"^d: head dim d = 0"),
+    (129, np.float32, ValueError, r"^d: head dim d = 129"),
+    (64.0, np.float32, TypeError, r"^d: expected an integer"),
+    (64, np.int32, TypeError, r"^dtype: int32 is not supported"),
+    (64, "nope", TypeError, r"^dtype: 'nope' is not a dtype"),
+])
+def test_resolve_block_checks_its_arguments(d, dtype, exc, match):
+    with pytest.raises(exc, match=match):
+        flash_numba.resolve_block("flash2_fast", d, dtype)
+
+
+def test_resolve_block_takes_numpy_integers():
+    want = flash_numba.resolve_block("flash2_fast", 64, np.float32, block=(32, 16))
+    got = flash_numba.resolve_block("flash2_fast", np.int64(64), np.float32, block=(np.int64(32), np.int64(16)))
+    assert got == want and all(type(x) is int for x in got)
