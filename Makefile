@@ -30,7 +30,7 @@ endif
 	touch $@
 
 test: venv
-	$(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1
+	$(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 --durations=15
 
 tour: venv
 	$(BIN)/flash-numba tour
