@@ -348,14 +348,11 @@ def _group_size(lead: tuple, kv_lead: tuple) -> int:
     """G = Hq // Hkv for q's leading dims ``lead`` and k's ``kv_lead`` (ValueError naming k otherwise)."""
     if kv_lead == lead:
         return 1
-    if not lead or kv_lead[:-1] != lead[:-1]:
-        what = "dims" if not lead else "batch dims"
-        raise ValueError(f"k: leading (batch, head) {what} {kv_lead} differ from q's {lead}"
-                         + ("" if not lead else "; only the head count may differ (grouped-query attention)"))
-    hq, hkv = int(lead[-1]), int(kv_lead[-1])
-    if hkv < 1 or hq % hkv:
-        raise ValueError(f"k: {hkv} key/value heads do not divide q's {hq} heads "
-                         "(grouped-query attention needs Hq a multiple of Hkv)")
+    hq, hkv = (int(lead[-1]), int(kv_lead[-1])) if lead else (0, 0)
+    if not lead or kv_lead[:-1] != lead[:-1] or hkv < 1 or hq % hkv:
+        raise ValueError(f"k: leading (batch, head) dims {kv_lead} differ from q's {lead}"
+                         + ("; only the head count may differ, a divisor of q's (grouped-query attention)"
+                            if lead else ""))
     return hq // hkv
 
 
