@@ -168,9 +168,10 @@ def scaled_dot_product_attention(
     query: (..., L, E); key: (..., S, E); value: (..., S, E), the same leading dims (3-D
     ``(B*H, N, E)`` and 4-D ``(B, H, N, E)`` as in SDPA), except that with ``enable_gqa=True``
     key and value may have Hkv heads (dim -3) where query has Hq, Hkv dividing Hq (grouped-query
-    attention); returns (..., L, E), differentiable in query, key and value. ``is_causal`` is SDPA's top-left mask (see the module docstring for
-    L != S); ``attn_mask`` may be a ``torch.nn.attention.bias`` causal bias (``causal_lower_right``
-    is our kernels' native mask), nothing else. ``scale`` defaults to 1/sqrt(E). ``kernel`` picks
+    attention); returns (..., L, E), differentiable in query, key and value. ``is_causal`` is
+    SDPA's top-left mask (see the module docstring for L != S); ``attn_mask`` may be a
+    ``torch.nn.attention.bias`` causal bias (``causal_lower_right`` is our kernels' native mask),
+    nothing else. ``scale`` defaults to 1/sqrt(E). ``kernel`` picks
     ``"standard"``, ``"flash1"``, ``"flash2"`` or ``"flash2_fast"``; None means
     :data:`DEFAULT_KERNEL`. Unsupported arguments raise (TypeError, ValueError or
     NotImplementedError, the message starting with the argument's name).

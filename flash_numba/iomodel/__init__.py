@@ -9,8 +9,9 @@ One module per kernel (``standard``, ``flash1``, ``flash2``, ``flash2_fast``), e
 A kernel's :class:`~flash_numba.kernels.KernelSpec` names its model
 (``io_forward``, ``io_backward``, ``io_backward_atomic``); the two functions here
 pick it.  ``BH`` counts query heads; ``G`` is the number of query heads per key/value head
-(grouped-query attention: K, V, dK and dV have BH / G heads).  The counts are exactly what the instrumented kernels count (the tests
-assert equality): bytes the kernels' code requests from global memory, per launch.
+(grouped-query attention: K, V, dK and dV have BH / G heads).  The counts are exactly what
+the instrumented kernels count (the tests assert equality): bytes the kernels' code
+requests from global memory, per launch.
 :func:`forward` and :func:`backward` here also attach the split by term
 (compulsory, re-reads, S/P; :mod:`.terms`) as ``HBMCount.terms``.
 """

@@ -22,9 +22,13 @@ original FlashAttention.  All threads cooperate on loading and storing tiles,
 one element each in turn; thread r < Br owns query row r of the block (its
 scores, softmax statistics, D_i), thread c < Bc owns key row c (dK_j, dV_j).
 Tiles are held in the accumulation dtype (float32, float64 for float64
-storage).  For float16 storage the running O (forward) and dQ (backward) are
-float32 buffers in HBM, converted to float16 once at the end; for float32 and
-float64 the output itself is the accumulator.
+storage).  Grouped-query attention (G = Hq / Hkv query heads per key/value head):
+the forward's block of query head bh reads K and V of head bh // G; the backward
+runs one block per key/value head, whose inner loop visits the query blocks of
+each of the G query heads of its group, adding into the same dK_j, dV_j.  For
+float16 storage the running O (forward) and dQ (backward) are float32 buffers in
+HBM, converted to float16 once at the end; for float32 and float64 the output
+itself is the accumulator.
 
 Caveats.  One block per (batch, head) leaves most of a GPU idle when B*H is
 smaller than the number of SMs, and each block walks all Tc*Tr pairs in
