@@ -22,7 +22,7 @@ Backward (FA2's Algorithm 2, split in three kernels, no atomics on floats):
    and dQ_i += scale dS_ij K_j.
 
 Grouped-query attention (G = Hq / Hkv query heads per key/value head): query head bh
-reads K and V of head bh // G; the "dK, dV" grid has Tc * B*Hkv blocks, each walking
+reads K and V of head bh // G; the "dK, dV" grid has (B*Hkv, Tc) blocks, each walking
 over the query blocks of the G query heads of its group in turn (one sum, fixed order).
 
 Why it is deterministic: every output element is written once, by one thread,
