@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from ..device import jit
-from ._common import acc_nb_type
+from ._common import acc_nb_type, batch_head, element
 
 NT = 128  # threads of a flash2 / flash2_fast block (8 x 16)
 TY, TX = 8, 16
@@ -51,7 +51,7 @@ def load_rows(tile, src, bh, row0, n_rows, width, t, nt):
         r = e // width
         x = e - r * width
         if row0 + r < n_rows:
-            tile[r, x] = src[bh, row0 + r, x]
+            tile[r, x] = element(src, bh, row0 + r, x)
             n += 1
         else:
             tile[r, x] = 0
@@ -114,13 +114,14 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
         breg = cuda.local.array(NLOAD, ACC)
         got = 0
         if FIXED and r0 + rows <= n:
-            bh_u = uint32(bh)
+            ab, ah = batch_head(a, bh)
+            bb, bh_ = batch_head(b, bh)
             x = uint32(tid) % D_U
             c = uint32(tid) // D_U
             rk = uint32(r0) + c
             for t in range(NLOAD):
-                areg[t] = ACC(a[bh_u, rk + uint32(t * ROWSTEP), x])
-                breg[t] = ACC(b[bh_u, rk + uint32(t * ROWSTEP), x])
+                areg[t] = ACC(a[ab, ah, rk + uint32(t * ROWSTEP), x])
+                breg[t] = ACC(b[bb, bh_, rk + uint32(t * ROWSTEP), x])
             for t in range(NLOAD):
                 A[x * SA_U + c + uint32(t * ROWSTEP)] = areg[t]
                 if B_T:
@@ -136,8 +137,8 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                 aval = ZERO
                 bval = ZERO
                 if r0 + c < n:
-                    aval = ACC(a[bh, r0 + c, x])
-                    bval = ACC(b[bh, r0 + c, x])
+                    aval = ACC(element(a, bh, r0 + c, x))
+                    bval = ACC(element(b, bh, r0 + c, x))
                     if COUNT:
                         got += 2
                 A[x * S_A + c] = aval
@@ -181,9 +182,9 @@ def padded_loader(rows: int, d: int, DP: int, S: int, pair: bool, acc_name: str,
             aval = ZERO
             bval = ZERO
             if x < d and r0 + r < n:
-                aval = ACC(a[bh, r0 + r, x])
+                aval = ACC(element(a, bh, r0 + r, x))
                 if PAIR:
-                    bval = ACC(b[bh, r0 + r, x])
+                    bval = ACC(element(b, bh, r0 + r, x))
                 if COUNT:
                     got += 1 + PAIR
             A[x * S + r] = aval

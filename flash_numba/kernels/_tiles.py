@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda, types, uint32
 
 from ..device import jit
+from ._common import element
 
 #: Threads per block: TY rows of TX threads (a half warp each).
 TY, TX = 8, 16
@@ -83,7 +84,7 @@ def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
             gc = uint32(c0) + c
             bh_u = uint32(bh)
             for t in range(NLOAD):
-                reg[t] = ACC(x[bh_u, gr + uint32(t * ROWSTEP), gc])
+                reg[t] = ACC(element(x, bh_u, gr + uint32(t * ROWSTEP), gc))
             for t in range(NLOAD):
                 buf[(r + uint32(t * ROWSTEP)) * RS_U + c * CS_U] = reg[t]
             return NLOAD
@@ -93,7 +94,7 @@ def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
             c = e % C
             val = ZERO
             if r < n_r and c < n_c:
-                val = ACC(x[bh, r0 + r, c0 + c])
+                val = ACC(element(x, bh, r0 + r, c0 + c))
                 n += 1
             buf[r * RS + c * CS] = val
         return n

@@ -62,7 +62,8 @@ from numba import cuda, types
 from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, group_step, head_grid, kv_head
+from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, group_step, head_grid, input_type,
+                      kv_head)
 from ._spec import KernelSpec
 from ._tile_ops import load_rows
 from .causal import visible_dev as visible
@@ -134,8 +135,8 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
         bh = cuda.blockIdx.x
         hkv = kv_head(bh, G)
         tid = cuda.threadIdx.x
-        Nq = q.shape[1]
-        Nk = k.shape[1]
+        Nq = q.shape[2]  # q: (B, H, Nq, d)
+        Nk = k.shape[2]
         Tr = (Nq + Br - 1) // Br
         Tc = (Nk + Bc - 1) // Bc
         K_j = cuda.shared.array((Bc, D), ACC)
@@ -276,8 +277,8 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
         """
         hkv = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        Nq = q.shape[1]
-        Nk = k.shape[1]
+        Nq = q.shape[2]  # q: (B, H, Nq, d)
+        Nk = k.shape[2]
         Tr = (Nq + Br - 1) // Br
         Tc = (Nk + Bc - 1) // Bc
         K_j = cuda.shared.array((Bc, D), ACC)
@@ -319,7 +320,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                     # line 19: D_i = rowsum(dO_i * O_i), with O_i's row read from HBM
                     D_i = ZERO
                     for x in range(D):
-                        D_i += dO_i[r, x] * ACC(o[bh, row, x])
+                        D_i += dO_i[r, x] * ACC(element(o, bh, row, x))
                     if COUNT:
                         nr += ASZ + D * ISZ
                     for c in range(cols):
@@ -434,12 +435,13 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         acc = _inputs.acc_dtype(dt)
         X3, A3, A2 = array_type(dt, 3), array_type(acc, 3), array_type(acc, 2)
+        XI = input_type(dt)  # q, k, v, o, do: (B, H, N, d), any strides with contiguous rows
         ACC = acc_nb_type(dt)
         signatures = {
             FORWARD_NAMES[0]: (A3, A2, A2, COUNTER_TYPE),
-            FORWARD_NAMES[1]: (X3, X3, X3, A3, A2, A2, X3, A2, types.int64, ACC, COUNTER_TYPE),
+            FORWARD_NAMES[1]: (XI, XI, XI, A3, A2, A2, X3, A2, types.int64, ACC, COUNTER_TYPE),
             BACKWARD_NAMES[0]: (A3, COUNTER_TYPE),
-            BACKWARD_NAMES[1]: (X3, X3, X3, X3, A2, X3, A3, X3, X3, X3, types.int64, ACC, COUNTER_TYPE),
+            BACKWARD_NAMES[1]: (XI, XI, XI, XI, A2, XI, A3, X3, X3, X3, types.int64, ACC, COUNTER_TYPE),
         }
         for d in ds:
             for pass_, factory, names in (

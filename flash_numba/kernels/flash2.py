@@ -98,7 +98,7 @@ from .causal import first_visible_q_block_dev as first_visible_q_block
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
 from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, group_step, head_grid_2d, heavy_first_block
-from ._common import kv_head
+from ._common import input_type, kv_head
 from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
@@ -612,9 +612,10 @@ def compile_all(ccs, dtypes, ds):
     for dtype in dtypes:
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
-        fwd_sig = (X3, X3, X3, X3, A2, COUNTER_TYPE, I64, I64, I64, ACC)
-        dkdv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, I64, ACC)
-        dq_sig = (X3, X3, X3, X3, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC)
+        XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
+        fwd_sig = (XI, XI, XI, X3, A2, COUNTER_TYPE, I64, I64, I64, ACC)
+        dkdv_sig = (XI, XI, XI, XI, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, I64, ACC)
+        dq_sig = (XI, XI, XI, XI, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC)
         for d in ds:
             fwd, bwd = (SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT) for pass_ in ("forward", "backward"))
             for count in (False, True):

@@ -46,7 +46,7 @@ from ...compile_check import compile_kernel
 from ...device import SIMULATOR, STATIC_SHARED_LIMIT
 from .. import _rowsum
 from .. import flash2 as _flash2
-from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid
+from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_type
 from .._spec import KernelSpec
 from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, zero_kernel
 from .forward import forward_kernel
@@ -186,9 +186,10 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         acc = _inputs.acc_dtype(dt)
         X3, A2, A3, ACC = array_type(dt, 3), array_type(acc, 2), array_type(acc, 3), acc_nb_type(dt)
-        fwd_sig = (X3, X3, X3, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE)
-        kv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE)
-        q_sig = (X3, X3, X3, X3, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE)
+        XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
+        fwd_sig = (XI, XI, XI, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE)
+        kv_sig = (XI, XI, XI, XI, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE)
+        q_sig = (XI, XI, XI, XI, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE)
         for d in ds:
             Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
             bBr, bBc = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")

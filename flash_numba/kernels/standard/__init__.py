@@ -50,7 +50,7 @@ from numba import types
 from ... import _inputs
 from ...device import STATIC_SHARED_LIMIT
 from .. import _rowsum
-from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid
+from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_type
 from .._spec import KernelSpec
 from .._tiles import NT
 from ..matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
@@ -173,6 +173,7 @@ def compile_all(ccs, dtypes, ds):
     for dtype in dtypes:
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
+        XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
         A3 = array_type(_inputs.acc_dtype(dt), 3)
         for d in ds:
             fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward")
@@ -183,19 +184,19 @@ def compile_all(ccs, dtypes, ds):
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
                     specs = [
                         (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, X3, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                         (XI, XI, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
                         (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
                          (X3, A3, X3, I64, I64, COUNTER_TYPE)),
                         (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                         (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
-                         (X3, X3, X3, X3, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                         (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                         (f"colprod {b}", colprod_kernel(d, *bwd, dt.name, causal, count),
-                         (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                     ]
                     if bwd != fwd:
                         specs.append((f"rowprod {b}", rowprod_kernel(d, *bwd, dt.name, causal, count),
-                                      (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)))
+                                      (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE)))
                     for label, kernel, sig in specs:
                         for cc in ccs:
                             out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
