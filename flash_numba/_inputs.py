@@ -256,8 +256,9 @@ def _tensor_to_device(t, shape2, name: str):
 
 
 def _rows_contiguous(shape, strides, itemsize: int) -> bool:
-    """True when the last dim's elements are adjacent (stride = item size; any stride when d = 1)."""
-    return int(shape[-1]) == 1 or int(strides[-1]) == itemsize
+    """True when the last dim's elements are adjacent (stride = item size; any stride when d = 1) and no
+    stride is negative (the kernels add strides as unsigned offsets)."""
+    return (int(shape[-1]) == 1 or int(strides[-1]) == itemsize) and min(int(s) for s in strides) >= 0
 
 
 def _strides4(shape, strides) -> tuple:
@@ -328,6 +329,31 @@ def tensor_input(t):
     arr = cuda.as_cuda_array(t)
     arr.__class__ = KernelArray  # typed 'A' (a subclass that only changes typing, no copy)
     return arr
+
+
+def flat_input(arr):
+    """``(flat, layout)``: a ``(B, H, N, d)`` kernel input as one 1-D array and its strides, for flash2_fast.
+
+    ``flat`` is the 1-D C-contiguous array of the elements from the input's first to its
+    last (those of other tensors in between included: a packed qkv buffer holds q, k and v
+    rows in turn) and ``layout`` is ``(H, stride_B, stride_H, stride_N)`` in elements
+    (plain ints, a tuple argument of the kernel): element (b, h, n, x) is
+    ``flat[b*stride_B + h*stride_H + n*stride_N + x]``.  Numba compiles an index into a
+    C-contiguous array to address arithmetic on the array's pointer, which the tuned
+    kernel needs (global-memory loads, one add per load of a tile); a layout-'A' array
+    is indexed through integer arithmetic on the address (generic loads, more registers).
+    """
+    itemsize = arr.dtype.itemsize
+    H = int(arr.shape[1])
+    sB, sH, sN, _ = (int(s) // itemsize for s in arr.strides)
+    extent = 1 + sum((int(n) - 1) * (int(s) // itemsize) for n, s in zip(arr.shape, arr.strides))
+    if SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        flat = FakeCUDAArray(np.lib.stride_tricks.as_strided(arr._ary, (extent,), (itemsize,)))
+    else:
+        flat = _DeviceNDArray((extent,), (itemsize,), arr.dtype, stream=arr.stream, gpu_data=arr.gpu_data)
+    return flat, (H, sB, sH, sN)
 
 
 def _contiguous_copy(arr):

@@ -49,6 +49,8 @@ def array_type(dtype, ndim: int):
 
 
 COUNTER_TYPE = types.Array(types.int64, 1, "C")
+#: The layout of a flat input, ``(H, stride_B, stride_H, stride_N)`` in elements (flash2_fast's kernels).
+LAYOUT_TYPE = types.UniTuple(types.int64, 4)
 
 
 def input_type(dtype):
@@ -92,7 +94,7 @@ if not SIMULATOR:  # the simulator runs the Python above; compiled kernels get t
     @overload(batch_head, target="cuda", jit_options={"forceinline": True})
     def _batch_head_cuda(x, bh):
         def split(x, bh):
-            H = max(uint32(x.shape[1]), uint32(1))  # >= 1: the division needs no zero check, so it can be hoisted
+            H = max(uint32(x.shape[1]), uint32(1))  # >= 1: a division without a zero test
             b = uint32(bh) // H
             return b, uint32(bh) - b * H
         return split

@@ -27,10 +27,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda, uint32, uint64
 
 from ..device import jit
-from ._common import acc_nb_type, batch_head, element
+from ._common import acc_nb_type, element
 
 NT = 128  # threads of a flash2 / flash2_fast block (8 x 16)
 TY, TX = 8, 16
@@ -89,16 +89,33 @@ def fixed_columns(rows: int, d: int) -> tuple[bool, int, int]:
     return fixed, (NT // d if fixed else 1), ((rows * d) // NT if fixed else 1)
 
 
+@jit(device=True, forceinline=True)
+def head_starts(a_lay, b_lay, bh):
+    """Flat indices of row 0 of head ``bh = b*H + h`` in two inputs of H heads, with layouts ``(H, stride_B,
+    stride_H, stride_N)`` (:func:`flash_numba._inputs.flat_input`): ``b*stride_B + h*stride_H`` in each, unsigned.
+
+    One 32-bit division for both (K and V, or Q and dO, have the same heads).
+    """
+    H = max(uint32(a_lay[0]), uint32(1))  # >= 1: a division without a zero test
+    b = uint32(bh) // H
+    h = uint64(uint32(bh) - b * H)
+    return (uint64(b) * uint64(a_lay[1]) + h * uint64(a_lay[2]),
+            uint64(b) * uint64(b_lay[1]) + h * uint64(b_lay[2]))
+
+
 @functools.lru_cache(maxsize=None)
 def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bool, acc_name: str, count: bool):
     """Device functions ``(load, zero_padding)`` for rows r0 .. r0 + rows - 1 of two arrays.
 
-    ``load(A, B, a, b, bh, r0, n, tid)`` copies those rows of ``a[bh]`` into A
-    (transposed, stride S_A) and of ``b[bh]`` into B (transposed with stride S_B, or
-    row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  A whole tile is
-    loaded with uint32 indices, all of a thread's loads before its first shared store
-    (a signed index costs the code of Python's negative-index wraparound at every
-    access); the last tile, or any tile when d does not divide 128, by a checked loop.
+    ``load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid)`` copies those rows of head bh of
+    ``a`` into A (transposed, stride S_A) and of ``b`` into B (transposed with stride S_B,
+    or row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  ``a`` and ``b`` are
+    flat inputs with layouts ``a_lay``, ``b_lay`` (:func:`flash_numba._inputs.flat_input`:
+    any strides, rows contiguous) and the same head count.  A whole tile is loaded with
+    unsigned indices, all of a thread's loads before its first shared store (a signed index
+    costs the code of Python's negative-index wraparound at every access): the thread's
+    first index is computed once, the next ones one row stride apart (one add per load);
+    the last tile, or any tile when d does not divide 128, by a checked loop.
     With ``count``, ``load`` returns the elements read.
     ``zero_padding(A, B, tid)`` zeroes the tiles' columns d .. DP - 1 (their padding).
     """
@@ -109,27 +126,39 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
     B_T, PAD, COUNT = b_transposed, DP - d, count
 
     @jit(device=True, forceinline=True)
-    def load(A, B, a, b, bh, r0, n, tid):
+    def load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid):
         areg = cuda.local.array(NLOAD, ACC)
         breg = cuda.local.array(NLOAD, ACC)
         got = 0
-        if FIXED and r0 + rows <= n:
-            ab, ah = batch_head(a, bh)
-            bb, bh_ = batch_head(b, bh)
+        a0, b0 = head_starts(a_lay, b_lay, bh)  # flat index of the head's row 0 in a and in b
+        a_row, b_row = uint64(a_lay[3]), uint64(b_lay[3])  # row strides
+        if FIXED:
             x = uint32(tid) % D_U
             c = uint32(tid) // D_U
             rk = uint32(r0) + c
-            for t in range(NLOAD):
-                areg[t] = ACC(a[ab, ah, rk + uint32(t * ROWSTEP), x])
-                breg[t] = ACC(b[bb, bh_, rk + uint32(t * ROWSTEP), x])
+            ai = a0 + uint64(rk) * a_row + uint64(x)  # element (r0 + c, x) of the head; the next ones
+            bi = b0 + uint64(rk) * b_row + uint64(x)  # ROWSTEP rows apart, one add each
+            if r0 + rows <= n:
+                for t in range(NLOAD):
+                    areg[t] = ACC(a[ai + uint64(t * ROWSTEP) * a_row])
+                    breg[t] = ACC(b[bi + uint64(t * ROWSTEP) * b_row])
+                if COUNT:
+                    got = 2 * NLOAD
+            else:  # the last tile: rows at or past n are zeros
+                for t in range(NLOAD):
+                    areg[t] = ZERO
+                    breg[t] = ZERO
+                    if rk + uint32(t * ROWSTEP) < uint32(n):
+                        areg[t] = ACC(a[ai + uint64(t * ROWSTEP) * a_row])
+                        breg[t] = ACC(b[bi + uint64(t * ROWSTEP) * b_row])
+                        if COUNT:
+                            got += 2
             for t in range(NLOAD):
                 A[x * SA_U + c + uint32(t * ROWSTEP)] = areg[t]
                 if B_T:
                     B[x * SB_U + c + uint32(t * ROWSTEP)] = breg[t]
                 else:
                     B[(c + uint32(t * ROWSTEP)) * SB_U + x] = breg[t]
-            if COUNT:
-                got = 2 * NLOAD
         else:
             for e in range(tid, rows * d, NT):
                 c = e // d
@@ -137,8 +166,8 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                 aval = ZERO
                 bval = ZERO
                 if r0 + c < n:
-                    aval = ACC(element(a, bh, r0 + c, x))
-                    bval = ACC(element(b, bh, r0 + c, x))
+                    aval = ACC(a[a0 + uint64(r0 + c) * a_row + uint64(x)])
+                    bval = ACC(b[b0 + uint64(r0 + c) * b_row + uint64(x)])
                     if COUNT:
                         got += 2
                 A[x * S_A + c] = aval
@@ -164,27 +193,29 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
 
 @functools.lru_cache(maxsize=None)
 def padded_loader(rows: int, d: int, DP: int, S: int, pair: bool, acc_name: str, count: bool):
-    """Device function ``load(A, B, a, b, bh, r0, n, tid)``: a tile loaded once, before a kernel's loop.
+    """Device function ``load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid)``: a tile loaded once, before a kernel's loop.
 
-    Rows r0 .. r0 + rows - 1 of ``a[bh]`` (and with ``pair`` of ``b[bh]``) into A (B),
-    transposed with stride S, zero beyond d (up to DP) and at or past row n.
+    Rows r0 .. r0 + rows - 1 of head bh of the flat input ``a`` (and with ``pair`` of ``b``;
+    layouts as for :func:`pair_loader`) into A (B), transposed with stride S, zero beyond d
+    (up to DP) and at or past row n.
     """
     ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = _zero(acc_name)
     PAIR, COUNT = pair, count
 
     @jit(device=True, forceinline=True)
-    def load(A, B, a, b, bh, r0, n, tid):
+    def load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid):
         got = 0
+        a0, b0 = head_starts(a_lay, b_lay, bh)  # flat index of the head's row 0 in a and in b
         for e in range(tid, rows * DP, NT):
             r = e // DP
             x = e % DP
             aval = ZERO
             bval = ZERO
             if x < d and r0 + r < n:
-                aval = ACC(element(a, bh, r0 + r, x))
+                aval = ACC(a[a0 + uint64(r0 + r) * uint64(a_lay[3]) + uint64(x)])
                 if PAIR:
-                    bval = ACC(element(b, bh, r0 + r, x))
+                    bval = ACC(b[b0 + uint64(r0 + r) * uint64(b_lay[3]) + uint64(x)])
                 if COUNT:
                     got += 1 + PAIR
             A[x * S + r] = aval

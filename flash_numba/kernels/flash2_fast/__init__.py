@@ -46,7 +46,7 @@ from ...compile_check import compile_kernel
 from ...device import SIMULATOR, STATIC_SHARED_LIMIT
 from .. import _rowsum
 from .. import flash2 as _flash2
-from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_type
+from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
 from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, zero_kernel
 from .forward import forward_kernel
@@ -98,19 +98,23 @@ def forward(prob, ops, block, counters):
     kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
-    q, k, v = (ops[name].dev for name in ("q", "k", "v"))
+    (q, q_lay), (k, k_lay), (v, v_lay) = (_inputs.flat_input(ops[name].dev) for name in ("q", "k", "v"))
     kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.G,
-                                                 prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME))
+                                                 prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
+                                                 q_lay, k_lay, v_lay)
     return o, lse
 
 
 def _backward_inputs(prob, ops, counters):
-    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2): D = rowsum(dO * O) launched, dk and dv allocated."""
-    q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
-    D = _rowsum.rowsum(prob, o, do, counters)
+    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts): D = rowsum(dO * O) launched, dk and dv
+    allocated; q, k, v, do flat and ``layouts`` their layouts (:func:`flash_numba._inputs.flat_input`)."""
+    D = _rowsum.rowsum(prob, ops["o"].dev, ops["do"].dev, counters)
+    (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_inputs.flat_input(ops[name].dev)
+                                                        for name in ("q", "k", "v", "do"))
     dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
     dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
-    return q, k, v, do, lse, D, dk, dv, prob.acc.type(prob.scale), prob.acc.type(prob.scale * LOG2E)
+    return (q, k, v, do, ops["lse"].dev, D, dk, dv, prob.acc.type(prob.scale), prob.acc.type(prob.scale * LOG2E),
+            (q_lay, k_lay, v_lay, do_lay))
 
 
 def backward(prob, ops, block, counters):
@@ -123,15 +127,15 @@ def backward(prob, ops, block, counters):
     if not uses_fast_backward(Br, Bc, d, dt):
         return _flash2.backward(prob, ops, block, counters)
     count = counters.enabled
-    q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count)
     grid = grids(prob, block)
     kv[grid[BACKWARD_KV_NAME], NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, scale,
-                                   scale_log2, counters.array(BACKWARD_KV_NAME))
+                                   scale_log2, counters.array(BACKWARD_KV_NAME), *layouts)
     dq = _inputs.empty((BH, Nq, d), dt)
     qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count)
     qk[grid[BACKWARD_Q_NAME], NT](q, k, v, do, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2,
-                                  counters.array(BACKWARD_Q_NAME))
+                                  counters.array(BACKWARD_Q_NAME), *layouts)
     return dq, dk, dv
 
 
@@ -147,7 +151,7 @@ def backward_atomic(prob, ops, block, counters):
     if not uses_fast_backward(Br, Bc, d, dt):
         return _flash2.backward(prob, ops, block, counters)
     count = counters.enabled
-    q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     n = BH * Nq * d
     grid = grids(prob, block)
     elementwise_grid = grid[ZERO_DQ_NAME]
@@ -156,7 +160,7 @@ def backward_atomic(prob, ops, block, counters):
                                                                      counters.array(ZERO_DQ_NAME))
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True)
     kv[grid[BACKWARD_KVQ_NAME], NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, scale, scale_log2,
-                                    counters.array(BACKWARD_KVQ_NAME))
+                                    counters.array(BACKWARD_KVQ_NAME), *layouts)
     if dt == acc:
         return dq_acc, dk, dv
     dq = _inputs.empty((BH, Nq, d), dt)
@@ -186,10 +190,10 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         acc = _inputs.acc_dtype(dt)
         X3, A2, A3, ACC = array_type(dt, 3), array_type(acc, 2), array_type(acc, 3), acc_nb_type(dt)
-        XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
-        fwd_sig = (XI, XI, XI, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE)
-        kv_sig = (XI, XI, XI, XI, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE)
-        q_sig = (XI, XI, XI, XI, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE)
+        X1, LAY = array_type(dt, 1), LAYOUT_TYPE  # q, k, v, do: flat, with their layouts (_inputs.flat_input)
+        fwd_sig = (X1, X1, X1, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE, LAY, LAY, LAY)
+        kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY)
+        q_sig = (X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY)
         for d in ds:
             Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
             bBr, bBc = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
@@ -210,7 +214,7 @@ def compile_all(ccs, dtypes, ds):
                          kv_sig),
                     ]
                 if fast_bwd and causal and d == ds[0]:  # the atomic path's element-wise kernels, once
-                    A1, X1, c = array_type(acc, 1), array_type(dt, 1), " count" * count
+                    A1, c = array_type(acc, 1), " count" * count
                     specs.append((ZERO_DQ_NAME, f"{ZERO_DQ_NAME} {dt}{c}", zero_kernel(acc.name, count),
                                   (A1, I64, COUNTER_TYPE)))
                     if dt != acc:

@@ -60,7 +60,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 atomic_dq: bool = False):
     """``(kernel, geometry)``: dK_j, dV_j for one key block of Bc = 8 TM rows (and dQ by atomics).
 
-    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter)``; ``dq`` is
+    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+    do_lay)``: q, k, v, do flat inputs and their layouts (:func:`flash_numba._inputs.flat_input`); ``dq`` is
     a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  A block of
     key/value head hkv walks over the query blocks of its G query heads in turn (grouped-query
     attention, G = Hq / Hkv; dk and dv have B*Hkv heads).  ``maxreg``:
@@ -84,7 +85,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
     store = _tile_ops.strided_store(TM, TD, d, True, count)
 
-    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter):
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
         VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS), QS odd
@@ -113,7 +114,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         nr = 0
         nw = 0
 
-        n = load_kv(KT, VT, k, v, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, zero beyond Nk and d
+        n = load_kv(KT, VT, k, v, k_lay, v_lay, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, zero beyond Nk and d
         if COUNT:
             nr += n * SB
         zero_q_padding(QT, dOT, tid)
@@ -128,7 +129,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             bh, i = group_step(step, n_i, i_first, hkv, G)
             r0 = i * Br
             cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
-            n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)
+            n = load_q(QT, dOT, q, do, q_lay, do_lay, bh, r0, Nq, tid)
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
             if COUNT:
                 nr += n * SB + n_stats * AB
@@ -201,7 +202,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool):
     """``(kernel, geometry)``: dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j.
 
-    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter)``.
+    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay)``
+    (as for :func:`dkdv_kernel`).
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
     g = geometry_q(d, TM, TN, dtype_name)
@@ -216,7 +218,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     dq_product = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
     store = _tile_ops.strided_store(TM, TD, d, False, count)
 
-    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter):
+    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS), KS odd
@@ -236,7 +238,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         hkv = kv_head(bh, G)
         nr = nw = 0
 
-        n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)  # Q_i, dO_i -> QT, dOT once
+        n = load_q(QT, dOT, q, do, q_lay, do_lay, bh, r0, Nq, tid)  # Q_i, dO_i -> QT, dOT once
         n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)  # L_i (log2 units) and D_i
         if COUNT:
             nr += n * SB + n_stats * AB
@@ -251,7 +253,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         for j in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
             c0 = j * Bc
             cuda.syncthreads()  # previous step is done with KT, VT, dST
-            n = load_kv(KT, VT, k, v, hkv, c0, Nk, tid)
+            n = load_kv(KT, VT, k, v, k_lay, v_lay, hkv, c0, Nk, tid)
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()

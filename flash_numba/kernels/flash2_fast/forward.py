@@ -34,7 +34,8 @@ from .layout import FASTMATH, FORWARD_NAME, TX, device_register_cap, geometry, s
 def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1):
     """``(kernel, geometry)``: the forward for head dim d, micro-tile TM x TN, storage ``dtype_name``.
 
-    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter)``; query head bh reads
+    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay)``: q, k, v
+    flat inputs and their layouts (:func:`flash_numba._inputs.flat_input`, any strides); query head bh reads
     key/value head bh // G (grouped-query attention, G = Hq / Hkv).  ``maxreg``:
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
     """
@@ -54,7 +55,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     s_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
     pv_product = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
 
-    def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter):
+    def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T  (DP, KS)
         Vs = cuda.shared.array(V_SIZE, ACC, alignment=ALIGN)  # V_j    (Bc, DP)
@@ -70,7 +71,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         hkv = kv_head(bh, G)
         nr = nw = 0
 
-        n = load_q(QT, QT, q, q, bh, row0, Nq, tid)  # Q_i -> QT, zero beyond d and Nq
+        n = load_q(QT, QT, q, q, q_lay, q_lay, bh, row0, Nq, tid)  # Q_i -> QT, zero beyond d and Nq
         if COUNT:
             nr += n * STORE_BYTES
         zero_kv_padding(KT, Vs, tid)
@@ -84,7 +85,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         for j in range(visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)):
             col0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous KT, Vs, PT
-            n = load_kv(KT, Vs, k, v, hkv, col0, Nk, tid)
+            n = load_kv(KT, Vs, k, v, k_lay, v_lay, hkv, col0, Nk, tid)
             if COUNT:
                 nr += n * STORE_BYTES
             cuda.syncthreads()
