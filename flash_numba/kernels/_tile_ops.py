@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda, uint32, uint64
 
 from ..device import jit
-from ._common import acc_nb_type, element
+from ._common import acc_nb_type, batch_head
 
 NT = 128  # threads of a flash2 / flash2_fast block (8 x 16)
 TY, TX = 8, 16
@@ -47,11 +47,12 @@ def load_rows(tile, src, bh, row0, n_rows, width, t, nt):
     sequence's end) are zero-filled.  Returns the number of elements this thread read.
     """
     n = 0
+    b, h = batch_head(src, bh)  # src[b, h] is head bh
     for e in range(t, tile.shape[0] * width, nt):
         r = e // width
         x = e - r * width
         if row0 + r < n_rows:
-            tile[r, x] = element(src, bh, row0 + r, x)
+            tile[r, x] = src[b, h, row0 + r, x]
             n += 1
         else:
             tile[r, x] = 0
