@@ -144,6 +144,19 @@ def test_strided_last_dim_is_copied(monkeypatch, rng):
     assert err64(host(o), reference.attention_forward(q, k, v, causal=True)[0]) < 1e-13
 
 
+def test_negative_strides_are_copied(monkeypatch, rng):
+    """A device view with a negative stride (the sequence reversed) is copied to contiguous form, then used."""
+    calls = []
+    copy = _inputs._contiguous_copy
+    monkeypatch.setattr(_inputs, "_contiguous_copy", lambda arr: calls.append(1) or copy(arr))
+    q, k, v = (rng.standard_normal((2, 17, 8)) for _ in range(3))
+    dev_q = cuda.to_device(np.ascontiguousarray(q[:, ::-1]))[:, ::-1]  # q's rows, stored last to first
+    assert dev_q.strides[1] < 0
+    o = fn.attention(dev_q, cuda.to_device(k), cuda.to_device(v), kernel="flash2_fast", causal=True)
+    assert calls == [1]
+    assert err64(host(o), reference.attention_forward(q, k, v, causal=True)[0]) < 1e-13
+
+
 @pytest.mark.gpu
 def test_one_specialisation_for_every_layout(rng):
     """A contiguous and a strided input reach a kernel as one Numba type: one compiled specialisation."""

@@ -5,11 +5,13 @@ made of; the two sets were written at the same time in different branches and ca
 
 Two families:
 
-* For the readable kernels (flash1, flash2): :func:`load_rows` and
-  :func:`load_vector` copy rows of a ``(B*H, N, d)`` array into a shared tile,
-  the threads of the block taking consecutive elements in turn.
+* For the readable kernels (flash1, flash2): :func:`load_rows` copies rows of head
+  bh of a ``(B, H, N, d)`` input (any strides, :func:`._common.batch_head`) and
+  :func:`load_vector` of a ``(B*H, N)`` array into a shared tile, the threads of the
+  block taking consecutive elements in turn.
 * For the register-tiled kernels (flash2_fast): factories that return device
-  functions specialised on the tile's shape (closure constants, so that NVVM
+  functions specialised on the tile's shape, reading flat inputs with their layouts
+  (:func:`flash_numba._inputs.flat_input`, :func:`head_starts`) (closure constants, so that NVVM
   unrolls their loops exactly as it did when the code stood inside each kernel).
   They are compiled with ``forceinline``: inlined at the NVVM IR level, their
   local arrays become registers of the caller.  docs/PERFORMANCE.md records the
@@ -40,7 +42,8 @@ TY, TX = 8, 16
 
 @jit(device=True, forceinline=True)
 def load_rows(tile, src, bh, row0, n_rows, width, t, nt):
-    """Copy rows row0, row0 + 1, ... of ``src[bh]`` (``width`` columns) into a shared tile.
+    """Copy rows row0, row0 + 1, ... of head bh of the ``(B, H, N, d)`` input ``src`` (``width`` columns) into a
+    shared tile.
 
     Thread t of ``nt`` copies elements t, t + nt, ... of the tile, so consecutive
     threads read consecutive addresses.  Rows at or past ``n_rows`` (the

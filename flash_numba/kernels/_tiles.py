@@ -7,8 +7,8 @@ shared-memory access has a constant offset, as in the hand-written loops of
 pays: unsigned indices, loads batched before the first shared store, ``while``
 loops over uint32 offsets that NVVM unrolls, 16-byte vector loads).
 
-* :func:`tile_loader`: a ``R x C`` tile of a global ``(BH, rows, cols)`` array
-  into a flat shared buffer, element ``(r, c)`` at ``r * RS + c * CS`` (so
+* :func:`tile_loader`: a ``R x C`` tile of head bh of a global input ``(B, H, rows, cols)``
+  or ``(BH, rows, cols)`` array into a flat shared buffer, element ``(r, c)`` at ``r * RS + c * CS`` (so
   ``RS = 1`` stores it transposed), zeros past the array's edge.
 * :func:`micro_product`: a thread's ``TM x TN`` register tile ``acc += A^T B``
   summed over ``K`` rows of two shared buffers.
@@ -60,7 +60,8 @@ def check_micro_tile_block(block, what: str) -> None:
 def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
     """``load(x, bh, r0, c0, n_r, n_c, buf, tid) -> elements read``.
 
-    Copies ``x[bh, r0 + r, c0 + c]`` for ``r < R``, ``c < C`` into
+    Copies element ``(r0 + r, c0 + c)`` of head bh of ``x`` (a ``(B, H, N, d)`` input, any
+    strides, or a ``(B*H, rows, cols)`` array of the kernels', :func:`._common.element`) for ``r < R``, ``c < C`` into
     ``buf[r * RS + c * CS]`` (accumulation dtype), where rows ``r >= n_r`` and
     columns ``c >= n_c`` (past the array's edge) become 0.  A whole tile whose
     C columns divide the 128 threads takes the fast path: each thread loads one

@@ -17,8 +17,17 @@ How the kernels spend their time on multiply-adds:
   *unsigned* indices: with a signed index Numba handles Python's negative indices
   and the four loads stay apart).
 * **Loops the compiler unrolls**: ``while`` loops over uint32 offsets
-  (:mod:`flash_numba.kernels._tile_ops`); full K/V tiles loaded with uint32 indices,
+  (:mod:`flash_numba.kernels._tile_ops`); full K/V tiles loaded with unsigned indices,
   every load of a thread before its first shared store.
+* **Strided inputs, global loads.**  q, k, v, dO come as flat 1-D arrays with their
+  ``(H, stride_B, stride_H, stride_N)`` layouts (:func:`flash_numba._inputs.flat_input`):
+  any layout whose rows are contiguous is read in place (a transposed ``(B, N, H, d)``
+  tensor, a packed qkv), with no compile-time specialisation per layout.  An index into a
+  C-contiguous array compiles to arithmetic on its pointer, so the loads stay global
+  loads and a thread's next element of a tile is one add away; the 4-D layout-'A' arrays
+  of the readable kernels index through integer arithmetic on the address (generic loads)
+  and took 38 more registers in the forward (spills under its cap of 128).  The head's
+  offset (one 32-bit division, shared by K and V) is computed once per tile load.
 * **Typed constants** (``-inf``, 0, 1 in the accumulation dtype) and **exp2** with
   log2(e) folded into the scale; ``fastmath`` without the no-inf/no-NaN flags, so
   masked rows keep their -inf.
