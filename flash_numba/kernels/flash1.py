@@ -180,7 +180,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                         S_ij[r, c] = s
                         m_ij = nan_max(m_ij, s)
                     # line 10: P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij); a masked score gives 0
-                    # (test the score, not m~_ij: max() skips NaN, and a NaN score must stay NaN)
+                    # (test the score, not m~_ij: a masked or -inf score gives exactly 0 whatever m~_ij is)
                     l_ij = ZERO
                     for c in range(cols):
                         p = ZERO

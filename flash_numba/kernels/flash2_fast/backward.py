@@ -89,7 +89,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         Ps = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # P_ij    (Br, PS)
         dSs = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # dS_ij  (Br, PS)
-        Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf: row sees nothing)
+        Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf past Nq)
         Ds = cuda.shared.array(Br, ACC)  # D_i
         sT = cuda.local.array((TM, TN), ACC)  # S^T micro-tile, then P^T
         dpT = cuda.local.array((TM, TN), ACC)  # dP^T micro-tile, then dS^T

@@ -102,7 +102,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
                     mx = nan_max(mx, s[a, b])
                 mx = half_warp_max(mx)
                 m_new = nan_max(m[a], mx)
-                m_use = ZERO if m_new == NEG_INF else m_new  # a row that sees nothing yet: exp(-inf) = 0
+                m_use = ZERO if m_new == NEG_INF else m_new  # all -inf so far: exp(-inf - 0) = 0, not NaN
                 l[a] *= math.exp(m[a] - m_use)
                 for b in range(TN):
                     l[a] += math.exp(s[a, b] - m_use)
