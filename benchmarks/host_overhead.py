@@ -48,6 +48,31 @@ def _gpu_us(call, repeats=50):
     return statistics.median(times)
 
 
+def _profile(kinds, kernel, path):
+    """Where a call's host time goes: cProfile over 500 forward and 500 backward calls."""
+    import cProfile
+    import io
+    import pstats
+
+    kind, (q, k, v, do) = list(kinds.items())[-1]
+    f = fn.attention_forward(q, k, v, kernel=kernel)
+    out = io.StringIO()
+    for pass_, call in (("fwd", lambda: fn.attention_forward(q, k, v, kernel=kernel)),
+                        ("bwd", lambda: fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel))):
+        call()
+        device.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(500):
+            call()
+        prof.disable()
+        device.synchronize()
+        out.write(f"== {kind} {kernel} {pass_}: 500 calls\n")
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(40)
+    with open(path, "w") as fh:
+        fh.write(out.getvalue())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=128)
@@ -55,6 +80,9 @@ def main(argv=None) -> int:
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--kernels", nargs="+", default=["flash2_fast", "flash2", "standard"])
     p.add_argument("--csv")
+    p.add_argument("--profile", metavar="FILE",
+                   help="also profile 500 forward and 500 backward calls of the first kernel with cProfile "
+                        "(the last input kind) and write the 40 costliest functions, by own time, to FILE")
     args = p.parse_args(argv)
     if device.SIMULATOR:
         print("host_overhead: needs a GPU (the simulator has no clock)", file=sys.stderr)
@@ -86,6 +114,8 @@ def main(argv=None) -> int:
                        "host_us": round(_host_us(call), 1), "gpu_us": round(_gpu_us(call), 1)}
                 rows.append(row)
                 print(f"{kind:<7} {kernel:<12} {pass_:<8} {row['host_us']:>8} {row['gpu_us']:>8}", flush=True)
+    if args.profile:
+        _profile(kinds, args.kernels[0], args.profile)
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -58,17 +58,8 @@ from .exercise_kernels import (  # noqa: F401  (the solutions and frames, re-exp
     flash2_rows,
     frame_source,
 )
-from .exercises.checking import (
-    RACE_NOTE,
-    _close,
-    _fmt,
-    _kernel_not_done,
-    _Mismatch,
-    _race_mismatch,
-    _races_watched,
-    _register,
-    _rng,
-)
+from .exercises.checking import (RACE_NOTE, _close, _fmt, _kernel_not_done,
+    _Mismatch, _race_mismatch, _races_watched, _register, _rng)
 from .iomodel.flash1 import query_rows_processed
 from .iomodel.flash2 import kv_rows_read
 

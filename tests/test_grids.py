@@ -1,7 +1,7 @@
 """Any batch size: every launch's grid stays inside CUDA's limits, and every kernel runs at B*H = 70,000.
 
-CUDA caps grid axes y and z at 65,535 blocks; the attention kernels fold B*H into
-axis x (limit 2^31 - 1) and decode the head in the kernel.  The simulator test
+CUDA caps grid axes y and z at 65,535 blocks; the attention kernels put B*H on
+axis x (limit 2^31 - 1), alone or folded with the blocks of a head.  The simulator test
 checks the grids the launchers use (each module's ``grids``), the ``gpu`` test runs
 the kernels at a B*H above 65,535 against the float64 reference.
 """
@@ -13,7 +13,7 @@ import flash_numba as fn
 from flash_numba import _inputs, kernels, reference
 from flash_numba.device import STATIC_SHARED_LIMIT
 from flash_numba.kernels import _rowsum, matmul16
-from flash_numba.kernels._common import GRID_LIMITS, head_grid
+from flash_numba.kernels._common import GRID_LIMITS, head_grid, head_grid_2d
 
 BIG_BH = 70_000  # above the 65,535 of grid axes y and z
 
@@ -83,3 +83,11 @@ def test_every_kernel_runs_70000_heads_against_the_reference(name, causal):
     bwd = fn.attention_backward(q, k, v, fwd.o, fwd.lse, do, kernel=name, causal=causal)
     for got, want in zip((bwd.dq, bwd.dk, bwd.dv), grads_ref):
         assert rel_err(got, want) < 1e-5
+
+
+def test_head_grid_2d_puts_heads_on_x_and_refuses_more_blocks_per_head_than_axis_y_holds():
+    assert head_grid_2d(GRID_LIMITS[1], GRID_LIMITS[0]) == (GRID_LIMITS[0], GRID_LIMITS[1])
+    with pytest.raises(ValueError, match="^N: "):
+        head_grid_2d(GRID_LIMITS[1] + 1, 1)
+    with pytest.raises(ValueError, match="^BH: "):
+        head_grid_2d(1, GRID_LIMITS[0] + 1)

@@ -7,18 +7,8 @@ import functools
 import numpy as np
 from numba import cuda, float32  # cuda: a module global, which the simulator swaps for its own
 
-from .checking import (
-    RACE_NOTE,
-    _close,
-    _diff_notes,
-    _fmt,
-    _kernel_not_done,
-    _Mismatch,
-    _race_mismatch,
-    _races_watched,
-    _register,
-    _rng,
-)
+from .checking import (RACE_NOTE, _close, _diff_notes, _fmt, _kernel_not_done,
+    _Mismatch, _race_mismatch, _races_watched, _register, _rng)
 
 
 # ============================================================================= lesson 0: a first kernel

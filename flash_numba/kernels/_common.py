@@ -121,6 +121,31 @@ def head_block(n_rows, rows):
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest grid (x, y, z)
 
 
+def head_grid_2d(blocks_per_head: int, BH: int) -> tuple[int, int]:
+    """A grid ``(B*H, blocks_per_head)``: the head on axis x (up to 2^31 - 1), the block of a head on axis y.
+
+    The kernel reads its head and block from ``blockIdx`` without a division (the
+    division of :func:`head_block` costs a readable kernel 15-30 registers); axis y
+    holds at most 65,535 blocks per head, a million query rows at Br = 16.
+    """
+    if BH > GRID_LIMITS[0]:
+        raise ValueError(f"BH: {BH} heads, over CUDA's grid limit of {GRID_LIMITS[0]}")
+    if blocks_per_head > GRID_LIMITS[1]:
+        raise ValueError(f"N: {blocks_per_head} blocks per head, over CUDA's grid limit of {GRID_LIMITS[1]} "
+                         "on axis y; use larger blocks or a shorter sequence")
+    return BH, blocks_per_head
+
+
+@jit(device=True, forceinline=True)
+def heavy_first_block(rows):
+    """The first row of this block in a :func:`head_grid_2d` grid, the last block of each head first.
+
+    Under a causal mask the last query blocks see the most keys: starting them first
+    leaves the short ones to fill the tail of the launch.
+    """
+    return int64(cuda.gridDim.y - 1 - cuda.blockIdx.y) * rows
+
+
 def head_grid(blocks_per_head: int, BH: int) -> int:
     """A 1-D grid of ``blocks_per_head * BH`` blocks: B*H folded into axis x, whose limit is 2^31 - 1.
 

@@ -1,7 +1,8 @@
 """flash2: the FlashAttention-2 loop order (Dao 2023), forward and backward.
 
 What it does.  Forward (FA2's Algorithm 1): one thread block per query block
-Q_i (Br rows) and (batch, head), a 1-D grid of Tr * B*H blocks.  The block loads Q_i into
+Q_i (Br rows) and (batch, head), a grid of (B*H, Tr) blocks, the last query block of each
+head first (under a causal mask it sees the most keys).  The block loads Q_i into
 shared memory once and walks over the key/value blocks K_j, V_j (Bc rows each,
 in shared memory, our SRAM): S_ij = scale Q_i K_j^T, the online-softmax update
 of m_i and l_i, the rescale of the accumulator O_i when the row maximum moves,
@@ -12,11 +13,11 @@ written once, at the end.
 Backward (FA2's Algorithm 2, split in three kernels, no atomics on floats):
 
 1. "D = rowsum(dO*O)": 8 rows per block, 16 threads per row.
-2. "dK, dV": 1-D grid of Tc * B*H blocks.  A block owns K_j, V_j, keeps dK_j, dV_j in
+2. "dK, dV": a grid of (B*H, Tc) blocks.  A block owns K_j, V_j, keeps dK_j, dV_j in
    registers and walks over the query blocks i that see its keys, recomputing
    S_ij, P_ij = exp(S_ij - L_i), dV_j += P_ij^T dO_i, dP_ij = dO_i V_j^T,
    dS_ij = P_ij * (dP_ij - D_i), dK_j += scale dS_ij^T Q_i.
-3. "dQ": 1-D grid of Tr * B*H blocks.  A block owns Q_i, dO_i, L_i, D_i, keeps dQ_i in
+3. "dQ": a grid of (B*H, Tr) blocks.  A block owns Q_i, dO_i, L_i, D_i, keeps dQ_i in
    registers and walks over the visible key blocks j, recomputing S, P, dP, dS
    and dQ_i += scale dS_ij K_j.
 
@@ -93,7 +94,7 @@ from .causal import first_visible_q_block_dev as first_visible_q_block
 from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, head_block, head_grid
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, head_grid_2d, heavy_first_block
 from ._common import madd_unless_zero, nan_max
 from ._spec import KernelSpec, check_pass
 
@@ -236,7 +237,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
     def flash2_forward(q, k, v, o, lse, counter, Nq, Nk, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        bh, i0 = head_block(Nq, Br)  # (batch, head) and the first query row of Q_i
+        bh, i0 = cuda.blockIdx.x, heavy_first_block(Br)  # (batch, head) and the first query row of Q_i
         nr = 0
         nw = 0
 
@@ -385,7 +386,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
     def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        bh, j0 = head_block(Nk, Bc)  # (batch, head) and the first key row of K_j
+        bh, j0 = cuda.blockIdx.x, cuda.blockIdx.y * Bc  # (batch, head) and the first key row of K_j
         nr = 0
         nw = 0
 
@@ -484,7 +485,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
     def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        bh, i0 = head_block(Nq, Br)
+        bh, i0 = cuda.blockIdx.x, heavy_first_block(Br)
         nr = 0
         nw = 0
 
@@ -555,11 +556,11 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
 
 
 def grids(prob, block) -> dict:
-    """The 1-D launch grid of each launch, by launch name: B*H folded into axis x (see head_grid)."""
+    """The launch grid of each launch, by launch name: (B*H, blocks per head), see head_grid_2d."""
     Br, Bc = block
     Tr, Tc = _cdiv(prob.Nq, Br), _cdiv(prob.Nk, Bc)
-    return {FORWARD_NAME: head_grid(Tr, prob.BH), BACKWARD_NAMES[0]: _rowsum.grid(prob),
-            BACKWARD_NAMES[1]: head_grid(Tc, prob.BH), BACKWARD_NAMES[2]: head_grid(Tr, prob.BH)}
+    return {FORWARD_NAME: head_grid_2d(Tr, prob.BH), BACKWARD_NAMES[0]: _rowsum.grid(prob),
+            BACKWARD_NAMES[1]: head_grid_2d(Tc, prob.BH), BACKWARD_NAMES[2]: head_grid_2d(Tr, prob.BH)}
 
 
 def forward(prob, ops, block, counters):
