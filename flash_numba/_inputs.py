@@ -3,8 +3,10 @@
 Conventions (the same for every public function):
 
 * Shapes ``(N, d)``, ``(H, N, d)`` or ``(B, H, N, d)``; q, k and v have the same
-  rank and leading dimensions, the same head dim ``d`` (1..128), and k and v the
-  same length ``Nk``, which may differ from q's ``Nq``.
+  rank, the same head dim ``d`` (1..128) and the same batch dim B; k and v have one
+  shape ``(..., Hkv, Nk, d)``, whose length ``Nk`` may differ from q's ``Nq`` and whose
+  head count ``Hkv`` may be any divisor of q's ``Hq`` (grouped-query attention: query
+  head h reads key/value head h // G, G = Hq // Hkv; G = Hq is multi-query attention).
 * Storage dtypes float16, float32 or float64, the same for all arrays; kernels
   accumulate in float32 (float64 for float64 storage).  The log-sum-exp ``lse``
   is float32 (float64 for float64 storage), shape ``lead + (Nq,)``.
@@ -174,10 +176,21 @@ class Problem:
     scale: float
     causal: bool
     torch_device: object = None  # set when the inputs are CUDA PyTorch tensors
+    G: int = 1  # query heads per key/value head (grouped-query attention); BH // G key/value heads
 
     @property
     def acc(self) -> np.dtype:
         return acc_dtype(self.dtype)
+
+    @property
+    def BHkv(self) -> int:
+        """The number of key/value heads, B * Hkv (= BH without grouped-query attention)."""
+        return self.BH // self.G
+
+    @property
+    def kv_lead(self) -> tuple:
+        """The leading dims of k, v (and dk, dv): q's with Hkv = Hq / G heads."""
+        return self.lead[:-1] + (self.lead[-1] // self.G,) if self.lead else ()
 
 
 def check_scale(scale, d: int, dtype=np.float64) -> float:
@@ -287,9 +300,9 @@ def _problem(args: dict, causal: bool, scale, torch_device) -> Problem:
         if len(xs) != len(qs):
             raise ValueError(f"{name}: has {len(xs)} dimensions but q has {len(qs)} ({xs} vs {qs})")
     lead = qs[:-2]
-    for name, xs in (("k", ks), ("v", vs)):
-        if xs[:-2] != lead:
-            raise ValueError(f"{name}: leading (batch, head) dims {xs[:-2]} differ from q's {lead}")
+    G = _group_size(lead, ks[:-2])
+    if vs[:-2] != ks[:-2]:
+        raise ValueError(f"v: leading (batch, head) dims {vs[:-2]} differ from k's {ks[:-2]}")
     Nq, d = qs[-2:]
     Nk = ks[-2]
     if ks[-1] != d:
@@ -328,7 +341,19 @@ def _problem(args: dict, causal: bool, scale, torch_device) -> Problem:
     BH = int(np.prod(lead)) if lead else 1
     scale = check_scale(scale, d, dtype)
     on_device = args["q"].on_device
-    return Problem(lead, BH, Nq, Nk, d, dtype, on_device, scale, bool(causal), torch_device)
+    return Problem(lead, BH, Nq, Nk, d, dtype, on_device, scale, bool(causal), torch_device, G)
+
+
+def _group_size(lead: tuple, kv_lead: tuple) -> int:
+    """G = Hq // Hkv for q's leading dims ``lead`` and k's ``kv_lead`` (ValueError naming k otherwise)."""
+    if kv_lead == lead:
+        return 1
+    hq, hkv = (int(lead[-1]), int(kv_lead[-1])) if lead else (0, 0)
+    if not lead or kv_lead[:-1] != lead[:-1] or hkv < 1 or hq % hkv:
+        raise ValueError(f"k: leading (batch, head) dims {kv_lead} differ from q's {lead}"
+                         + ("; only the head count may differ, a divisor of q's (grouped-query attention)"
+                            if lead else ""))
+    return hq // hkv
 
 
 def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> tuple[Problem, dict]:
@@ -370,8 +395,10 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
         for name, a in args.items():
             if name == "lse":
                 shape3 = (prob.BH, prob.Nq)
+            elif name in ("k", "v"):
+                shape3 = (prob.BHkv, prob.Nk, prob.d)
             else:
-                shape3 = (prob.BH, prob.Nk if name in ("k", "v") else prob.Nq, prob.d)
+                shape3 = (prob.BH, prob.Nq, prob.d)
             if a.torch:
                 dev = _tensor_to_device(a.arr, shape3, name)
             else:
@@ -380,9 +407,9 @@ def prepare(named: dict, *, causal: bool, scale, extra: dict | None = None) -> t
     return prob, ops
 
 
-def finish(prob: Problem, dev, shape_tail):
-    """Reshape a device result to the caller's leading dims; copy to host if the inputs were."""
-    shape = prob.lead + tuple(shape_tail)
+def finish(prob: Problem, dev, shape_tail, lead=None):
+    """Reshape a device result to the caller's leading dims (``lead``, default q's); copy to host if the inputs were."""
+    shape = (prob.lead if lead is None else lead) + tuple(shape_tail)
     if prob.torch_device is not None:
         t = getattr(dev, _TENSOR_ATTR, None)
         if t is not None:  # a buffer from _torch_buffer: hand its tensor back, no conversion

@@ -107,8 +107,8 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, dete
         dq, dk, dv = run(prob, ops, blk, counters)
     return BackwardResult(
         _inputs.finish(prob, dq, (prob.Nq, prob.d)),
-        _inputs.finish(prob, dk, (prob.Nk, prob.d)),
-        _inputs.finish(prob, dv, (prob.Nk, prob.d)),
+        _inputs.finish(prob, dk, (prob.Nk, prob.d), prob.kv_lead),
+        _inputs.finish(prob, dv, (prob.Nk, prob.d), prob.kv_lead),
         counters.result(),
         kernel,
         blk,
@@ -125,6 +125,9 @@ def attention_forward(
     """softmax(scale q k^T) v, and L = logsumexp of each row, with the kernel named ``kernel``.
 
     q: (..., Nq, d); k, v: (..., Nk, d) with leading dims (), (H,) or (B, H).
+    Grouped-query (and multi-query) attention: k and v may have fewer heads, Hkv,
+    than q's Hq when Hkv divides Hq (q (B, Hq, Nq, d), k and v (B, Hkv, Nk, d));
+    query head h then attends with key/value head h // (Hq // Hkv).
     ``kernel`` is one of :data:`flash_numba.kernels.NAMES`: ``"standard"`` (S and P
     through HBM, the paper's baseline) or a FlashAttention kernel.  ``causal``
     masks key j for query i when j > i + (Nk - Nq) (bottom-right aligned, as
@@ -144,7 +147,9 @@ def attention_backward(
 ) -> BackwardResult:
     """dq, dk, dv of :func:`attention_forward`, given its ``o``, ``lse`` and the output gradient ``do``.
 
-    The arguments are those of :func:`attention_forward`.  The FlashAttention
+    The arguments are those of :func:`attention_forward`; dk and dv are shaped like
+    k and v (with grouped-query attention, each sums over the Hq // Hkv query heads
+    that share its key/value head).  The FlashAttention
     kernels recompute P blockwise from q, k and lse; ``standard`` recomputes S and
     P into HBM (the paper's Algorithm 3).  ``deterministic=False`` lets a kernel
     with an atomic path use it: ``flash2_fast`` then computes dK, dV and dQ in one

@@ -164,6 +164,6 @@ class Counters:
             kernel, prob, block, pass_, deterministic = self._call
             terms = _terms.split(
                 kernel, pass_, prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.causal, block,
-                deterministic=deterministic,
+                deterministic=deterministic, G=prob.G,
             )
         return HBMCount(per, terms)

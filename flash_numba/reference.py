@@ -116,14 +116,29 @@ def _masked_matmul(A, B, vis):
 
 
 def _qkv(q, k, v, scale):
-    """Check shapes, convert to float64, resolve the scale; returns ``(q, k, v, scale)``."""
+    """Check shapes, convert to float64, resolve the scale; returns ``(q, k, v, scale, G)``.
+
+    Grouped-query attention: k and v may have Hkv heads where q has Hq = G * Hkv; they come
+    back repeated over each group, (..., Hq, Nk, d), query head h seeing key/value head h // G.
+    """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     if q.ndim not in (2, 3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"q, k, v: expected (N, d), (H, N, d) or (B, H, N, d), got {q.shape}, {k.shape}, {v.shape}")
-    if k.shape != v.shape or k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape}: need equal leading dims and d, and k, v of one shape")
+    G = 1
+    if q.ndim > 2 and k.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
+        G = q.shape[-3] // k.shape[-3]
+    if k.shape != v.shape or k.shape[:-3] != q.shape[:-3] or k.shape[-1] != q.shape[-1] or (
+            q.ndim > 2 and k.shape[-3] * G != q.shape[-3]):
+        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape}: need equal batch dims and d, k and v of one shape, "
+                         "and k's heads dividing q's")
+    k, v = (np.repeat(x, G, axis=-3) if G > 1 else x for x in (k, v))  # (..., Hq, Nk, d)
     d = q.shape[-1]
-    return q, k, v, (1.0 / math.sqrt(d) if scale is None else float(scale))
+    return q, k, v, (1.0 / math.sqrt(d) if scale is None else float(scale)), G
+
+
+def _sum_groups(x, G):
+    """``(..., Hq, N, d)`` -> ``(..., Hq / G, N, d)``: the sum over each group of G query heads."""
+    return x if G == 1 else x.reshape(x.shape[:-3] + (x.shape[-3] // G, G) + x.shape[-2:]).sum(axis=-3)
 
 
 def _scores(q, k, scale, causal):
@@ -148,9 +163,10 @@ def attention_forward(q, k, v, *, causal=False, scale=None):
 
     q: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``.  Returns float64
     ``o`` ``(..., Nq, d)`` and ``lse`` ``(..., Nq)`` with ``lse = m + log(l)``,
-    ``m = rowmax(S)``, ``l = rowsum(exp(S - m))``.
+    ``m = rowmax(S)``, ``l = rowsum(exp(S - m))``.  k and v may have fewer heads than q
+    (grouped-query attention: Hkv dividing Hq; query head h uses key/value head h // (Hq / Hkv)).
     """
-    q, k, v, scale = _qkv(q, k, v, scale)
+    q, k, v, scale, _ = _qkv(q, k, v, scale)
     vis = _visible(q.shape[-2], k.shape[-2], causal)  # (Nq, Nk)
     hidden = ~vis.any(axis=-1)  # (Nq,): rows that see no key
     S = _scores(q, k, scale, causal)  # (..., Nq, Nk), -inf where masked
@@ -169,9 +185,10 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
     q, o, do: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``; lse: ``(..., Nq)``.
     With ``P = exp(S - L)``, ``D = rowsum(dO * O)`` and ``dS = P * (dP - D)``:
     ``dV = P^T dO``, ``dP = dO V^T``, ``dQ = scale dS K``, ``dK = scale dS^T Q``.
-    Returns float64 ``dq`` ``(..., Nq, d)``, ``dk``, ``dv`` ``(..., Nk, d)``.
+    Returns float64 ``dq`` ``(..., Nq, d)``, ``dk``, ``dv`` ``(..., Nk, d)``, shaped like k and v
+    (grouped-query attention: summed over the query heads of each key/value head).
     """
-    q, k, v, scale = _qkv(q, k, v, scale)
+    q, k, v, scale, G = _qkv(q, k, v, scale)
     o, do, L = (np.asarray(x, dtype=np.float64) for x in (o, do, lse))
     vis = _visible(q.shape[-2], k.shape[-2], causal)  # (Nq, Nk)
     S = _scores(q, k, scale, causal)  # (..., Nq, Nk)
@@ -183,7 +200,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
         dS = np.where(vis, P * (dP - D[..., None]), 0.0)  # (..., Nq, Nk)
         dq = scale * _masked_matmul(dS, k, vis)  # (..., Nq, d)
         dk = scale * _masked_matmul(dS.swapaxes(-1, -2), q, vis.T)  # (..., Nk, d)
-    return dq, dk, dv
+    return dq, _sum_groups(dk, G), _sum_groups(dv, G)
 
 
 def plain_matmul(a, b):
@@ -268,7 +285,7 @@ def flash_forward_tiled(q, k, v, *, Br, Bc, causal=False, scale=None):
     equal to :func:`attention_forward` up to rounding.
     """
     _check_block(Br, Bc)
-    q, k, v, scale = _qkv(q, k, v, scale)
+    q, k, v, scale, _ = _qkv(q, k, v, scale)
     Nq, Nk = q.shape[-2], k.shape[-2]
     mask = causal_mask(Nq, Nk)
     O = np.zeros(q.shape)  # line 2: O = 0, (..., Nq, d)
@@ -316,7 +333,7 @@ def flash_backward_tiled(q, k, v, o, lse, do, *, Br, Bc, causal=False, scale=Non
     :func:`attention_backward` up to rounding.
     """
     _check_block(Br, Bc)
-    q, k, v, scale = _qkv(q, k, v, scale)
+    q, k, v, scale, G = _qkv(q, k, v, scale)
     o, do, L = (np.asarray(x, dtype=np.float64) for x in (o, do, lse))
     Nq, Nk = q.shape[-2], k.shape[-2]
     mask = causal_mask(Nq, Nk)
@@ -348,4 +365,4 @@ def flash_backward_tiled(q, k, v, o, lse, do, *, Br, Bc, causal=False, scale=Non
             dK_j += scale * (dS_ij.swapaxes(-1, -2) @ Q_i)  # line 16: dK_j += scale dS_ij^T Q_i, (..., Bc, d)
         dK[..., c0:c1, :] = dK_j  # line 18: write dK_j, dV_j to HBM
         dV[..., c0:c1, :] = dV_j
-    return dQ, dK, dV  # line 20
+    return dQ, _sum_groups(dK, G), _sum_groups(dV, G)  # line 20 (grouped-query attention: summed per group)

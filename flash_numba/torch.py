@@ -13,9 +13,14 @@ CUDA tensors stay on the GPU (read in place through ``__cuda_array_interface__``
 through NumPy, so without a GPU they run in Numba's CUDA simulator (tiny sizes only).
 
 What SDPA can do and we cannot is refused with an error that names the argument, never quietly
-handed to another implementation: an ``attn_mask`` tensor, ``dropout_p > 0``, grouped-query heads
-(``enable_gqa`` with fewer key/value heads), bfloat16 and other dtypes than float16/32/64, a value
-head dim different from the query's, head dims above 128.
+handed to another implementation: an ``attn_mask`` tensor, ``dropout_p > 0``, bfloat16 and other
+dtypes than float16/32/64, a value head dim different from the query's, head dims above 128.
+
+Grouped-query and multi-query attention as in SDPA: with ``enable_gqa=True`` key and value may have
+Hkv heads where query has Hq, Hkv dividing Hq; query head h attends with key/value head
+h // (Hq / Hkv) (SDPA's ``repeat_interleave``), and the kernels read K and V of the Hkv heads
+without repeating them in memory; dK and dV, summed over each group, have key's shape. Without
+``enable_gqa`` different head counts are an error, as in SDPA.
 
 Causal masks: SDPA's ``is_causal=True`` is TOP-LEFT aligned (query i sees keys ``j <= i``), our
 kernels' ``causal`` BOTTOM-RIGHT aligned (``j <= i + S - L``). They agree when ``L == S``. For
@@ -146,7 +151,8 @@ def _causal_variant(attn_mask, L: int, S: int) -> str | None:
 
 
 def _attend(q, k, v, causal: bool, scale: float, kernel: str):
-    """Our attention on (BH, N, E) tensors, causal bottom-right aligned."""
+    """Our attention on (BH, N, E) tensors (k, v: BH / G heads for grouped-query attention), causal bottom-right
+    aligned."""
     # The kernels take contiguous (BH, N, E) arrays: a permuted view such as
     # qkv.view(B, N, 3, H, E).permute(2, 0, 3, 1, 4)[0] is copied here. This is a copy of the
     # input, not another implementation; kernels that read strided inputs are issue #16 item 2.
@@ -160,10 +166,12 @@ def scaled_dot_product_attention(
     """``torch.nn.functional.scaled_dot_product_attention`` computed by flash_numba's kernels.
 
     query: (..., L, E); key: (..., S, E); value: (..., S, E), the same leading dims (3-D
-    ``(B*H, N, E)`` and 4-D ``(B, H, N, E)`` as in SDPA); returns (..., L, E), differentiable in
-    query, key and value. ``is_causal`` is SDPA's top-left mask (see the module docstring for
-    L != S); ``attn_mask`` may be a ``torch.nn.attention.bias`` causal bias (``causal_lower_right``
-    is our kernels' native mask), nothing else. ``scale`` defaults to 1/sqrt(E). ``kernel`` picks
+    ``(B*H, N, E)`` and 4-D ``(B, H, N, E)`` as in SDPA), except that with ``enable_gqa=True``
+    key and value may have Hkv heads (dim -3) where query has Hq, Hkv dividing Hq (grouped-query
+    attention); returns (..., L, E), differentiable in query, key and value. ``is_causal`` is
+    SDPA's top-left mask (see the module docstring for L != S); ``attn_mask`` may be a
+    ``torch.nn.attention.bias`` causal bias (``causal_lower_right`` is our kernels' native mask),
+    nothing else. ``scale`` defaults to 1/sqrt(E). ``kernel`` picks
     ``"standard"``, ``"flash1"``, ``"flash2"`` or ``"flash2_fast"``; None means
     :data:`DEFAULT_KERNEL`. Unsupported arguments raise (TypeError, ValueError or
     NotImplementedError, the message starting with the argument's name).
@@ -187,12 +195,14 @@ def scaled_dot_product_attention(
     S = key.shape[-2]
     if query.shape[:-2] != key.shape[:-2]:
         hq, hkv = query.shape[-3] if query.dim() > 2 else 1, key.shape[-3] if key.dim() > 2 else 1
-        if enable_gqa and query.shape[:-3] == key.shape[:-3] and hkv < hq and hq % hkv == 0:
-            raise NotImplementedError(
-                f"enable_gqa: grouped-query attention ({hq} query heads, {hkv} key/value heads) is not in "
-                "flash_numba's kernels yet (issue #16 item 3)"
-            )
-        raise ValueError(f"key: leading dims {tuple(key.shape[:-2])} differ from query's {tuple(query.shape[:-2])}")
+        if query.dim() > 2 and query.shape[:-3] == key.shape[:-3] and 0 < hkv < hq and hq % hkv == 0:
+            if not enable_gqa:
+                raise ValueError(f"enable_gqa: key and value have {hkv} heads but query has {hq}; pass "
+                                 "enable_gqa=True for grouped-query attention (as SDPA)")
+        else:
+            raise ValueError(f"key: leading dims {tuple(key.shape[:-2])} differ from query's {tuple(query.shape[:-2])}"
+                             + (f"; grouped-query attention needs key's heads ({hkv}) to divide query's ({hq})"
+                                if enable_gqa else ""))
     variant = "upper_left" if is_causal else None
     if attn_mask is not None:
         if is_causal:
@@ -205,7 +215,8 @@ def scaled_dot_product_attention(
 
     lead = query.shape[:-2]
     q = query.reshape(-1, L, E)  # (BH, L, E): a view when it can be, else a copy
-    k, v = key.reshape(-1, S, E), value.reshape(-1, S, E)  # (BH, S, E)
+    # (B*Hkv, S, E): flattened, query head b*Hq + h reads key/value head (b*Hq + h) // G = b*Hkv + h // G
+    k, v = key.reshape(-1, S, E), value.reshape(-1, S, E)
     if variant == "upper_left" and L < S:  # no query sees a key past L - 1
         o = _attend(q, k[:, :L], v[:, :L], True, scale, kernel)
     elif variant == "upper_left" and L > S:  # rows 0..S-1: square causal; rows S..L-1: every key

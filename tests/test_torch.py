@@ -116,6 +116,37 @@ def test_values_and_grads_match_sdpa(rng, shape_q, shape_kv, causal, kernel):
     compare_with_sdpa(q, k, v, {**sdpa_kw, "kernel": kernel}, sdpa_kw, rng)
 
 
+@pytest.mark.parametrize(
+    "shape_q, shape_kv, is_causal, kernel",
+    [
+        ((2, 4, 5, 4), (2, 2, 5, 4), True, "flash2_fast"),  # G = 2, batch 2
+        ((1, 4, 3, 4), (1, 1, 5, 4), False, "flash1"),  # multi-query (G = Hq), L < S
+        ((4, 4, 3), (2, 4, 3), True, "standard"),  # 3-D (H, N, E)
+        ((1, 2, 5, 3), (1, 1, 4, 3), True, "flash2"),  # L > S: two calls, both grouped
+    ],
+)
+def test_grouped_query_attention_matches_sdpa(rng, shape_q, shape_kv, is_causal, kernel):
+    """enable_gqa=True against PyTorch's SDPA with enable_gqa=True: O, and dK, dV summed over each group."""
+    q, k, v = randn(rng, *shape_q), randn(rng, *shape_kv), randn(rng, *shape_kv)
+    sdpa_kw = {"is_causal": is_causal, "enable_gqa": True}
+    compare_with_sdpa(q, k, v, {**sdpa_kw, "kernel": kernel}, sdpa_kw, rng)
+
+
+@pytest.mark.parametrize("kernel", ["flash1", "flash2_fast"])
+def test_grouped_query_gradcheck(rng, kernel):
+    """gradcheck through the simulator with 2 query heads per key/value head (tolerances as in test_gradcheck).
+
+    q (1, 4, 3, 2), k and v (1, 2, 4, 2) are slices of one input, as there.
+    """
+    x = randn(rng, 4 * 3 * 2 + 2 * 2 * 4 * 2)
+
+    def attend(x):
+        q, k, v = x[:24].view(1, 4, 3, 2), x[24:40].view(1, 2, 4, 2), x[40:].view(1, 2, 4, 2)
+        return fnt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, kernel=kernel)
+
+    assert torch.autograd.gradcheck(attend, (x,), fast_mode=True, atol=1e-8, rtol=1e-6)
+
+
 def test_top_left_and_bottom_right_differ_when_l_ne_s(rng):
     """SDPA's is_causal (top-left) is not our kernels' causal (bottom-right) for L != S; both are offered."""
     q, k, v = randn(rng, 1, 3, 4, grad=False), randn(rng, 1, 5, 4, grad=False), randn(rng, 1, 5, 4, grad=False)
@@ -182,6 +213,7 @@ def _bad_calls():
     """(arguments, exception, the argument the message must start with)."""
     q = torch.zeros(1, 2, 4, 8, dtype=torch.float64)
     kv2 = torch.zeros(1, 1, 4, 8, dtype=torch.float64)
+    kv3 = torch.zeros(1, 3, 4, 8, dtype=torch.float64)
     mask = torch.ones(4, 4, dtype=torch.bool)
     return [
         ((q, q, q), {"attn_mask": mask}, NotImplementedError, "attn_mask"),
@@ -189,8 +221,10 @@ def _bad_calls():
         ((q, q, q), {"attn_mask": causal_lower_right(3, 4)}, ValueError, "attn_mask"),
         ((q, q, q), {"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
         ((q, q, q), {"dropout_p": 1.5}, ValueError, "dropout_p"),
-        ((q, kv2, kv2), {"enable_gqa": True}, NotImplementedError, "enable_gqa"),
-        ((q, kv2, kv2), {}, ValueError, "key"),
+        ((q, kv2, kv2), {}, ValueError, "enable_gqa"),  # different head counts need enable_gqa=True, as in SDPA
+        ((q, kv3, kv3), {"enable_gqa": True}, ValueError, "key"),  # 3 key/value heads do not divide 2
+        ((q, kv2[0], kv2[0]), {"enable_gqa": True}, ValueError, "key"),  # ranks differ
+        ((q, kv2, q), {"enable_gqa": True}, ValueError, "value"),  # key and value heads differ
         ((q.bfloat16(),) * 3, {}, TypeError, "query"),
         ((q, q.float(), q), {}, TypeError, "key"),
         ((q, q, q[..., :4]), {}, ValueError, "value"),

@@ -76,8 +76,12 @@ def _block(d, dtype, block, pass_):
     return flash1.SPEC.block(d, dtype, pass_)
 
 
-def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
-    """Bytes of "init O, l, m" and "Algorithm 1" (block None: the default block)."""
+def forward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
+    """Bytes of "init O, l, m" and "Algorithm 1" (block None: the default block).
+
+    A block per query head reads all of K and V, so ``G`` (query heads per key/value head)
+    changes nothing here.
+    """
     Br, Bc = _block(d, dtype, block, "forward")
     isz, asz, convert = _sizes(dtype)
     R = query_rows_processed(Nq, Nk, Br, Bc, causal)
@@ -101,24 +105,27 @@ def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     )
 
 
-def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
-    """Bytes of "init dQ" and "Algorithm 4" (block None: the default block)."""
+def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
+    """Bytes of "init dQ" and "Algorithm 4" (block None: the default block).
+
+    ``G`` query heads per key/value head: a block per key/value head (BH / G of them) reads
+    K_j, V_j and writes dK_j, dV_j once; the query side is per query head, as without groups.
+    """
     Br, Bc = _block(d, dtype, block, "backward")
     isz, asz, convert = _sizes(dtype)
     R = query_rows_processed(Nq, Nk, Br, Bc, causal)
+    kv = 2 * Nk * d * isz  # line 7: K_j, V_j read once each; line 24: dK_j, dV_j written once each
     read = (
-        2 * Nk * d * isz  # line 7: K_j, V_j, once each
-        + R * (3 * d * isz + asz + d * asz)  # line 10: Q_i, dO_i, O_i, L_i; line 21: dQ_i
+        R * (3 * d * isz + asz + d * asz)  # line 10: Q_i, dO_i, O_i, L_i; line 21: dQ_i
         + convert * Nq * d * asz  # float16: dQ read for the conversion
     )
     written = (
         R * d * asz  # line 21: dQ_i
-        + 2 * Nk * d * isz  # line 24: dK_j, dV_j, once each
         + convert * Nq * d * isz  # float16: dq
     )
     return HBMCount(
         {
             "init dQ": KernelBytes(0, BH * Nq * d * asz),
-            "Algorithm 4": KernelBytes(BH * read, BH * written),
+            "Algorithm 4": KernelBytes(BH * read + BH // G * kv, BH * written + BH // G * kv),
         }
     )

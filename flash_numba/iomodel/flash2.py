@@ -55,8 +55,11 @@ def kv_rows_read(Nq: int, Nk: int, causal: bool, block) -> list[int]:
     return [min(visible_kv_blocks(i0, Br, Bc, Nq, Nk, causal) * Bc, Nk) for i0 in range(0, Nq, Br)]
 
 
-def forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:
-    """Bytes of "flash2 forward": Q once, K and V once per visible pair of blocks, O and L once."""
+def forward(BH, Nq, Nk, d, dtype, causal, block, G=1) -> HBMCount:
+    """Bytes of "flash2 forward": Q once, K and V once per visible pair of blocks, O and L once.
+
+    Every query head's blocks read K and V, so ``G`` (query heads per key/value head) changes nothing.
+    """
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     kv = sum(kv_rows_read(Nq, Nk, causal, block))
     reads = Nq * d * s + 2 * kv * d * s
@@ -64,8 +67,12 @@ def forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:
     return HBMCount({FORWARD_NAME: KernelBytes(BH * reads, BH * writes)})
 
 
-def backward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:
-    """The three backward kernels: "D = rowsum(dO*O)", "dK, dV" and "dQ"."""
+def backward(BH, Nq, Nk, d, dtype, causal, block, G=1) -> HBMCount:
+    """The three backward kernels: "D = rowsum(dO*O)", "dK, dV" and "dQ".
+
+    With ``G`` query heads per key/value head a "dK, dV" block (BH / G key/value heads) reads
+    K_j, V_j and writes dK_j, dV_j once, and the query side of each of its G query heads.
+    """
     Br, Bc = block
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     row_q = 2 * d * s + 2 * a  # one row of Q, dO, L and D
@@ -77,6 +84,7 @@ def backward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount:
         n_key_blocks = -(-kv // Bc)
         q_rows += n_key_blocks * _rows(i * Br, Br, Nq)
     rowsum = KernelBytes(BH * 2 * Nq * d * s, BH * Nq * a)
-    dkdv = KernelBytes(BH * (2 * Nk * d * s + q_rows * row_q), BH * 2 * Nk * d * s)
+    BHkv = BH // G
+    dkdv = KernelBytes(BHkv * 2 * Nk * d * s + BH * q_rows * row_q, BHkv * 2 * Nk * d * s)
     dq = KernelBytes(BH * (Nq * row_q + 2 * sum(kv_rows) * d * s), BH * Nq * d * s)
     return HBMCount({BACKWARD_NAMES[0]: rowsum, BACKWARD_NAMES[1]: dkdv, BACKWARD_NAMES[2]: dq})

@@ -45,7 +45,8 @@ def visited_keys(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
     return sum(min(visible_kv_blocks(i0, Br, Bc, Nq, Nk, causal) * Bc, Nk) for i0 in range(0, Nq, Br))
 
 
-def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
+def forward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
+    """Bytes of the forward; every query head's blocks read K and V, so ``G`` changes nothing."""
     Br, Bc = block
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     read = BH * (s * Nq * d + 2 * s * d * visited_keys(Nq, Nk, Br, Bc, causal))
@@ -58,7 +59,7 @@ def visited_queries(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
     return sum(max(0, Nq - first_visible_q_block(j0, Br, Nq, Nk, causal) * Br) for j0 in range(0, Nk, Bc))
 
 
-def _fast_parts(BH, Nq, Nk, d, dtype, causal, block):
+def _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G):
     """None when ``block`` runs flash2's backward; else the parts both fast backward passes share:
     (item sizes s and a, D's bytes, the dK/dV kernel's reads and writes without atomics, query rows it visits)."""
     Br, Bc = block
@@ -67,14 +68,16 @@ def _fast_parts(BH, Nq, Nk, d, dtype, causal, block):
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     rows = visited_queries(Nq, Nk, Br, Bc, causal)
     rowsum = _flash2.backward(BH, Nq, Nk, d, dtype, causal, block).per_kernel[_rowsum.NAME]
-    return s, a, rowsum, BH * (2 * s * d * Nk + (2 * s * d + 2 * a) * rows), BH * 2 * s * Nk * d, rows
+    BHkv = BH // G  # a dK/dV block per key/value head reads K_j, V_j once and the query side of G heads
+    return s, a, rowsum, BHkv * 2 * s * d * Nk + BH * (2 * s * d + 2 * a) * rows, BHkv * 2 * s * Nk * d, rows
 
 
-def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
-    """D = rowsum(dO*O), "dK, dV" and "dQ" (or flash2's model for blocks that run flash2's backward)."""
-    parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block)
+def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
+    """D = rowsum(dO*O), "dK, dV" and "dQ" (or flash2's model for blocks that run flash2's backward);
+    ``G`` query heads per key/value head."""
+    parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G)
     if parts is None:
-        return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
+        return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block, G)
     s, a, rowsum, kv_read, kv_written, _ = parts
     keys = visited_keys(Nq, Nk, *block, causal)
     dq = KernelBytes(BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * keys), BH * s * Nq * d)
@@ -82,14 +85,14 @@ def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
                      layout.BACKWARD_Q_NAME: dq})
 
 
-def backward_atomic(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
+def backward_atomic(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
     """``deterministic=False``: D, the zeroed dQ accumulator, dK/dV/dQ with atomics and (float16) the cast.
 
     One atomic add (a read and a write of a bytes) per dQ element per (key block, query row) visited.
     """
-    parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block)
+    parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G)
     if parts is None:
-        return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block)
+        return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block, G)
     s, a, rowsum, kv_read, kv_written, rows = parts
     atomics, n = a * BH * d * rows, BH * Nq * d
     model = {

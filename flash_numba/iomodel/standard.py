@@ -55,8 +55,9 @@ def _sums(Nq, Nk, causal, block):
     return sum(kv), R, QR
 
 
-def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
-    """Bytes of :func:`flash_numba.kernels.standard.forward`, per kernel."""
+def forward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
+    """Bytes of :func:`flash_numba.kernels.standard.forward`, per kernel (K and V are read per query
+    head, so ``G`` changes nothing)."""
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     kv, R, _ = _sums(Nq, Nk, causal, block)
     return HBMCount(
@@ -68,11 +69,12 @@ def forward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
     )
 
 
-def backward(BH, Nq, Nk, d, dtype, causal=False, block=None) -> HBMCount:
-    """Bytes of :func:`flash_numba.kernels.standard.backward`, per kernel."""
+def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
+    """Bytes of :func:`flash_numba.kernels.standard.backward`, per kernel; dV and dK are written
+    once per key/value head (BH / G of them, ``G`` query heads per key/value head)."""
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     kv, R, QR = _sums(Nq, Nk, causal, block)
-    col = KernelBytes(BH * s * (R + d * QR), BH * s * Nk * d)
+    col = KernelBytes(BH * s * (R + d * QR), BH // G * s * Nk * d)
     return HBMCount(
         {
             BACKWARD_NAMES[0]: KernelBytes(BH * 2 * s * Nq * d, BH * a * Nq),

@@ -42,26 +42,33 @@ TERMS = ("compulsory", "re-reads", "S/P")
 KERNELS = ("standard", "flash1", "flash2", "flash2_fast")
 
 
-def compulsory_bytes(BH, Nq, Nk, d, dtype, pass_: str = "forward") -> int:
-    """Inputs read once, outputs written once (see the module docstring)."""
+def compulsory_bytes(BH, Nq, Nk, d, dtype, pass_: str = "forward", G: int = 1) -> int:
+    """Inputs read once, outputs written once (see the module docstring).
+
+    ``BH`` query heads, ``G`` of them per key/value head: K and V (dK and dV) have BH / G heads.
+    """
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
+    BHkv = BH // G
     if pass_ == "forward":
-        return BH * (s * (2 * Nq * d + 2 * Nk * d) + a * Nq)
-    return BH * (s * (4 * Nq * d + 4 * Nk * d) + a * Nq)
+        return BH * (s * 2 * Nq * d + a * Nq) + BHkv * s * 2 * Nk * d
+    return BH * (s * 4 * Nq * d + a * Nq) + BHkv * s * 4 * Nk * d
 
 
-def _model(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic=True):
+def _model(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic=True, G=1):
     from .. import kernels
 
-    return kernels.get(kernel).io_model(pass_, deterministic)(BH, Nq, Nk, d, dtype, causal, block)
+    return kernels.get(kernel).io_model(pass_, deterministic)(BH, Nq, Nk, d, dtype, causal, block, G=G)
 
 
-def split(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic=True) -> dict[str, int]:
-    """The model's bytes of one call by term, ``{"compulsory", "re-reads", "S/P"}``; they sum to its total."""
+def split(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic=True, G=1) -> dict[str, int]:
+    """The model's bytes of one call by term, ``{"compulsory", "re-reads", "S/P"}``; they sum to its total.
+
+    ``G``: query heads per key/value head (grouped-query attention; ``BH`` counts query heads).
+    """
     if pass_ not in ("forward", "backward"):
         raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
-    total = _model(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic).total
-    comp = compulsory_bytes(BH, Nq, Nk, d, dtype, pass_)
+    total = _model(kernel, pass_, BH, Nq, Nk, d, dtype, causal, block, deterministic, G).total
+    comp = compulsory_bytes(BH, Nq, Nk, d, dtype, pass_, G)
     sp = 0
     if kernel == "standard":
         from .standard import sp_bytes

@@ -118,6 +118,28 @@ def head_block(n_rows, rows):
     return block // T, int64(block % T) * rows
 
 
+@jit(device=True, forceinline=True)
+def kv_head(bh, G):
+    """The key/value head of query head ``bh`` (of B*Hq) with ``G`` query heads per key/value head.
+
+    b*Hq + h = b*G*Hkv + h, so (b*Hq + h) // G = b*Hkv + h // G: grouped-query attention on
+    flattened heads is one 32-bit division.
+    """
+    return int64(uint32(bh) // uint32(G))
+
+
+@jit(device=True, forceinline=True)
+def group_step(t, n_i, i_first, hkv, G):
+    """``(bh, i)``: the query head and query block of step ``t`` of a key block's walk over its group.
+
+    A dK/dV block of key/value head ``hkv`` visits query blocks ``i_first .. i_first + n_i - 1``
+    of each of the G query heads ``hkv*G .. hkv*G + G - 1`` in turn: ``G * n_i`` steps, one loop
+    (a fixed order, so the sums are deterministic).
+    """
+    g = uint32(t) // uint32(n_i)
+    return hkv * G + int64(g), i_first + int64(uint32(t) - g * uint32(n_i))
+
+
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest grid (x, y, z)
 
 

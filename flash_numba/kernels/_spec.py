@@ -53,7 +53,7 @@ class KernelSpec:
     IO models (bytes in closed form, equal to what the instrumented launches count), by
     default ``forward``, ``backward`` and ``backward_atomic`` of ``flash_numba.iomodel.<name>``::
 
-        io_forward(BH, Nq, Nk, d, dtype, causal, block) -> HBMCount
+        io_forward(BH, Nq, Nk, d, dtype, causal, block, G=1) -> HBMCount   # G: query heads per kv head
         io_backward(...), io_backward_atomic(...)     # the latter iff backward_atomic
 
     Blocks (``uses_blocks=False``: fixed tiles, ``block`` is always None)::

@@ -22,9 +22,13 @@ original FlashAttention.  All threads cooperate on loading and storing tiles,
 one element each in turn; thread r < Br owns query row r of the block (its
 scores, softmax statistics, D_i), thread c < Bc owns key row c (dK_j, dV_j).
 Tiles are held in the accumulation dtype (float32, float64 for float64
-storage).  For float16 storage the running O (forward) and dQ (backward) are
-float32 buffers in HBM, converted to float16 once at the end; for float32 and
-float64 the output itself is the accumulator.
+storage).  Grouped-query attention (G = Hq / Hkv query heads per key/value head):
+the forward's block of query head bh reads K and V of head bh // G; the backward
+runs one block per key/value head, whose inner loop visits the query blocks of
+each of the G query heads of its group, adding into the same dK_j, dV_j.  For
+float16 storage the running O (forward) and dQ (backward) are float32 buffers in
+HBM, converted to float16 once at the end; for float32 and float64 the output
+itself is the accumulator.
 
 Caveats.  One block per (batch, head) leaves most of a GPU idle when B*H is
 smaller than the number of SMs, and each block walks all Tc*Tr pairs in
@@ -53,12 +57,13 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, types
 
 from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, head_grid, madd_unless_zero, nan_max
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, group_step, head_grid, kv_head
+from ._common import madd_unless_zero, nan_max
 from ._spec import KernelSpec
 from ._tile_ops import load_rows
 from .causal import sees_no_key_dev as sees_no_key
@@ -126,9 +131,10 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
             cuda.atomic.add(counter, 1, nw)
 
     @jit
-    def algorithm1(q, k, v, O, l, m, o, L, scale, counter):
-        """Algorithm 1, lines 5-15, then L = m + log(l) (and o = O for float16)."""
+    def algorithm1(q, k, v, O, l, m, o, L, G, scale, counter):
+        """Algorithm 1, lines 5-15, then L = m + log(l) (and o = O for float16); K, V of head bh // G."""
         bh = cuda.blockIdx.x
+        hkv = kv_head(bh, G)
         tid = cuda.threadIdx.x
         Nq = q.shape[1]
         Nk = k.shape[1]
@@ -146,7 +152,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
             c0 = j * Bc
             cols = min(Bc, Nk - c0)  # the last block may be partial
             # line 6: load K_j, V_j from HBM to SRAM
-            n = load_rows(K_j, k, bh, c0, Nk, D, tid, T) + load_rows(V_j, v, bh, c0, Nk, D, tid, T)
+            n = load_rows(K_j, k, hkv, c0, Nk, D, tid, T) + load_rows(V_j, v, hkv, c0, Nk, D, tid, T)
             if COUNT:
                 nr += n * ISZ
             cuda.syncthreads()
@@ -269,9 +275,13 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
             cuda.atomic.add(counter, 1, nw)
 
     @jit
-    def algorithm4(q, k, v, o, L, do, dQ, dq, dk, dv, scale, counter):
-        """Algorithm 4, lines 6-25, with P_ij = exp(S_ij - L_i) (and dq = dQ for float16)."""
-        bh = cuda.blockIdx.x
+    def algorithm4(q, k, v, o, L, do, dQ, dq, dk, dv, G, scale, counter):
+        """Algorithm 4, lines 6-25, with P_ij = exp(S_ij - L_i) (and dq = dQ for float16).
+
+        Block hkv does key/value head hkv; its inner loop visits the query blocks of each of
+        the G query heads bh of its group in turn (grouped-query attention, G = Hq / Hkv).
+        """
+        hkv = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         Nq = q.shape[1]
         Nk = k.shape[1]
@@ -291,14 +301,15 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
             c0 = j * Bc
             cols = min(Bc, Nk - c0)  # the last block may be partial
             # line 7: load K_j, V_j from HBM to SRAM; line 8: dK_j = dV_j = 0 on SRAM
-            n = load_rows(K_j, k, bh, c0, Nk, D, tid, T) + load_rows(V_j, v, bh, c0, Nk, D, tid, T)
+            n = load_rows(K_j, k, hkv, c0, Nk, D, tid, T) + load_rows(V_j, v, hkv, c0, Nk, D, tid, T)
             if COUNT:
                 nr += n * ISZ
             for idx in range(tid, Bc * D, T):
                 dK_j[idx // D, idx % D] = ZERO
                 dV_j[idx // D, idx % D] = ZERO
             cuda.syncthreads()
-            for i in range(Tr):  # line 9
+            for step in range(G * Tr):  # line 9, for each query head bh of the group
+                bh, i = group_step(step, Tr, 0, hkv, G)
                 r0 = i * Br
                 rows = min(Br, Nq - r0)
                 if j >= visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL):
@@ -360,13 +371,15 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
             for idx in range(tid, cols * D, T):
                 c = idx // D
                 x = idx % D
-                dk[bh, c0 + c, x] = dK_j[c, x]
-                dv[bh, c0 + c, x] = dV_j[c, x]
+                dk[hkv, c0 + c, x] = dK_j[c, x]
+                dv[hkv, c0 + c, x] = dV_j[c, x]
                 if COUNT:
                     nw += 2 * ISZ
         if CONVERT:  # every thread passed a barrier after the last dQ update (pair (Tr-1, Tc-1) runs)
-            for idx in range(tid, Nq * D, T):
-                dq[bh, idx // D, idx % D] = dQ[bh, idx // D, idx % D]
+            for idx in range(tid, G * Nq * D, T):  # the group's G query heads
+                bh = hkv * G + idx // (Nq * D)
+                e = idx % (Nq * D)
+                dq[bh, e // D, e % D] = dQ[bh, e // D, e % D]
                 if COUNT:
                     nr += ASZ
                     nw += ISZ
@@ -377,8 +390,10 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
 
 
 def grids(prob, block) -> dict:
-    """The launch grid of each launch, by launch name: one block per (batch, head), on axis x."""
-    return dict.fromkeys(FORWARD_NAMES + BACKWARD_NAMES, head_grid(1, prob.BH))
+    """The launch grid of each launch, by launch name: one block per (batch, head), on axis x
+    ("Algorithm 4": per key/value head, B*Hkv blocks)."""
+    return {**dict.fromkeys(FORWARD_NAMES + BACKWARD_NAMES[:1], head_grid(1, prob.BH)),
+            BACKWARD_NAMES[1]: head_grid(1, prob.BHkv)}
 
 
 def forward(prob, ops, block, counters):
@@ -395,7 +410,8 @@ def forward(prob, ops, block, counters):
     grid = grids(prob, block)[FORWARD_NAMES[0]]
     init[grid, threads](O, l, m, counters.array(FORWARD_NAMES[0]))
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
-    algorithm1[grid, threads](q, k, v, O, l, m, o, lse, acc.type(prob.scale), counters.array(FORWARD_NAMES[1]))
+    algorithm1[grid, threads](q, k, v, O, l, m, o, lse, prob.G, acc.type(prob.scale),
+                              counters.array(FORWARD_NAMES[1]))
     return o, lse
 
 
@@ -406,14 +422,14 @@ def backward(prob, ops, block, counters):
     BH, Nq, Nk, d, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.acc
     dq = _inputs.empty((BH, Nq, d), prob.dtype)
     dQ = dq if acc == prob.dtype else _inputs.empty((BH, Nq, d), acc)  # float16: a float32 accumulator
-    dk = _inputs.empty((BH, Nk, d), prob.dtype)
-    dv = _inputs.empty((BH, Nk, d), prob.dtype)
+    dk = _inputs.empty((prob.BHkv, Nk, d), prob.dtype)
+    dv = _inputs.empty((prob.BHkv, Nk, d), prob.dtype)
     threads = max(Br, Bc)
-    grid = grids(prob, block)[BACKWARD_NAMES[0]]
-    init[grid, threads](dQ, counters.array(BACKWARD_NAMES[0]))
+    grid = grids(prob, block)
+    init[grid[BACKWARD_NAMES[0]], threads](dQ, counters.array(BACKWARD_NAMES[0]))
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     scale, counter = acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
-    algorithm4[grid, threads](q, k, v, o, lse, do, dQ, dq, dk, dv, scale, counter)
+    algorithm4[grid[BACKWARD_NAMES[1]], threads](q, k, v, o, lse, do, dQ, dq, dk, dv, prob.G, scale, counter)
     return dq, dk, dv
 
 
@@ -431,9 +447,9 @@ def compile_all(ccs, dtypes, ds):
         ACC = acc_nb_type(dt)
         signatures = {
             FORWARD_NAMES[0]: (A3, A2, A2, COUNTER_TYPE),
-            FORWARD_NAMES[1]: (X3, X3, X3, A3, A2, A2, X3, A2, ACC, COUNTER_TYPE),
+            FORWARD_NAMES[1]: (X3, X3, X3, A3, A2, A2, X3, A2, types.int64, ACC, COUNTER_TYPE),
             BACKWARD_NAMES[0]: (A3, COUNTER_TYPE),
-            BACKWARD_NAMES[1]: (X3, X3, X3, X3, A2, X3, A3, X3, X3, X3, ACC, COUNTER_TYPE),
+            BACKWARD_NAMES[1]: (X3, X3, X3, X3, A2, X3, A3, X3, X3, X3, types.int64, ACC, COUNTER_TYPE),
         }
         for d in ds:
             for pass_, factory, names in (

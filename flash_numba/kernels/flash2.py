@@ -21,6 +21,10 @@ Backward (FA2's Algorithm 2, split in three kernels, no atomics on floats):
    registers and walks over the visible key blocks j, recomputing S, P, dP, dS
    and dQ_i += scale dS_ij K_j.
 
+Grouped-query attention (G = Hq / Hkv query heads per key/value head): query head bh
+reads K and V of head bh // G; the "dK, dV" grid has (B*Hkv, Tc) blocks, each walking
+over the query blocks of the G query heads of its group in turn (one sum, fixed order).
+
 Why it is deterministic: every output element is written once, by one thread,
 from a sum taken in a fixed order, so repeated calls give bitwise identical
 results.  FlashAttention-2 instead adds each pair's dS_ij K_j into dQ_i with
@@ -94,8 +98,8 @@ from .causal import first_visible_q_block_dev as first_visible_q_block
 from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, head_grid_2d, heavy_first_block
-from ._common import madd_unless_zero, nan_max
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, group_step, head_grid_2d
+from ._common import heavy_first_block, kv_head, madd_unless_zero, nan_max
 from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
@@ -234,10 +238,11 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
     CAUSAL, COUNT = causal, count
 
     @jit
-    def flash2_forward(q, k, v, o, lse, counter, Nq, Nk, scale):
+    def flash2_forward(q, k, v, o, lse, counter, Nq, Nk, G, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
         bh, i0 = cuda.blockIdx.x, heavy_first_block(Br)  # (batch, head) and the first query row of Q_i
+        hkv = kv_head(bh, G)  # its key/value head
         nr = 0
         nw = 0
 
@@ -268,7 +273,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
             j0 = j * Bc
             cuda.syncthreads()  # the previous step has finished reading K_j, V_j, P_ij
             # Line 7: load K_j, V_j
-            n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, d, t)
+            n = _load_pair(K_j, V_j, k, v, hkv, j0, Nk, d, t)
             if COUNT:
                 nr += n * IN_BYTES
             cuda.syncthreads()
@@ -383,10 +388,10 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
     products, p_and_ds = _two_products(CA, RB, np.dtype(acc).name), _p_and_ds(np.dtype(acc).name)
 
     @jit
-    def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, scale):
+    def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, G, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
-        bh, j0 = cuda.blockIdx.x, cuda.blockIdx.y * Bc  # (batch, head) and the first key row of K_j
+        hkv, j0 = cuda.blockIdx.x, cuda.blockIdx.y * Bc  # key/value head and the first key row of K_j
         nr = 0
         nw = 0
 
@@ -406,7 +411,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
         do_row = cuda.local.array(XB, ACC)
 
         # Load K_j, V_j; dK_j = 0, dV_j = 0 on chip.
-        n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, d, t)
+        n = _load_pair(K_j, V_j, k, v, hkv, j0, Nk, d, t)
         if COUNT:
             nr += n * IN_BYTES
         for a in range(CA):
@@ -414,9 +419,12 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
                 dK[a, xb] = ZERO
                 dV[a, xb] = ZERO
 
-        # The query blocks i: all, or (causal) from the one holding the first query that sees key j0.
+        # The query blocks i: all, or (causal) from the one holding the first query that sees key j0,
+        # of each query head bh of the group (grouped-query attention: G of them) in turn.
         Tr = (Nq + Br - 1) // Br
-        for i in range(first_visible_q_block(j0, Br, Nq, Nk, CAUSAL), Tr):
+        i_first = first_visible_q_block(j0, Br, Nq, Nk, CAUSAL)
+        for step in range(G * (Tr - i_first)):
+            bh, i = group_step(step, Tr - i_first, i_first, hkv, G)
             i0 = i * Br
             cuda.syncthreads()  # the previous step has finished reading Q_i, dO_i, P^T, dS^T
             # Load Q_i, dO_i, L_i, D_i.
@@ -459,8 +467,8 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
                 for xb in range(XB):
                     x = tx + TX * xb
                     if x < d:
-                        dk[bh, j0 + c, x] = scale * dK[a, xb]
-                        dv[bh, j0 + c, x] = dV[a, xb]
+                        dk[hkv, j0 + c, x] = scale * dK[a, xb]
+                        dv[hkv, j0 + c, x] = dV[a, xb]
                         if COUNT:
                             nw += 2 * IN_BYTES
         if COUNT:
@@ -482,10 +490,11 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
     products, p_and_ds = _two_products(RA, CB, np.dtype(acc).name), _p_and_ds(np.dtype(acc).name)
 
     @jit
-    def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, scale):
+    def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, G, scale):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
         bh, i0 = cuda.blockIdx.x, heavy_first_block(Br)
+        hkv = kv_head(bh, G)
         nr = 0
         nw = 0
 
@@ -512,7 +521,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
         for j in range(visible_kv_blocks(i0, Br, Bc, Nq, Nk, CAUSAL)):
             j0 = j * Bc
             cuda.syncthreads()  # the previous step has finished reading K_j, dS_ij
-            n = _load_pair(K_j, V_j, k, v, bh, j0, Nk, d, t)
+            n = _load_pair(K_j, V_j, k, v, hkv, j0, Nk, d, t)
             if COUNT:
                 nr += n * IN_BYTES
             cuda.syncthreads()
@@ -560,7 +569,7 @@ def grids(prob, block) -> dict:
     Br, Bc = block
     Tr, Tc = _cdiv(prob.Nq, Br), _cdiv(prob.Nk, Bc)
     return {FORWARD_NAME: head_grid_2d(Tr, prob.BH), BACKWARD_NAMES[0]: _rowsum.grid(prob),
-            BACKWARD_NAMES[1]: head_grid_2d(Tc, prob.BH), BACKWARD_NAMES[2]: head_grid_2d(Tr, prob.BH)}
+            BACKWARD_NAMES[1]: head_grid_2d(Tc, prob.BHkv), BACKWARD_NAMES[2]: head_grid_2d(Tr, prob.BH)}
 
 
 def forward(prob, ops, block, counters):
@@ -571,7 +580,7 @@ def forward(prob, ops, block, counters):
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
     kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, counters.array(FORWARD_NAME), prob.Nq, prob.Nk,
-                                                 prob.acc.type(prob.scale))
+                                                 prob.G, prob.acc.type(prob.scale))
     return o, lse
 
 
@@ -584,13 +593,15 @@ def backward(prob, ops, block, counters):
     scale = acc.type(prob.scale)
     D = _rowsum.rowsum(prob, o, do, counters)
     dq = _inputs.empty((BH, Nq, d), dt)
-    dk = _inputs.empty((BH, Nk, d), dt)
-    dv = _inputs.empty((BH, Nk, d), dt)
+    dk = _inputs.empty((prob.BHkv, Nk, d), dt)
+    dv = _inputs.empty((prob.BHkv, Nk, d), dt)
     dkdv = _dkdv_kernel(d, Br, Bc, dt, prob.causal, count)
     grid = grids(prob, block)
-    dkdv[grid[BACKWARD_NAMES[1]], NT](q, k, v, do, lse, D, dk, dv, counters.array(BACKWARD_NAMES[1]), Nq, Nk, scale)
+    dkdv[grid[BACKWARD_NAMES[1]], NT](q, k, v, do, lse, D, dk, dv, counters.array(BACKWARD_NAMES[1]), Nq, Nk, prob.G,
+                                      scale)
     dq_kernel = _dq_kernel(d, Br, Bc, dt, prob.causal, count)
-    dq_kernel[grid[BACKWARD_NAMES[2]], NT](q, k, v, do, lse, D, dq, counters.array(BACKWARD_NAMES[2]), Nq, Nk, scale)
+    dq_kernel[grid[BACKWARD_NAMES[2]], NT](q, k, v, do, lse, D, dq, counters.array(BACKWARD_NAMES[2]), Nq, Nk, prob.G,
+                                           scale)
     return dq, dk, dv
 
 
@@ -605,9 +616,9 @@ def compile_all(ccs, dtypes, ds):
     for dtype in dtypes:
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
-        fwd_sig = (X3, X3, X3, X3, A2, COUNTER_TYPE, I64, I64, ACC)
-        dkdv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, ACC)
-        dq_sig = (X3, X3, X3, X3, A2, A2, X3, COUNTER_TYPE, I64, I64, ACC)
+        fwd_sig = (X3, X3, X3, X3, A2, COUNTER_TYPE, I64, I64, I64, ACC)
+        dkdv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, I64, ACC)
+        dq_sig = (X3, X3, X3, X3, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC)
         for d in ds:
             fwd, bwd = (SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT) for pass_ in ("forward", "backward"))
             for count in (False, True):

@@ -87,8 +87,8 @@ def grids(prob, block) -> dict:
     Tr, Tc = -(-prob.Nq // Br), -(-prob.Nk // Bc)
     elementwise = -(-(prob.BH * prob.Nq * prob.d) // ELEMWISE_THREADS)
     return {FORWARD_NAME: head_grid(Tr, prob.BH), _rowsum.NAME: _rowsum.grid(prob),
-            BACKWARD_KV_NAME: head_grid(Tc, prob.BH), BACKWARD_Q_NAME: head_grid(Tr, prob.BH),
-            BACKWARD_KVQ_NAME: head_grid(Tc, prob.BH), ZERO_DQ_NAME: head_grid(elementwise, 1),
+            BACKWARD_KV_NAME: head_grid(Tc, prob.BHkv), BACKWARD_Q_NAME: head_grid(Tr, prob.BH),
+            BACKWARD_KVQ_NAME: head_grid(Tc, prob.BHkv), ZERO_DQ_NAME: head_grid(elementwise, 1),
             CAST_DQ_NAME: head_grid(elementwise, 1)}
 
 
@@ -99,8 +99,8 @@ def forward(prob, ops, block, counters):
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
-    kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.acc.type(prob.scale * LOG2E),
-                                                 counters.array(FORWARD_NAME))
+    kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.G,
+                                                 prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME))
     return o, lse
 
 
@@ -108,8 +108,8 @@ def _backward_inputs(prob, ops, counters):
     """(q, k, v, do, lse, D, dk, dv, scale, scale_log2): D = rowsum(dO * O) launched, dk and dv allocated."""
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     D = _rowsum.rowsum(prob, o, do, counters)
-    dk = _inputs.empty((prob.BH, prob.Nk, prob.d), prob.dtype)
-    dv = _inputs.empty((prob.BH, prob.Nk, prob.d), prob.dtype)
+    dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
+    dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
     return q, k, v, do, lse, D, dk, dv, prob.acc.type(prob.scale), prob.acc.type(prob.scale * LOG2E)
 
 
@@ -126,11 +126,12 @@ def backward(prob, ops, block, counters):
     q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count)
     grid = grids(prob, block)
-    kv[grid[BACKWARD_KV_NAME], NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, scale, scale_log2,
-                              counters.array(BACKWARD_KV_NAME))
+    kv[grid[BACKWARD_KV_NAME], NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, scale,
+                                   scale_log2, counters.array(BACKWARD_KV_NAME))
     dq = _inputs.empty((BH, Nq, d), dt)
     qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count)
-    qk[grid[BACKWARD_Q_NAME], NT](q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counters.array(BACKWARD_Q_NAME))
+    qk[grid[BACKWARD_Q_NAME], NT](q, k, v, do, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2,
+                                  counters.array(BACKWARD_Q_NAME))
     return dq, dk, dv
 
 
@@ -154,8 +155,8 @@ def backward_atomic(prob, ops, block, counters):
     zero_kernel(acc.name, count)[elementwise_grid, ELEMWISE_THREADS](dq_acc.reshape(n), n,
                                                                      counters.array(ZERO_DQ_NAME))
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True)
-    kv[grid[BACKWARD_KVQ_NAME], NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, scale, scale_log2,
-                              counters.array(BACKWARD_KVQ_NAME))
+    kv[grid[BACKWARD_KVQ_NAME], NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, scale, scale_log2,
+                                    counters.array(BACKWARD_KVQ_NAME))
     if dt == acc:
         return dq_acc, dk, dv
     dq = _inputs.empty((BH, Nq, d), dt)
@@ -185,9 +186,9 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         acc = _inputs.acc_dtype(dt)
         X3, A2, A3, ACC = array_type(dt, 3), array_type(acc, 2), array_type(acc, 3), acc_nb_type(dt)
-        fwd_sig = (X3, X3, X3, X3, A2, I64, I64, ACC, COUNTER_TYPE)
-        kv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, A3, I64, I64, ACC, ACC, COUNTER_TYPE)
-        q_sig = (X3, X3, X3, X3, A2, A2, X3, I64, I64, ACC, ACC, COUNTER_TYPE)
+        fwd_sig = (X3, X3, X3, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE)
+        kv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE)
+        q_sig = (X3, X3, X3, X3, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE)
         for d in ds:
             Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
             bBr, bBc = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")

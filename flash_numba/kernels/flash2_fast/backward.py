@@ -27,7 +27,7 @@ from numba import cuda, uint32
 
 from ...device import SIMULATOR, jit
 from .. import _tile_ops
-from .._common import acc_nb_type, add_counts, exp2_ieee, madd_unless_zero, nb_type
+from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_unless_zero, nb_type
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
 from ..causal import last_visible_key_dev as last_visible_key
@@ -59,8 +59,10 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 atomic_dq: bool = False):
     """``(kernel, geometry)``: dK_j, dV_j for one key block of Bc = 8 TM rows (and dQ by atomics).
 
-    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, scale, scale_log2, counter)``; ``dq`` is
-    a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  ``maxreg``:
+    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter)``; ``dq`` is
+    a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  A block of
+    key/value head hkv walks over the query blocks of its G query heads in turn (grouped-query
+    attention, G = Hq / Hkv; dk and dv have B*Hkv heads).  ``maxreg``:
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
@@ -82,7 +84,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     dv_dk_masked = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, True, count)
 
-    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, scale, scale_log2, counter):
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
         VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS), QS odd
@@ -105,14 +107,13 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         warp = uint32(tid // 32)
         # key tile after key tile, each for every head; the first key tiles are the longest
         # when causal (they see every query block), so they start first
-        tile, bh = _tile_ops.grid_tile((Nk + Bc - 1) // Bc)
-        bh_u = uint32(bh)
+        tile, hkv = _tile_ops.grid_tile((Nk + Bc - 1) // Bc)  # key/value head
         nq_u = uint32(Nq)  # unsigned compares: uint32 < int64 would compare as float64
         c0 = tile * Bc
         nr = 0
         nw = 0
 
-        n = load_kv(KT, VT, k, v, bh, c0, Nk, tid)  # K_j, V_j -> KT, VT once, zero beyond Nk and d
+        n = load_kv(KT, VT, k, v, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, zero beyond Nk and d
         if COUNT:
             nr += n * SB
         zero_q_padding(QT, dOT, tid)
@@ -121,7 +122,10 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 dk_acc[a, u] = ZERO
                 dv_acc[a, u] = ZERO
 
-        for i in range(first_visible_q_block(c0, Br, Nq, Nk, CAUSAL), (Nq + Br - 1) // Br):
+        i_first = first_visible_q_block(c0, Br, Nq, Nk, CAUSAL)
+        n_i = (Nq + Br - 1) // Br - i_first
+        for step in range(G * n_i):  # the query blocks of each query head bh of the group in turn
+            bh, i = group_step(step, n_i, i_first, hkv, G)
             r0 = i * Br
             cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
             n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)
@@ -188,12 +192,12 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         for u in range(NX):
                             x = lane + uint32(32 * u)
                             if NX_FULL or x < D_U:
-                                cuda.atomic.add(dq, (bh_u, row, x), dqp[a, u] * scale)
+                                cuda.atomic.add(dq, (uint32(bh), row, x), dqp[a, u] * scale)
                                 if COUNT:
                                     nr += AB
                                     nw += AB
 
-        n = store(dk, dk_acc, scale, dv, dv_acc, ONE, bh, c0, Nk, ty, tx)
+        n = store(dk, dk_acc, scale, dv, dv_acc, ONE, hkv, c0, Nk, ty, tx)
         if COUNT:
             add_counts(counter, nr, nw + n * SB)
 
@@ -206,7 +210,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool):
     """``(kernel, geometry)``: dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j.
 
-    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter)``.
+    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter)``.
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
     g = geometry_q(d, TM, TN, dtype_name)
@@ -222,7 +226,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     dq_masked = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, False, count)
 
-    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, scale, scale_log2, counter):
+    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS), KS odd
@@ -239,6 +243,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         tid = cuda.threadIdx.x
         ty, tx = tid // TX, tid % TX
         r0, bh = _tile_ops.last_tile_first(Nq, Br)  # longest (causal) row tiles first, as in the forward
+        hkv = kv_head(bh, G)
         nr = nw = 0
 
         n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)  # Q_i, dO_i -> QT, dOT once
@@ -256,7 +261,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         for j in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
             c0 = j * Bc
             cuda.syncthreads()  # previous step is done with KT, VT, dST
-            n = load_kv(KT, VT, k, v, bh, c0, Nk, tid)
+            n = load_kv(KT, VT, k, v, hkv, c0, Nk, tid)
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()

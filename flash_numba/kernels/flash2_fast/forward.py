@@ -23,7 +23,7 @@ from numba import cuda
 from ...device import SIMULATOR, jit
 from .. import _tile_ops
 from .._tile_ops import half_warp_max, half_warp_sum
-from .._common import acc_nb_type, add_counts, nan_max
+from .._common import acc_nb_type, add_counts, kv_head, nan_max
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import last_visible_key_dev as last_visible_key
 from ..causal import sees_no_key_dev as sees_no_key
@@ -35,7 +35,8 @@ from .layout import FASTMATH, FORWARD_NAME, TX, device_register_cap, geometry, s
 def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1):
     """``(kernel, geometry)``: the forward for head dim d, micro-tile TM x TN, storage ``dtype_name``.
 
-    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, scale_log2, counter)``.  ``maxreg``:
+    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter)``; query head bh reads
+    key/value head bh // G (grouped-query attention, G = Hq / Hkv).  ``maxreg``:
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
     """
     dtype = np.dtype(dtype_name)
@@ -56,7 +57,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     pv_product = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
     pv_masked = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc, True)  # P = 0 adds nothing
 
-    def kernel(q, k, v, o, lse, Nq, Nk, scale_log2, counter):
+    def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T  (DP, KS)
         Vs = cuda.shared.array(V_SIZE, ACC, alignment=ALIGN)  # V_j    (Bc, DP)
@@ -69,6 +70,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         tid = cuda.threadIdx.x
         ty, tx = tid // TX, tid % TX
         row0, bh = _tile_ops.last_tile_first(Nq, Br)
+        hkv = kv_head(bh, G)
         nr = nw = 0
 
         n = load_q(QT, QT, q, q, bh, row0, Nq, tid)  # Q_i -> QT, zero beyond d and Nq
@@ -85,7 +87,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         for j in range(visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)):
             col0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous KT, Vs, PT
-            n = load_kv(KT, Vs, k, v, bh, col0, Nk, tid)
+            n = load_kv(KT, Vs, k, v, hkv, col0, Nk, tid)
             if COUNT:
                 nr += n * STORE_BYTES
             cuda.syncthreads()

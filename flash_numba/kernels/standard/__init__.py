@@ -75,7 +75,7 @@ def grids(prob, block) -> dict:
     Br, Bc = block
     Tr, Tc = -(-prob.Nq // Br), -(-prob.Nk // Bc)
     softmax = head_grid(-(-prob.BH * prob.Nq // SOFTMAX_ROWS), 1)
-    by_row, by_col = head_grid(Tr, prob.BH), head_grid(Tc, prob.BH)
+    by_row, by_col = head_grid(Tr, prob.BH), head_grid(Tc, prob.BHkv)  # by_col: dV, dK per key/value head
     return dict(zip(FORWARD_NAMES + BACKWARD_NAMES,
                     (by_row, softmax, by_row, _rowsum.grid(prob), by_row, by_col, by_col, by_row)))
 
@@ -99,9 +99,9 @@ def _forward_steps(prob, ops, block, counters):
     c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
     scale, one = acc.type(prob.scale), acc.type(1)
     steps = [
-        (FORWARD_NAMES[0], lambda: scores[shape[FORWARD_NAMES[0]], NT](q, k, S, L, ml, Nq, Nk, scale, c0)),
+        (FORWARD_NAMES[0], lambda: scores[shape[FORWARD_NAMES[0]], NT](q, k, S, L, ml, Nq, Nk, prob.G, scale, c0)),
         (FORWARD_NAMES[1], lambda: softmax[shape[FORWARD_NAMES[1]], NT](S, ml, P, Nq, Nk, c1)),
-        (FORWARD_NAMES[2], lambda: rowprod[shape[FORWARD_NAMES[2]], NT](P, v, O, Nq, Nk, one, c2)),
+        (FORWARD_NAMES[2], lambda: rowprod[shape[FORWARD_NAMES[2]], NT](P, v, O, Nq, Nk, prob.G, one, c2)),
     ]
     return steps, out
 
@@ -147,17 +147,17 @@ def backward(prob, ops, block, counters):
     P = _inputs.empty((BH, Nq, Nk), dt)
     dS = _inputs.empty((BH, Nq, Nk), dt)
     grad_scores_kernel(d, Br, Bc, dt.name, causal, count)[grid[1], NT](
-        q, k, v, do, lse, D, P, dS, Nq, Nk, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
+        q, k, v, do, lse, D, P, dS, Nq, Nk, prob.G, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
     )
     scale = acc.type(prob.scale)
     colprod = colprod_kernel(d, Br, Bc, dt.name, causal, count)
-    dV = _inputs.empty((BH, Nk, d), dt)
-    colprod[grid[2], NT](P, do, dV, Nq, Nk, acc.type(1), counters.array(BACKWARD_NAMES[2]))
-    dK = _inputs.empty((BH, Nk, d), dt)
-    colprod[grid[3], NT](dS, q, dK, Nq, Nk, scale, counters.array(BACKWARD_NAMES[3]))
+    dV = _inputs.empty((prob.BHkv, Nk, d), dt)  # summed over the G query heads of each key/value head
+    colprod[grid[2], NT](P, do, dV, Nq, Nk, prob.G, acc.type(1), counters.array(BACKWARD_NAMES[2]))
+    dK = _inputs.empty((prob.BHkv, Nk, d), dt)
+    colprod[grid[3], NT](dS, q, dK, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[3]))
     dQ = _inputs.empty((BH, Nq, d), dt)
     rowprod_kernel(d, Br, Bc, dt.name, causal, count)[grid[4], NT](
-        dS, k, dQ, Nq, Nk, scale, counters.array(BACKWARD_NAMES[4])
+        dS, k, dQ, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[4])
     )
     return dQ, dK, dV
 
@@ -183,19 +183,19 @@ def compile_all(ccs, dtypes, ds):
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
                     specs = [
                         (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, X3, X3, A2, A3, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, X3, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
                         (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
                          (X3, A3, X3, I64, I64, COUNTER_TYPE)),
                         (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, X3, X3, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                         (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
-                         (X3, X3, X3, X3, A2, A2, X3, X3, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, X3, X3, X3, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                         (f"colprod {b}", colprod_kernel(d, *bwd, dt.name, causal, count),
-                         (X3, X3, X3, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                     ]
                     if bwd != fwd:
                         specs.append((f"rowprod {b}", rowprod_kernel(d, *bwd, dt.name, causal, count),
-                                      (X3, X3, X3, I64, I64, ACC, COUNTER_TYPE)))
+                                      (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)))
                     for label, kernel, sig in specs:
                         for cc in ccs:
                             out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))

@@ -8,7 +8,7 @@ import numpy as np
 from numba import cuda
 
 from ... import _inputs
-from .._common import acc_nb_type, add_counts, exp_ieee, nb_type
+from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type
 from .._tile_ops import last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
 from .layout import _align, _consts, _n_visible, geometry
@@ -19,7 +19,8 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     """``C_j = alpha * sum_i A_ij^T B_i`` (``dV = P^T dO``; ``dK = scale dS^T Q``), one key block per thread block.
 
     ``a``: (BH, Nq, Nk) storage dtype, read in the visible tiles only; ``b``: (BH, Nq, d);
-    ``c``: (BH, Nk, d).  Launch ``kernel[Tc * BH, 128](a, b, c, Nq, Nk, alpha, counter)``.
+    ``c``: (BH / G, Nk, d), head hkv the sum over the G row heads hkv*G .. of its group (grouped-query
+    attention).  Launch ``kernel[Tc * BH / G, 128](a, b, c, Nq, Nk, G, alpha, counter)``.
     Thread (ty, tx) owns keys ``ty*TMc ..`` (TMc = Bc / 8) and columns ``tx*TD ..`` of C_j.
     """
     dtype = np.dtype(dtype_name)
@@ -37,7 +38,7 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     store = tile_store(TMc, TD, dtype.name)
 
     A_SIZE, B_SIZE = Br * AS, Br * DP  # shared-array sizes must be constants
-    def kernel(a_in, b_in, c_out, Nq, Nk, alpha, counter):
+    def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, counter):
         As = cuda.shared.array(A_SIZE, ACC, alignment=ALIGN)  # A_ij (Br, AS)
         Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_i (Br, DP)
         acc = cuda.local.array((TMc, TD), ACC)
@@ -47,9 +48,9 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
         # 1-D grid, key block after key block for every head; the first key blocks are
         # the longest when causal (every query block sees them), so they start first
         Tc = (Nk + Bc - 1) // Bc
-        BH = cuda.gridDim.x // Tc
-        c0 = (cuda.blockIdx.x // BH) * Bc
-        bh = cuda.blockIdx.x % BH
+        BHkv = cuda.gridDim.x // Tc
+        c0 = (cuda.blockIdx.x // BHkv) * Bc
+        hkv = cuda.blockIdx.x % BHkv  # the key/value head
         nr = 0
         nw = 0
         Tr = (Nq + Br - 1) // Br
@@ -62,7 +63,8 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
         for u in range(TMc):
             for x in range(TD):
                 acc[u, x] = ZERO
-        for i in range(i0, Tr):
+        for step in range(G * (Tr - i0)):  # the query blocks of each row head bh of the group in turn
+            bh, i = group_step(step, Tr - i0, i0, hkv, G)
             r0 = i * Br
             cuda.syncthreads()
             n = load_a(a_in, bh, r0, c0, Nq - r0, Nk - c0, As, tid)
@@ -78,7 +80,7 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             for x in range(TD):
                 acc[u, x] *= alpha
         ct = c0 + ty * TMc
-        n = store(c_out, bh, ct, tx * TD, Nk - ct, d - tx * TD, acc)
+        n = store(c_out, hkv, ct, tx * TD, Nk - ct, d - tx * TD, acc)
         if COUNT:
             nw += n * SB
             add_counts(counter, nr, nw)
@@ -91,7 +93,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     """``P = exp(S - L)`` and ``dS = P * (dP - D)``, ``dP = dO V^T``, for the visible tiles, one query block per
     thread block; P and dS are written to HBM, dP never leaves the registers.
 
-    Launch ``kernel[Tr * BH, 128](q, k, v, do, lse, D, p, ds, Nq, Nk, scale, counter)``.
+    Launch ``kernel[Tr * BH, 128](q, k, v, do, lse, D, p, ds, Nq, Nk, G, scale, counter)`` (k, v: head bh // G).
     Q_i and dO_i stay in shared memory; V_j, then K_j pass through one buffer.  P is
     ``exp(S - L)`` of exactly the S the forward stored (the same products in the same
     order, the same scale, rounded to the storage dtype), so it differs from the
@@ -115,7 +117,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     store = tile_store(TM, TN, dtype.name)
 
     QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
-    def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, scale, counter):
+    def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, G, scale, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         XT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T, then K_j^T (DP, KS)
@@ -129,6 +131,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
         ty = tid // TX
         tx = tid % TX
         r0, bh = last_tile_first(Nq, Br)
+        hkv = kv_head(bh, G)
         off = Nk - Nq
         nr = 0
         nw = 0
@@ -164,7 +167,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
             c0 = j * Bc
             ct = c0 + tx * TN
             cuda.syncthreads()  # everyone is done with the previous K_j
-            n = load_k(v, bh, c0, 0, Nk - c0, d, XT, tid)
+            n = load_k(v, hkv, c0, 0, Nk - c0, d, XT, tid)
             cuda.syncthreads()
             for a in range(TM):
                 for b in range(TN):
@@ -172,7 +175,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                     dp[a, b] = ZERO
             product(dOT, ty * TM, XT, tx * TN, dp)  # dP = dO_i V_j^T
             cuda.syncthreads()  # everyone is done with V_j
-            n += load_k(k, bh, c0, 0, Nk - c0, d, XT, tid)
+            n += load_k(k, hkv, c0, 0, Nk - c0, d, XT, tid)
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()

@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from ... import _inputs
-from .._common import acc_nb_type, add_counts, nan_max, nb_type
+from .._common import acc_nb_type, add_counts, kv_head, nan_max, nb_type
 from .._tile_ops import half_warp_max, half_warp_sum, last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
 from ..causal import sees_no_key_dev as sees_no_key
@@ -44,7 +44,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
     store = tile_store(TM, TN, dtype.name)
 
     QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
-    def kernel(q, k, s_out, lse, ml, Nq, Nk, scale, counter):
+    def kernel(q, k, s_out, lse, ml, Nq, Nk, G, scale, counter):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T (DP, KS)
         s = cuda.local.array((TM, TN), ACC)
@@ -54,6 +54,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
         ty = tid // TX
         tx = tid % TX
         r0, bh = last_tile_first(Nq, Br)  # 1-D grid, the last (longest when causal) query block of every head first
+        hkv = kv_head(bh, G)  # the key/value head of query head bh
         off = Nk - Nq
         nr = 0
         nw = 0
@@ -75,7 +76,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
         for j in range(n_j):
             c0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous K_j
-            n = load_k(k, bh, c0, 0, Nk - c0, d, KT, tid)
+            n = load_k(k, hkv, c0, 0, Nk - c0, d, KT, tid)
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()
@@ -203,8 +204,9 @@ def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool)
 def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
     """``C_i = alpha * sum_j A_ij B_j`` (``O = P V``; ``dQ = scale dS K``), one query block per thread block.
 
-    ``a``: (BH, Nq, Nk) storage dtype, read in the visible tiles only; ``b``: (BH, Nk, d);
-    ``c``: (BH, Nq, d).  Launch ``kernel[Tr * BH, 128](a, b, c, Nq, Nk, alpha, counter)``.
+    ``a``: (BH, Nq, Nk) storage dtype, read in the visible tiles only; ``b``: (BH / G, Nk, d), head bh // G
+    for row head bh (grouped-query attention); ``c``: (BH, Nq, d).
+    Launch ``kernel[Tr * BH, 128](a, b, c, Nq, Nk, G, alpha, counter)``.
     Thread (ty, tx) owns rows ``ty*TM ..`` and columns ``tx*TD ..`` of C_i.
     """
     dtype = np.dtype(dtype_name)
@@ -222,7 +224,7 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     store = tile_store(TM, TD, dtype.name)
 
     AT_SIZE, B_SIZE = Bc * AS, Bc * DP  # shared-array sizes must be constants
-    def kernel(a_in, b_in, c_out, Nq, Nk, alpha, counter):
+    def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, counter):
         AT = cuda.shared.array(AT_SIZE, ACC, alignment=ALIGN)  # A_ij^T (Bc, AS)
         Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_j (Bc, DP)
         acc = cuda.local.array((TM, TD), ACC)
@@ -247,7 +249,7 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             c0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous tiles
             n = load_a(a_in, bh, r0, c0, Nq - r0, Nk - c0, AT, tid)
-            n += load_b(b_in, bh, c0, 0, Nk - c0, d, Bs, tid)
+            n += load_b(b_in, kv_head(bh, G), c0, 0, Nk - c0, d, Bs, tid)
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()
