@@ -70,15 +70,21 @@ def compile_ptx(pyfunc, argtypes, cc, fastmath=None) -> str:
     ``fastmath``: the kernel's ``fastmath`` option (None: the function's ``_fastmath``
     attribute, else off; :func:`compile_kernel` reads it from the dispatcher).
 
-    Typing and lowering to LLVM IR (two thirds of the time) come out the same for
-    every cc from 7.5 up, so the LLVM library of a kernel is kept (:func:`_library`)
-    and only NVVM runs again for the next cc.
+    Typing and lowering to LLVM IR (about as long as NVVM takes) come out the same
+    for every cc from 7.5 up, so the LLVM library of a kernel is kept (:func:`_library`)
+    and only NVVM runs again for the next cc.  A kernel listed again (its factory
+    returns the same function: a kernel that does not depend on d, in each d's list)
+    is not compiled again (:func:`_ptx`).
     """
-    cc = tuple(cc)
-    lowering_cc = _SAME_LOWERING_FROM if cc >= _SAME_LOWERING_FROM else cc
     fastmath = getattr(pyfunc, "_fastmath", False) if fastmath is None else fastmath
     fastmath = frozenset(fastmath) if isinstance(fastmath, (set, frozenset)) else bool(fastmath)
-    (ptx,) = _library(pyfunc, tuple(argtypes), lowering_cc, fastmath).get_asm_strs(cc=cc)
+    return _ptx(pyfunc, tuple(argtypes), tuple(cc), fastmath)
+
+
+@functools.lru_cache(maxsize=None)
+def _ptx(pyfunc, argtypes, cc, fastmath):
+    lowering_cc = _SAME_LOWERING_FROM if cc >= _SAME_LOWERING_FROM else cc
+    (ptx,) = _library(pyfunc, argtypes, lowering_cc, fastmath).get_asm_strs(cc=cc)
     return ptx
 
 
@@ -218,7 +224,7 @@ def compile_module(name: str, ccs=CCS, groups=GROUPS) -> list[Row]:
     from . import kernels
 
     mod = kernels.get(name)
-    rows, seen = [], set()
+    rows, seen, reports = [], set(), {}
     for dtypes, ds in groups:
         for cc in ccs:
             for item in mod.compile_all((cc,), dtypes, ds):
@@ -226,10 +232,13 @@ def compile_module(name: str, ccs=CCS, groups=GROUPS) -> list[Row]:
                 if (label, cc) in seen:  # a kernel not specialised on d comes back once per group
                     continue
                 seen.add((label, cc))
-                rep = ptxas_report(ptx, cc, cap)
+                if (ptx, cc, cap) not in reports:  # the same kernel under two labels is assembled once
+                    reports[ptx, cc, cap] = ptxas_report(ptx, cc, cap)
+                rep = reports[ptx, cc, cap]
                 shared = rep.shared_bytes if rep else ptx_shared_bytes(ptx)
                 rows.append(Row(name, label, cc, shared, rep, cap))
         _library.cache_clear()  # each group's kernels were lowered once for all ccs; free them
+    _ptx.cache_clear()
     return rows
 
 

@@ -27,10 +27,12 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Skip ``gpu`` tests in the simulator; run the ``compile`` tier first.
 
-    The compile tier is the suite's longest test (one process compiling every
-    kernel); started first, it runs beside everything else.  With ``make test``
-    (``-n 2 --dist worksteal``) the worker that holds it gets the first half of
-    the queue, and the other worker steals that half's tests while it compiles.
+    The compile tier's tests (one per kernel module, 1-3 minutes of CPU each) are the
+    suite's longest; the rest are seconds.  Longest first is the schedule that ends
+    soonest: ``make test`` runs ``-n 2 --dist load --maxschedchunk 1``, which hands
+    each worker the next two tests of the queue and then one test per test done, so
+    the two workers take two kernel modules each (``worksteal`` would hand all of them to
+    the first worker, whose half of the queue they start) and share the rest as they go.
     """
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (running in the simulator)")
     for item in items:
