@@ -35,10 +35,8 @@ FlashAttention >= 2.1 and PyTorch's ``causal_lower_right`` bias; PyTorch's
 ``is_causal=True`` aligns top-left, which agrees only when ``Nq == Nk``).
 A masked score is ``-inf``, so its probability is 0.
 
-Non-finite values: the rule the kernels are to follow (issue #17).  Today they
-agree with it on finite input and on rows the causal mask hides; at the
-non-finite edges they still differ from it and from each other, as
-docs/RELIABILITY.md, section 2, records:
+Non-finite values: the rule every kernel follows (issue #17; docs/RELIABILITY.md,
+section 2, says how, and what it leaves open):
 
 * A row that the causal mask hides completely (``Nq > Nk``: the first
   ``Nq - Nk`` rows see no key) gets ``o = 0`` and ``lse = -inf`` and contributes

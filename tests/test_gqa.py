@@ -17,7 +17,7 @@ from flash_numba.iomodel import terms
 from test_flash2 import err64
 
 # (lead of q, heads of k and v, Nq, Nk, d): G = 2, and multi-query (G = Hq) with a single query row
-SHAPES = [((2, 4), 2, 17, 17, 8), ((1, 4), 1, 1, 17, 16)]
+SHAPES = [((2, 2), 1, 17, 17, 8), ((1, 4), 1, 1, 17, 16)]  # batch 2 with G = 2: kv head b*Hkv + h // G
 #: Every kernel takes it: Tr = Tc = 2 at N = 17, so a key block walks two query blocks of each query
 #: head of its group (one when causal, from the first query block that sees it).
 BLOCK = (16, 16)
@@ -65,9 +65,9 @@ def test_float16_equals_repeated_kv(rng, kernel):
     on the same values), dK and dV the group sums.  Ours rounds each sum once to float16 (after adding
     in float32), the repeated call rounds every head's term: |diff| <= u16 (|sum| + sum |term|) with
     u16 = 2^-11, plus float32 rounding of the sum (2^-24 per term, far below)."""
-    lead, Hkv, N, d, G = (1, 4), 2, 17, 8, 2
+    lead, Hkv, N, d, G = (1, 2), 1, 17, 8, 2
     q, k, v, do = make(rng, lead, Hkv, N, N, d, np.float16)
-    kr, vr = (np.repeat(x, G, axis=-3) for x in (k, v))  # (1, 4, N, d)
+    kr, vr = (np.repeat(x, G, axis=-3) for x in (k, v))  # (1, 2, N, d)
     f = fn.attention_forward(q, k, v, kernel=kernel, causal=True)
     fr = fn.attention_forward(q, kr, vr, kernel=kernel, causal=True)
     assert np.array_equal(f.o, fr.o) and np.array_equal(f.lse, fr.lse)

@@ -25,6 +25,7 @@ from numba import cuda
 
 import flash_numba
 import test_inputs as inputs_tests  # tests/ is on sys.path (pytest's default rootdir import)
+import test_standard as standard_tests
 from flash_numba import _inputs, blocks, iomodel, kernels, reference
 from flash_numba.kernels import flash2_fast
 
@@ -255,11 +256,15 @@ def test_arrays_on_another_gpu_are_refused_on_a_real_second_gpu(rng):
 # ----------------------------------------------------------------------------- numerics at the edges
 
 
-def plain_forward(q, k, v, *, causal=False, dtype=np.float32):
+def _plain_scale(dtype, d, scale):
+    return dtype(1 / math.sqrt(d) if scale is None else scale)
+
+
+def plain_forward(q, k, v, *, causal=False, dtype=np.float32, scale=None):
     """o and lse of attention done and rounded entirely in ``dtype``: the baseline of Dao-AILab's rule."""
     dtype = np.dtype(dtype).type
     q, k, v = (np.asarray(x).astype(dtype) for x in (q, k, v))
-    S = reference.plain_matmul(q * dtype(1 / math.sqrt(q.shape[-1])), k.swapaxes(-1, -2))  # (.., Nq, Nk)
+    S = reference.plain_matmul(q * _plain_scale(dtype, q.shape[-1], scale), k.swapaxes(-1, -2))  # (.., Nq, Nk)
     if causal:
         S = np.where(reference.causal_mask(q.shape[-2], k.shape[-2]), S, dtype(-np.inf))
     m = S.max(axis=-1, keepdims=True)
@@ -268,11 +273,11 @@ def plain_forward(q, k, v, *, causal=False, dtype=np.float32):
     return reference.plain_matmul(P / l, v), (m + np.log(l))[..., 0]
 
 
-def plain_backward(q, k, v, do, *, causal=False, dtype=np.float32):
+def plain_backward(q, k, v, do, *, causal=False, dtype=np.float32, scale=None):
     """dq, dk, dv done and rounded entirely in ``dtype`` (from P = softmax(S), as autograd keeps it)."""
     dtype = np.dtype(dtype).type
     q, k, v, do = (np.asarray(x).astype(dtype) for x in (q, k, v, do))
-    s = dtype(1 / math.sqrt(q.shape[-1]))
+    s = _plain_scale(dtype, q.shape[-1], scale)
     S = reference.plain_matmul(q * s, k.swapaxes(-1, -2))  # (.., Nq, Nk)
     if causal:
         S = np.where(reference.causal_mask(q.shape[-2], k.shape[-2]), S, dtype(-np.inf))
@@ -441,49 +446,108 @@ def _rows(mask2d):
     return [int(i) for i in np.nonzero(mask2d)[0]]
 
 
+def classes(x):
+    """Element by element: 0 finite, 1 NaN, 2 +Inf, 3 -Inf."""
+    x = np.asarray(x, np.float64)
+    return np.select([np.isnan(x), np.isposinf(x), np.isneginf(x)], [1, 2, 3], 0)
+
+
+def assert_like_reference(got, want, tol, what, size=1.0):
+    """NaN, +Inf and -Inf exactly where the reference has them; finite values within ``tol`` of it:
+    max |got - want| / max(max |want|, size), with ``size`` at least 1 (as tests/test_standard.py
+    measures) or the size of terms that cancel in ``want`` (tests/test_reference.py's grad_sizes)."""
+    np.testing.assert_array_equal(classes(got), classes(want), err_msg=f"{what}: NaN/Inf pattern")
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    fin = np.isfinite(want)
+    if fin.any():
+        err = np.abs(got[fin] - want[fin]).max() / max(np.abs(want[fin]).max(), size, 1.0)
+        assert err <= tol, f"{what}: error {err:.2e} > {tol:.2e}"
+
+
+def check_like_reference(kernel, q, k, v, do, *, causal=False, lse_edit=None, backward_too=True):
+    """Forward and backward of ``kernel`` held to the float64 reference, non-finite pattern included.
+
+    The backward gets the kernel's own o and lse (``lse_edit`` may change lse first), the reference
+    backward the same ones; flash2_fast's backward runs deterministic and atomic.  Tolerance from
+    the arithmetic (tests/test_standard.py's ``_tol``).  Returns the forward result.
+    """
+    tol = standard_tests._tol(q.dtype, k.shape[-2], q.shape[-1])
+    f = forward(kernel, q, k, v, causal=causal)
+    o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal)
+    assert_like_reference(f.o, o_ref, tol, "o")
+    assert_like_reference(f.lse, lse_ref, tol, "lse")
+    if backward_too:
+        lse = np.array(f.lse)
+        if lse_edit is not None:
+            lse_edit(lse)
+        want = reference.attention_backward(q, k, v, f.o, lse, do, causal=causal)
+        for deterministic in (True, False) if kernel == "flash2_fast" else (True,):
+            b = backward(kernel, q, k, v, f.o, lse, do, causal=causal, deterministic=deterministic)
+            for name, got, ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), want):
+                assert_like_reference(got, ref, tol, f"{name} (deterministic={deterministic})")
+    return f
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_nan_and_inf_in_a_row_of_q(rng, kernel, max_semantics):
-    """NaN in q row 3, +Inf in row 7, -Inf in row 9: those rows of o are NaN, the others finite and right.
+    """NaN in q row 3, +Inf in row 7 (scores of both signs), -Inf in row 9 against a positive column
+    of k (every score of row 9 is -inf): those rows of o and lse are NaN, the others finite and right.
 
-    lse of those rows is -inf or NaN (never finite).  The backward (checked with Python's max)
-    gives NaN in dq rows 3, 7, 9 and in all of dk and dv, for every kernel, as PyTorch does.
+    The backward (with Python's max; it takes no max) gives NaN in dq rows 3, 7, 9 and in all of dk
+    and dv, as PyTorch does; every position and value as the reference.
     """
     q, k, v, do = qkv(rng, 11, 9, 7)
-    bad = q.copy()
-    bad[0, 3, 2], bad[0, 7, 1], bad[0, 9, 4] = np.nan, np.inf, -np.inf
-    f = forward(kernel, bad, k, v)
-    assert _rows(np.isnan(f.o[0]).all(axis=1)) == [3, 7, 9]
-    assert _rows(~np.isfinite(f.o[0]).any(axis=1)) == [3, 7, 9]
-    assert _rows(~np.isfinite(f.lse[0])) == [3, 7, 9] and not np.isposinf(f.lse).any()
-    clean = np.ones(11, bool)
-    clean[[3, 7, 9]] = False
-    o_ref, lse_ref = reference.attention_forward(q, k, v)
-    assert rel_err(f.o[0, clean], o_ref[0, clean]) < 1e-6
-    assert rel_err(f.lse[0, clean], lse_ref[0, clean]) < 1e-6
-    if max_semantics != "python-max":
-        return
-    b = backward(kernel, bad, k, v, f.o, f.lse, do)
-    bad_dq = _rows((~np.isfinite(b.dq[0])).any(axis=1))
-    assert bad_dq == [3, 7, 9] and np.isnan(b.dk).all() and np.isnan(b.dv).all()
+    q[0, 3, 2], q[0, 7, 1], q[0, 9, 4] = np.nan, np.inf, -np.inf
+    k[0, :, 4] = np.abs(k[0, :, 4]) + 0.5
+    f = check_like_reference(kernel, q, k, v, do, backward_too=max_semantics == "python-max")
+    assert _rows(np.isnan(f.o[0]).all(axis=1)) == [3, 7, 9] and _rows(np.isnan(f.lse[0])) == [3, 7, 9]
+    assert np.isfinite(np.delete(f.o[0], [3, 7, 9], axis=0)).all()
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_nan_in_k_and_inf_in_v(rng, kernel):
-    """Causal, N = 9.  NaN in k row 6: o rows 6..8 (those that see key 6) are NaN, rows 0..5 finite.
-    +Inf in v[6, 0]: column 0 of o is +Inf on rows 6..8 and NaN (0 * Inf) on rows 0..5."""
-    q, k, v, _ = qkv(rng, 9, 9, 5)
-    k_bad, v_bad = k.copy(), v.copy()
-    k_bad[0, 6, 2] = np.nan
-    v_bad[0, 6, 0] = np.inf
-    f = forward(kernel, q, k_bad, v, causal=True)
-    assert _rows((~np.isfinite(f.o[0])).any(axis=1)) == [6, 7, 8] and np.isnan(f.o[0, 6:]).all()
-    o_ref, _ = reference.attention_forward(q, k, v, causal=True)
-    assert rel_err(f.o[0, :6], o_ref[0, :6]) < 1e-6
-    f = forward(kernel, q, k, v_bad, causal=True)
-    assert np.isposinf(f.o[0, 6:, 0]).all() and np.isnan(f.o[0, :6, 0]).all()
-    assert rel_err(f.o[0, :, 1:], o_ref[0, :, 1:]) < 1e-6
+def test_nan_in_k_and_inf_in_v(rng, kernel, max_semantics):
+    """Causal, N = 9.  NaN in k row 6: o rows 6..8 (those that see key 6) are NaN.  +Inf in v[3, 0]:
+    column 0 of o is +Inf on rows 3..8 (NaN where k made them NaN) and finite on rows 0..2, which
+    do not see key 3 (a masked key adds nothing: no 0 * Inf).  Backward as the reference."""
+    q, k, v, do = qkv(rng, 9, 9, 5)
+    k[0, 6, 2] = np.nan
+    v[0, 3, 0] = np.inf
+    f = check_like_reference(kernel, q, k, v, do, causal=True, backward_too=max_semantics == "python-max")
+    assert np.isnan(f.o[0, 6:]).all() and np.isposinf(f.o[0, 3:6, 0]).all()
+    assert np.isfinite(f.o[0, :3]).all() and np.isfinite(f.o[0, :6, 1:]).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_rows_the_causal_mask_hides_stay_zero_whatever_the_inputs(rng, kernel, max_semantics):
+    """Nq = 13 > Nk = 5, causal: rows 0..7 see no key.  NaN in q row 2 (hidden) and row 9, +Inf in
+    v[4, 3] (seen by row 12 only): hidden rows get o = 0, lse = -inf, dq = 0 and add nothing to dk, dv;
+    row 9 is NaN; everything else as the reference."""
+    q, k, v, do = qkv(rng, 13, 5, 6)
+    q[0, 2, 1], q[0, 9, 0] = np.nan, np.nan
+    v[0, 4, 3] = np.inf
+    f = check_like_reference(kernel, q, k, v, do, causal=True, backward_too=max_semantics == "python-max")
+    assert np.all(f.o[0, :8] == 0) and np.isneginf(f.lse[0, :8]).all() and np.isnan(f.lse[0, 9])
+    if max_semantics == "python-max":
+        b = backward(kernel, q, k, v, f.o, f.lse, do, causal=True)
+        assert np.all(b.dq[0, :8] == 0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_backward_given_an_lse_of_minus_inf_or_minus_1000(rng, kernel, causal):
+    """The backward takes P = exp(S - L) with the L it is given, unclamped: for a row that sees keys,
+    L = -inf or -1000 gives P = +Inf there and non-finite gradients where the reference has them (no
+    clamp, no "row sees nothing" shortcut); rows the causal mask hides (Nq = 8 > Nk = 5) still add 0."""
+    q, k, v, do = qkv(rng, 8, 5 if causal else 7, 4)
+
+    def edit(lse):
+        lse[0, 4], lse[0, 6] = -np.inf, -1000.0
+
+    check_like_reference(kernel, q, k, v, do, causal=causal, lse_edit=edit)
 
 
 def test_floating_point_atomics_only_behind_deterministic_false():

@@ -21,6 +21,8 @@ before leaving).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import cuda, int64, types, uint32
 
@@ -110,6 +112,52 @@ if not SIMULATOR:  # the simulator runs the Python above; compiled kernels get t
         def three(x, bh, row, col):
             return x[bh, row, col]
         return three
+
+
+# ------------------------------------------------------------------ non-finite values (docs/RELIABILITY.md, section 2)
+
+
+@jit(device=True, forceinline=True)
+def nan_max(a, b):
+    """The larger of a and b, NaN if either is NaN (the kernels' row maxima: NaN in, NaN out).
+
+    Not ``max``: on a GPU Numba lowers a float ``max`` to fmax, which drops a NaN operand,
+    and Python's ``max`` (the simulator) drops it on one side only.  This is the same on both.
+    """
+    return a if (a > b or a != a) else b
+
+
+@jit(device=True, forceinline=True)
+def madd_unless_zero(c, a, b):
+    """``c + a * b``, or ``c`` where ``a == 0``: a probability (or dS) of 0, a masked entry,
+    adds nothing, even against an Inf or NaN in ``b`` (``0 * Inf`` is NaN)."""
+    return c + a * b if a != 0 else c
+
+
+_EXP_MAX, _EXP2_MAX, _INF32 = np.float32(709.78), np.float32(1023.99), np.float32(np.inf)
+
+if SIMULATOR:
+    # The simulator runs math.exp and math.exp2 on Python floats, which raise OverflowError past
+    # float64's range where a GPU returns inf: +inf there (x * inf, in x's own dtype), the same answer.
+    @jit(device=True, forceinline=True)
+    def exp_ieee(x):
+        """``exp(x)`` with IEEE overflow (+inf), in the simulator as on a GPU."""
+        return math.exp(x) if not x > _EXP_MAX else x * _INF32
+
+    @jit(device=True, forceinline=True)
+    def exp2_ieee(x):
+        """``2**x`` with IEEE overflow (+inf), in the simulator as on a GPU."""
+        return math.exp2(x) if not x > _EXP2_MAX else x * _INF32
+else:  # a GPU's exp and exp2 overflow to inf already: no extra instruction
+    @jit(device=True, forceinline=True)
+    def exp_ieee(x):
+        """``exp(x)`` (a GPU's, which overflows to +inf)."""
+        return math.exp(x)
+
+    @jit(device=True, forceinline=True)
+    def exp2_ieee(x):
+        """``2**x`` (a GPU's, which overflows to +inf)."""
+        return math.exp2(x)
 
 
 @jit(device=True, forceinline=True)

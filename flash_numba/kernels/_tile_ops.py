@@ -32,7 +32,7 @@ import numpy as np
 from numba import cuda, uint32, uint64
 
 from ..device import jit
-from ._common import acc_nb_type, batch_head
+from ._common import acc_nb_type, batch_head, madd_unless_zero, nan_max
 
 NT = 128  # threads of a flash2 / flash2_fast block (8 x 16)
 TY, TX = 8, 16
@@ -234,10 +234,10 @@ def padded_loader(rows: int, d: int, DP: int, S: int, pair: bool, acc_name: str,
 def stats_loader(rows: int, acc_name: str, count: bool):
     """Device function ``load(Ls, Ds, lse, D, bh, r0, n, tid)``: L_i (log2 units) and D_i of a query block.
 
-    Thread r < rows loads row r0 + r; a row past n, or one that sees no key
-    (L = -inf), gets L = +inf, so that exp2(S - L) = 0 there.
+    Thread r < rows loads row r0 + r, L as given (a row that sees no key has L = -inf: the
+    kernels select P = 0 on its masked entries); a row past n gets L = +inf, exp2(S - L) = 0.
     """
-    NEG_INF, POS_INF = np.dtype(acc_name).type(-np.inf), np.dtype(acc_name).type(np.inf)
+    POS_INF = np.dtype(acc_name).type(np.inf)
     ZERO, LOG2E = _zero(acc_name), np.dtype(acc_name).type(1.4426950408889634)
     COUNT = count
     assert rows <= NT  # one thread per row
@@ -250,12 +250,10 @@ def stats_loader(rows: int, acc_name: str, count: bool):
             Dr = ZERO
             r = uint32(r0) + uint32(tid)
             if r < uint32(n):  # unsigned compares: uint32 < int64 would compare as float64
-                Lv = lse[uint32(bh), r]
+                Lr = lse[uint32(bh), r] * LOG2E
                 Dr = D[uint32(bh), r]
                 if COUNT:
                     got = 2
-                if Lv != NEG_INF:
-                    Lr = Lv * LOG2E
             Ls[tid] = Lr
             Ds[tid] = Dr
         return got
@@ -265,12 +263,14 @@ def stats_loader(rows: int, acc_name: str, count: bool):
 
 @functools.lru_cache(maxsize=None)
 def micro_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: int, b_step: int, pair: bool,
-                  zero_first: bool, acc_name: str):
+                  zero_first: bool, acc_name: str, skip_zero: bool = False):
     """Device function ``(c1, c2, A1, A2, B1, B2, ty, tx)``: c1 += A1^T B1 (and c2 += A2^T B2 with ``pair``).
 
     A thread's TM x TN micro-tile, over ``steps`` rows k of the flat shared tiles: its
     TM values ``A[k * S_A + ty*TM + a]`` times its TN values
-    ``B[tx*b_start + k*b_step + b*b_col]``; ``zero_first`` sets c1 (c2) to 0 first.
+    ``B[tx*b_start + k*b_step + b*b_col]``; ``zero_first`` sets c1 (c2) to 0 first; ``skip_zero``:
+    a 0 in A adds nothing, even against Inf or NaN in B (a select per multiply-add, for the
+    blocks that hold masked entries: :func:`~._common.madd_unless_zero`).
 
     * S_ij = Q_i K_j^T from Q_i^T, K_j^T: b_start = TN, b_col = 1, b_step = KS (TN adjacent keys);
     * O_i += P_ij V_j from P_ij^T, V_j: b_start = TD, b_col = 1, b_step = DP;
@@ -282,7 +282,7 @@ def micro_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: i
     """
     ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = _zero(acc_name)
-    PAIR, ZERO_FIRST = pair, zero_first
+    PAIR, ZERO_FIRST, SKIP_ZERO = pair, zero_first, skip_zero
     N_U, SA_U, BS_U, ONE_U = np.uint32(steps), np.uint32(S_A), np.uint32(b_step), np.uint32(1)
 
     @jit(device=True, forceinline=True)
@@ -311,9 +311,14 @@ def micro_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: i
                     yv[b] = B2[bi + uint32(b * b_col)]
             for a in range(TM):
                 for b in range(TN):
-                    c1[a, b] += av[a] * xv[b]
-                    if PAIR:
-                        c2[a, b] += bv[a] * yv[b]
+                    if SKIP_ZERO:
+                        c1[a, b] = madd_unless_zero(c1[a, b], av[a], xv[b])
+                        if PAIR:
+                            c2[a, b] = madd_unless_zero(c2[a, b], bv[a], yv[b])
+                    else:
+                        c1[a, b] += av[a] * xv[b]
+                        if PAIR:
+                            c2[a, b] += bv[a] * yv[b]
             ai += SA_U
             bi += BS_U
             k += ONE_U
@@ -355,11 +360,11 @@ FULL_MASK = 0xFFFFFFFF
 
 @jit(device=True, forceinline=True)
 def half_warp_max(x):
-    """The largest ``x`` of the 16 lanes of this half warp (a row of the 8 x 16 thread grid), in every lane."""
-    x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, 8))
-    x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, 4))
-    x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, 2))
-    return max(x, cuda.shfl_xor_sync(FULL_MASK, x, 1))
+    """The largest ``x`` of the 16 lanes of this half warp (a row of the 8 x 16 grid), in every lane; NaN if any is."""
+    x = nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 8))
+    x = nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 4))
+    x = nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 2))
+    return nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 1))
 
 
 @jit(device=True, forceinline=True)

@@ -25,7 +25,7 @@ import numpy as np
 from numba import cuda, types, uint32
 
 from ..device import jit
-from ._common import element
+from ._common import element, madd_unless_zero
 
 #: Threads per block: TY rows of TX threads (a half warp each).
 TY, TX = 8, 16
@@ -104,14 +104,17 @@ def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
 
 
 @lru_cache(maxsize=None)
-def micro_product(TM: int, TN: int, K: int, AS: int, BS: int, acc_name: str):
+def micro_product(TM: int, TN: int, K: int, AS: int, BS: int, acc_name: str, skip_zero: bool = False):
     """``product(A, a0, B, b0, acc)``: ``acc[a, b] += sum_k A[a0 + k AS + a] * B[b0 + k BS + b]``.
 
     ``A`` and ``B`` are flat shared buffers holding ``K`` rows of stride ``AS``
     and ``BS``; the thread's ``TM`` (``TN``) values of row k are adjacent, so
-    with 16-byte aligned buffers and offsets they come in vector loads.
+    with 16-byte aligned buffers and offsets they come in vector loads.  With
+    ``skip_zero`` a 0 in A adds nothing, even against Inf or NaN in B (a select per
+    multiply-add, for tiles that hold masked entries: :func:`~._common.madd_unless_zero`).
     """
     ACC = getattr(types, acc_name)
+    SKIP_ZERO = skip_zero
     K_U, AS_U, BS_U, ONE_U = np.uint32(K), np.uint32(AS), np.uint32(BS), np.uint32(1)
 
     @jit(device=True, fastmath=FASTMATH)
@@ -128,7 +131,10 @@ def micro_product(TM: int, TN: int, K: int, AS: int, BS: int, acc_name: str):
                 bv[b] = B[bi + uint32(b)]
             for a in range(TM):
                 for b in range(TN):
-                    acc[a, b] += av[a] * bv[b]
+                    if SKIP_ZERO:
+                        acc[a, b] = madd_unless_zero(acc[a, b], av[a], bv[b])
+                    else:
+                        acc[a, b] += av[a] * bv[b]
             ai += AS_U
             bi += BS_U
             k += ONE_U

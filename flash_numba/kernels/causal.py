@@ -2,7 +2,7 @@
 
 Bottom-right aligned, as FlashAttention >= 2.1: with Nq queries and Nk keys, key c
 is visible to query r iff ``c <= r + Nk - Nq``.  A query row with no visible key
-(r < Nq - Nk) gives O = 0 and L = -inf.
+(r < Nq - Nk) gives O = 0 and L = -inf (:func:`sees_no_key`); no other row does.
 
 Each rule is written once, as a plain Python function (calling no other: a device
 function can only call device functions): the host calls it (launch geometry, the
@@ -33,6 +33,11 @@ def last_visible_key(r, Nq, Nk):
 def visible(r, c, Nq, Nk, causal):
     """Whether query r sees key c: both exist (r < Nq, c < Nk) and, with ``causal``, c <= r + Nk - Nq."""
     return r < Nq and c < Nk and (not causal or c <= r + (Nk - Nq))
+
+
+def sees_no_key(r, Nq, Nk, causal):
+    """Whether query r sees no key at all (with ``causal``, r < Nq - Nk): the rows that get O = 0 and L = -inf."""
+    return causal and r + (Nk - Nq) < 0
 
 
 def visible_kv_blocks(i0, Br, Bc, Nq, Nk, causal):
@@ -76,6 +81,7 @@ def crosses_diagonal(i0, j0, Bc, Nq, Nk):
 # The device versions, for kernels (the simulator runs the same Python code).
 last_visible_key_dev = jit(device=True, forceinline=True)(last_visible_key)
 visible_dev = jit(device=True, forceinline=True)(visible)
+sees_no_key_dev = jit(device=True, forceinline=True)(sees_no_key)
 visible_kv_blocks_dev = jit(device=True, forceinline=True)(visible_kv_blocks)
 first_visible_q_block_dev = jit(device=True, forceinline=True)(first_visible_q_block)
 crosses_diagonal_dev = jit(device=True, forceinline=True)(crosses_diagonal)

@@ -62,10 +62,12 @@ from numba import cuda, types
 from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
-from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, group_step, head_grid, input_type,
-                      kv_head)
+from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, exp_ieee, group_step, head_grid,
+                      input_type, kv_head)
+from ._common import madd_unless_zero, nan_max
 from ._spec import KernelSpec
 from ._tile_ops import load_rows
+from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
 
@@ -108,7 +110,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
     # CONVERT (float16): O accumulates in float32 and is converted at the end
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
     CAUSAL, COUNT = causal, count
-    ZERO, NEG_INF = ACC(0), ACC(-math.inf)
+    ZERO, NEG_INF, NAN = ACC(0), ACC(-math.inf), ACC(math.nan)
 
     @jit
     def init_O_l_m(O, l, m, counter):
@@ -158,7 +160,8 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
             for i in range(Tr):  # line 7
                 r0 = i * Br
                 rows = min(Br, Nq - r0)
-                if j >= visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL):
+                n_j = visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)
+                if j >= n_j:
                     continue  # block pair wholly above the diagonal: skipped, nothing loaded
                 # line 8: load Q_i to SRAM (O_i, l_i, m_i are read where they are used)
                 n = load_rows(Q_i, q, bh, r0, Nq, D, tid, T)
@@ -182,9 +185,9 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                         if not visible(row, c0 + c, Nq, Nk, CAUSAL):
                             s = NEG_INF
                         S_ij[r, c] = s
-                        m_ij = max(m_ij, s)
+                        m_ij = nan_max(m_ij, s)
                     # line 10: P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij); a masked score gives 0
-                    # (test the score, not m~_ij: max() skips NaN, and a NaN score must stay NaN)
+                    # (test the score, not m~_ij: a masked or -inf score gives exactly 0 whatever m~_ij is)
                     l_ij = ZERO
                     for c in range(cols):
                         p = ZERO
@@ -193,11 +196,14 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                         S_ij[r, c] = p
                         l_ij += p
                     # line 11: m_new = max(m_i, m~_ij), l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
-                    m_new = max(m_i, m_ij)
+                    m_new = nan_max(m_i, m_ij)
                     l_new = ZERO
-                    if m_new == NEG_INF:  # no visible key in this row yet: l and O_i stay 0
-                        w_old[r] = ZERO
-                        w_new[r] = ZERO
+                    if m_new == NEG_INF:  # every score so far masked or -inf: l and O_i stay 0, and after the
+                        w = ZERO  # last key block O_i = NaN for a row that sees keys (all scored -inf)
+                        if j == n_j - 1 and not sees_no_key(row, Nq, Nk, CAUSAL):
+                            w = NAN
+                        w_old[r] = w
+                        w_new[r] = w
                     else:
                         e_old = math.exp(m_i - m_new)
                         e_new = math.exp(m_ij - m_new)
@@ -216,20 +222,21 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                     r = idx // D
                     x = idx % D
                     pv = ZERO
-                    for c in range(cols):
-                        pv += S_ij[r, c] * V_j[c, x]
+                    for c in range(cols):  # a masked key's P~ is 0 and adds nothing, even against Inf or NaN in V
+                        pv = madd_unless_zero(pv, S_ij[r, c], V_j[c, x])
                     O[bh, r0 + r, x] = w_old[r] * O[bh, r0 + r, x] + w_new[r] * pv
                     if COUNT:
                         nr += ASZ
                         nw += ASZ
                 cuda.syncthreads()
         # The pair (Tr-1, j) is never skipped, so every thread passed a barrier after the last write.
-        # FlashAttention-2's statistic for the backward: L = m + log(l), -inf for a row with no visible key.
+        # FlashAttention-2's statistic for the backward: L = m + log(l), -inf for a row with no visible key,
+        # NaN for a row whose scores are all -inf (l = 0).
         for row in range(tid, Nq, T):
             l_r = l[bh, row]
             L_r = NEG_INF
-            if l_r != ZERO:  # != 0, not > 0: a NaN row stays NaN
-                L_r = m[bh, row] + math.log(l_r)
+            if not sees_no_key(row, Nq, Nk, CAUSAL):
+                L_r = m[bh, row] + math.log(l_r) if l_r != ZERO else NAN
             L[bh, row] = L_r
             if COUNT:
                 nr += 2 * ASZ
@@ -329,21 +336,24 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                         for x in range(D):
                             qk += Q_i[r, x] * K_j[c, x]
                             dP += dO_i[r, x] * V_j[c, x]  # line 17: dP_ij = dO_i V_j^T
-                        # lines 11-13: S_ij = scale Q_i K_j^T, masked, P_ij = exp(S_ij - L_i) (0 where masked)
+                        # lines 11-13: S_ij = scale Q_i K_j^T, masked, P_ij = exp(S_ij - L_i) with the given L_i
+                        # (0 where masked); line 20: dS_ij = P_ij * (dP_ij - D_i) (0 where masked)
                         P = ZERO
+                        dS = ZERO
                         if visible(row, c0 + c, Nq, Nk, CAUSAL):
-                            P = math.exp(scale * qk - L_i)
+                            P = exp_ieee(scale * qk - L_i)
+                            dS = P * (dP - D_i)
                         P_ij[r, c] = P
-                        dS_ij[r, c] = P * (dP - D_i)  # line 20: dS_ij = P_ij * (dP_ij - D_i)
+                        dS_ij[r, c] = dS
                 cuda.syncthreads()
                 if tid < cols:  # thread c owns key row c of the block
                     c = tid
                     for x in range(D):
                         pdo = ZERO
                         dsq = ZERO
-                        for r in range(rows):
-                            pdo += P_ij[r, c] * dO_i[r, x]
-                            dsq += dS_ij[r, c] * Q_i[r, x]
+                        for r in range(rows):  # masked entries (P = dS = 0) add nothing, even against Inf or NaN
+                            pdo = madd_unless_zero(pdo, P_ij[r, c], dO_i[r, x])
+                            dsq = madd_unless_zero(dsq, dS_ij[r, c], Q_i[r, x])
                         dV_j[c, x] += pdo  # line 16: dV_j <- dV_j + P_ij^T dO_i
                         dK_j[c, x] += scale * dsq  # line 22: dK_j <- dK_j + scale dS_ij^T Q_i
                 # line 21: dQ_i <- dQ_i + scale dS_ij K_j, read from and written to HBM
@@ -351,8 +361,8 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                     r = idx // D
                     x = idx % D
                     dsk = ZERO
-                    for c in range(cols):
-                        dsk += dS_ij[r, c] * K_j[c, x]
+                    for c in range(cols):  # masked entries (dS = 0) add nothing, even against Inf or NaN in K
+                        dsk = madd_unless_zero(dsk, dS_ij[r, c], K_j[c, x])
                     dQ[bh, r0 + r, x] += scale * dsk
                     if COUNT:
                         nr += ASZ

@@ -95,10 +95,11 @@ from ..device import STATIC_SHARED_LIMIT, jit
 from . import _rowsum
 from ._tile_ops import load_rows, load_vector
 from .causal import first_visible_q_block_dev as first_visible_q_block
+from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, group_step, head_grid_2d, heavy_first_block
-from ._common import input_type, kv_head
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, group_step, head_grid_2d
+from ._common import heavy_first_block, input_type, kv_head, madd_unless_zero, nan_max
 from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
@@ -204,7 +205,8 @@ def _two_products(RA: int, CB: int, acc_name: str):
 def _p_and_ds(acc_name: str):
     """Device function ``(s, dp, L, D, scale, visible) -> (P, dS)``: P = exp(scale s - L), dS = P (dP - D).
 
-    Both are 0 where the key is masked (``visible`` False).
+    Both are 0 where the key is masked (``visible`` False), whatever s and dp; elsewhere P uses
+    the given L, unclamped (exp overflows to +inf for an L far below the scores).
     """
     ZERO = np.dtype(acc_name).type(0)
 
@@ -212,7 +214,7 @@ def _p_and_ds(acc_name: str):
     def p_and_ds(s, dp, L, D, scale, visible):
         if not visible:
             return ZERO, ZERO
-        p = math.exp(scale * s - L)
+        p = exp_ieee(scale * s - L)
         return p, p * (dp - D)
 
     return p_and_ds
@@ -228,7 +230,7 @@ def _constants(dtype):
 def _forward_kernel(d, Br, Bc, dtype, causal, count):
     """The forward kernel for head dim d, blocks (Br, Bc), storage ``dtype``."""
     ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
-    NEG_INF, ZERO, ONE = acc(-math.inf), acc(0), acc(1)
+    NEG_INF, ZERO, ONE, NAN = acc(-math.inf), acc(0), acc(1), acc(math.nan)
     RA, CB, XB = _cdiv(Br, TY), _cdiv(Bc, TX), _cdiv(d, TX)  # rows, S columns, O columns per thread
     KS = d | 1  # odd row stride of K_j: the 16 threads of a row read 16 banks
     Q_TILE, K_TILE, V_TILE, P_TILE, PART = (Br, d), (Bc, KS), (Bc, d), (Br, Bc), (Br, TX)
@@ -296,7 +298,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                     c = tx + TX * b
                     if c < Bc and visible(i0 + r, j0 + c, Nq, Nk, CAUSAL):
                         S[a, b] *= scale
-                        m_part = max(m_part, S[a, b])
+                        m_part = nan_max(m_part, S[a, b])
                     else:
                         S[a, b] = NEG_INF
                 if r < Br:
@@ -309,8 +311,8 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                 r = ty + TY * a
                 m_new = m[a]
                 for u in range(TX):
-                    m_new = max(m_new, part[min(r, Br - 1), u])
-                # a row that has seen no visible key yet keeps m = -inf: subtract 0 instead (no NaN)
+                    m_new = nan_max(m_new, part[min(r, Br - 1), u])
+                # a row whose scores so far are all -inf keeps m = -inf: subtract 0 instead (P = alpha = 0, no NaN)
                 m_ref = m_new if m_new != NEG_INF else ZERO
                 alpha = math.exp(m[a] - m_ref)
                 l_ij = ZERO
@@ -329,14 +331,15 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                     O[a, xb] *= alpha
             cuda.syncthreads()
 
-            # Line 10: O_i += P~_ij V_j (over the keys that exist: the last block may be partial)
+            # Line 10: O_i += P~_ij V_j (over the keys that exist: the last block may be partial);
+            # a masked key's P~ is 0 and adds nothing, even where V_j holds Inf or NaN
             for c in range(min(Bc, Nk - j0)):
                 for xb in range(XB):
                     v_row[xb] = V_j[c, min(tx + TX * xb, d - 1)]
                 for a in range(RA):
                     p = P_ij[min(ty + TY * a, Br - 1), c]
                     for xb in range(XB):
-                        O[a, xb] += p * v_row[xb]
+                        O[a, xb] = madd_unless_zero(O[a, xb], p, v_row[xb])
 
         # l_i: add up the row's 16 shares (the last reads of the maxima came before the last barrier)
         for a in range(RA):
@@ -345,14 +348,15 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                 part[r, tx] = l[a]
         cuda.syncthreads()
         # Lines 12-15: O_i = diag(l_i)^-1 O_i, L_i = m_i + log(l_i), written once.
-        # A row with no visible key: O = 0, L = -inf.
+        # A row with no visible key (causal): O = 0, L = -inf.  A row whose scores are all -inf: l_i = 0, O = L = NaN.
         for a in range(RA):
             r = ty + TY * a
             if r < Br and i0 + r < Nq:
                 l_i = ZERO
                 for u in range(TX):
                     l_i += part[r, u]
-                inv_l = ZERO if m[a] == NEG_INF else ONE / l_i
+                hidden = sees_no_key(i0 + r, Nq, Nk, CAUSAL)
+                inv_l = ZERO if hidden else ONE / l_i
                 for xb in range(XB):
                     x = tx + TX * xb
                     if x < d:
@@ -360,7 +364,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                         if COUNT:
                             nw += IN_BYTES
                 if tx == 0:
-                    lse[bh, i0 + r] = NEG_INF if m[a] == NEG_INF else m[a] + math.log(l_i)
+                    lse[bh, i0 + r] = NEG_INF if hidden else (m[a] + math.log(l_i) if l_i != ZERO else NAN)
                     if COUNT:
                         nw += L_BYTES
         if COUNT:
@@ -452,9 +456,9 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
                     c = min(ty + TY * a, Bc - 1)
                     p = PT[c, r]
                     ds = dST[c, r]
-                    for xb in range(XB):
-                        dV[a, xb] += p * do_row[xb]
-                        dK[a, xb] += ds * q_row[xb]
+                    for xb in range(XB):  # a masked entry (P = dS = 0) adds nothing, even against Inf or NaN
+                        dV[a, xb] = madd_unless_zero(dV[a, xb], p, do_row[xb])
+                        dK[a, xb] = madd_unless_zero(dK[a, xb], ds, q_row[xb])
 
         # Write dK_j = scale * sum_i dS_ij^T Q_i and dV_j once.
         for a in range(CA):
@@ -541,8 +545,8 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
                     k_row[xb] = K_j[c, min(tx + TX * xb, d - 1)]
                 for a in range(RA):
                     ds = dS_ij[min(ty + TY * a, Br - 1), c]
-                    for xb in range(XB):
-                        dQ[a, xb] += ds * k_row[xb]
+                    for xb in range(XB):  # a masked entry (dS = 0) adds nothing, even against Inf or NaN
+                        dQ[a, xb] = madd_unless_zero(dQ[a, xb], ds, k_row[xb])
 
         # Write dQ_i = scale * sum_j dS_ij K_j once.
         for a in range(RA):

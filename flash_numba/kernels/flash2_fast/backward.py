@@ -20,7 +20,6 @@ order (deterministic) except dQ in the atomic kernel.
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
@@ -28,7 +27,7 @@ from numba import cuda, uint32
 
 from ...device import SIMULATOR, jit
 from .. import _tile_ops
-from .._common import acc_nb_type, add_counts, group_step, kv_head, nb_type
+from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_unless_zero, nb_type
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
 from ..causal import last_visible_key_dev as last_visible_key
@@ -83,6 +82,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     load_stats = _tile_ops.stats_loader(Br, acc, count)
     s_dp_product = _tile_ops.micro_product(TM, TN, DP, KS, TN, 1, QS, True, True, acc)  # S^T = K Q^T, dP^T = V dO^T
     dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
+    dv_dk_masked = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, True, count)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay):
@@ -92,7 +92,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         Ps = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # P_ij    (Br, PS)
         dSs = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # dS_ij  (Br, PS)
-        Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf: row sees nothing)
+        Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf past Nq)
         Ds = cuda.shared.array(Br, ACC)  # D_i
         sT = cuda.local.array((TM, TN), ACC)  # S^T micro-tile, then P^T
         dpT = cuda.local.array((TM, TN), ACC)  # dP^T micro-tile, then dS^T
@@ -137,22 +137,31 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 
             s_dp_product(sT, dpT, KT, VT, QT, dOT, ty, tx)
 
-            # P = exp(S - L) (recomputed, masked), dS = P * (dP - D); stored row-major
-            edge = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)  # uniform over the block
+            # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (dP - D), both selected
+            # to 0 where masked or past Nk; stored row-major
+            diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
+            edge = c0 + Bc > Nk or diagonal  # uniform over the block
             for b in range(TN):
                 rl = tx * TN + b
                 L2 = Ls[rl]
                 Dv = Ds[rl]
-                lim = last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, visible
+                lim = Nk - 1 - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, exist and are visible
+                if CAUSAL:
+                    lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
                 for a in range(TM):
-                    p = math.exp2(min(sT[a, b] * scale_log2 - L2, ZERO))  # P <= 1; padded keys can't overflow
+                    p = exp2_ieee(sT[a, b] * scale_log2 - L2)
+                    ds = p * (dpT[a, b] - Dv)
                     if edge and a > lim:
                         p = ZERO
+                        ds = ZERO
                     Ps[rl * PS + ty * TM + a] = p
-                    dSs[rl * PS + ty * TM + a] = p * (dpT[a, b] - Dv)
+                    dSs[rl * PS + ty * TM + a] = ds
             cuda.syncthreads()
 
-            dv_dk_product(dv_acc, dk_acc, Ps, dSs, dOT, QT, ty, tx)  # scale applied to dK at the end
+            if diagonal:  # masked entries (P = dS = 0) add nothing, even against Inf or NaN in dO_i, Q_i
+                dv_dk_masked(dv_acc, dk_acc, Ps, dSs, dOT, QT, ty, tx)
+            else:
+                dv_dk_product(dv_acc, dk_acc, Ps, dSs, dOT, QT, ty, tx)  # scale applied to dK at the end
 
             if ATOMIC_DQ:
                 # dQ_i += dS_ij K_j: per 4 keys, a 16-byte load of K_j^T per dQ column (KS = 4 mod 32
@@ -173,8 +182,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         for t in range(4):
                             ds4[t] = dSs[dsi + uint32(a * PS + t)]
                         for u in range(NX):
-                            for t in range(4):
-                                dqp[a, u] += ds4[t] * kq[u, t]
+                            for t in range(4):  # dS = 0 (masked) adds nothing, even against Inf or NaN in K_j
+                                dqp[a, u] = madd_unless_zero(dqp[a, u], ds4[t], kq[u, t])
                     kqi += FOUR_U
                     dsi += FOUR_U
                     c += FOUR_U
@@ -216,6 +225,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     load_stats = _tile_ops.stats_loader(Br, acc, count)
     s_dp_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, True, True, acc)  # S = Q K^T, dP = dO V^T
     dq_product = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
+    dq_masked = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, False, count)
 
     def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay):
@@ -260,21 +270,26 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
 
             s_dp_product(s, dp, QT, dOT, KT, VT, ty, tx)
 
-            # dS = P * (dP - D) with P = exp(S - L) recomputed; stored transposed
-            edge = c0 + Bc > Nk or (CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk))  # uniform over the block
+            # dS = P * (dP - D) with P = exp(S - L) recomputed (the given L, unclamped), 0 where masked or
+            # past Nk; stored transposed
+            diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
+            edge = c0 + Bc > Nk or diagonal  # uniform over the block
             cb = c0 + tx * TN  # this thread's first key
             for a in range(TM):
                 lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + ty * TM + a, Nq, Nk) - cb)
                 for b in range(TN):
-                    p = math.exp2(min(s[a, b] * scale_log2 - L2[a], ZERO))  # P <= 1; padded keys can't overflow
+                    ds = exp2_ieee(s[a, b] * scale_log2 - L2[a]) * (dp[a, b] - Dr[a])
                     if edge and b > lim:
-                        p = ZERO
-                    dST[(tx * TN + b) * PS + ty * TM + a] = p * (dp[a, b] - Dr[a])
+                        ds = ZERO
+                    dST[(tx * TN + b) * PS + ty * TM + a] = ds
             cuda.syncthreads()
 
-            dq_product(dq_acc, dq_acc, dST, dST, KT, KT, ty, tx)  # dQ_i += dS K_j, scale applied at the end
+            if diagonal:  # masked entries (dS = 0) add nothing, even against Inf or NaN in K_j
+                dq_masked(dq_acc, dq_acc, dST, dST, KT, KT, ty, tx)
+            else:
+                dq_product(dq_acc, dq_acc, dST, dST, KT, KT, ty, tx)  # dQ_i += dS K_j, scale applied at the end
 
         n = store(dq, dq_acc, scale, dq, dq_acc, scale, bh, r0, Nq, ty, tx)
         if COUNT:

@@ -23,9 +23,10 @@ from numba import cuda
 from ...device import SIMULATOR, jit
 from .. import _tile_ops
 from .._tile_ops import half_warp_max, half_warp_sum
-from .._common import acc_nb_type, add_counts, kv_head
+from .._common import acc_nb_type, add_counts, kv_head, nan_max
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import last_visible_key_dev as last_visible_key
+from ..causal import sees_no_key_dev as sees_no_key
 from ..causal import visible_kv_blocks_dev as visible_kv_blocks
 from .layout import FASTMATH, FORWARD_NAME, TX, device_register_cap, geometry, scalars
 
@@ -49,11 +50,13 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     ALIGN = None if SIMULATOR else 16
     CAUSAL, COUNT = causal, count
     NEG_INF, _, ZERO, ONE, _, LN2_ACC = scalars(dtype)
+    NAN = np.dtype(acc).type(np.nan)
     QT_SIZE, KT_SIZE, V_SIZE, PT_SIZE = DP * QS, DP * KS, Bc * DP, Bc * PS
     load_q = _tile_ops.padded_loader(Br, d, DP, QS, False, acc, count)
     load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count)  # K_j^T, V_j row-major
     s_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
     pv_product = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
+    pv_masked = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc, True)  # P = 0 adds nothing
 
     def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
@@ -101,7 +104,8 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                     s[a, b] *= scale_log2
             # only the last block (past Nk) and, when causal, blocks that cross the
             # diagonal need a mask; the test is uniform over the block
-            if col0 + Bc > Nk or (CAUSAL and crosses_diagonal(row0, col0, Bc, Nq, Nk)):
+            diagonal = CAUSAL and crosses_diagonal(row0, col0, Bc, Nq, Nk)
+            if col0 + Bc > Nk or diagonal:
                 cb = col0 + tx * TN  # this thread's first key
                 for a in range(TM):
                     lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
@@ -113,10 +117,10 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             for a in range(TM):
                 mx = NEG_INF
                 for b in range(TN):
-                    mx = max(mx, s[a, b])
+                    mx = nan_max(mx, s[a, b])
                 mx = half_warp_max(mx)
-                m_new = max(m[a], mx)
-                m_use = ZERO if m_new == NEG_INF else m_new
+                m_new = nan_max(m[a], mx)
+                m_use = ZERO if m_new == NEG_INF else m_new  # all -inf so far: P = 0, alpha = 0 (not NaN)
                 alpha = math.exp2(m[a] - m_use)
                 m[a] = m_new
                 l[a] *= alpha
@@ -128,15 +132,20 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                     PT[(tx * TN + b) * PS + ty * TM + a] = p
             cuda.syncthreads()
 
-            pv_product(acc, acc, PT, PT, Vs, Vs, ty, tx)
+            if diagonal:  # a masked key's P is 0: it adds nothing, even where V_j holds Inf or NaN
+                pv_masked(acc, acc, PT, PT, Vs, Vs, ty, tx)
+            else:  # (past Nk, V_j is zero-filled)
+                pv_product(acc, acc, PT, PT, Vs, Vs, ty, tx)
 
-        # finish: l_i summed over the 16 lanes of the row, O_i / l_i, L_i = m_i + log l_i
+        # finish: l_i summed over the 16 lanes of the row, O_i / l_i, L_i = m_i + log l_i.  A row that
+        # sees no key (causal): O = 0, L = -inf; one whose scores are all -inf has l_i = 0: O = L = NaN.
         for a in range(TM):
             lt = l[a]
             lt = half_warp_sum(lt)
             row = row0 + ty * TM + a
             if row < Nq:
-                inv = ONE / lt if lt != 0 else ZERO  # != 0, not > 0: a NaN row stays NaN
+                hidden = sees_no_key(row, Nq, Nk, CAUSAL)
+                inv = ZERO if hidden else ONE / lt
                 for x in range(TD):
                     col = tx * TD + x
                     if col < d:
@@ -144,7 +153,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                         if COUNT:
                             nw += STORE_BYTES
                 if tx == 0:
-                    lse[bh, row] = m[a] * LN2_ACC + math.log(lt) if lt != 0 else NEG_INF
+                    lse[bh, row] = NEG_INF if hidden else (m[a] * LN2_ACC + math.log(lt) if lt != 0 else NAN)
                     if COUNT:
                         nw += ACC_BYTES
         if COUNT:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
 from numba import cuda
 
 from ... import _inputs
-from .._common import acc_nb_type, add_counts, group_step, kv_head, nb_type
+from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type
 from .._tile_ops import last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
 from .layout import _align, _consts, _n_visible, geometry
@@ -35,6 +34,7 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     load_a = tile_loader(Br, Bc, AS, 1, acc_name)  # A_ij -> As[r * AS + c]
     load_b = tile_loader(Br, d, DP, 1, acc_name)  # B_i -> Bs[r * DP + x]
     product = micro_product(TMc, TD, Br, AS, DP, acc_name)
+    product_masked = micro_product(TMc, TD, Br, AS, DP, acc_name, True)  # a 0 in A_ij adds nothing
     store = tile_store(TMc, TD, dtype.name)
 
     A_SIZE, B_SIZE = Br * AS, Br * DP  # shared-array sizes must be constants
@@ -72,7 +72,10 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()
-            product(As, ty * TMc, Bs, tx * TD, acc)
+            if CAUSAL and c0 + Bc - 1 > r0 + (Nk - Nq):  # masked entries (A = 0) add nothing, even against Inf/NaN
+                product_masked(As, ty * TMc, Bs, tx * TD, acc)
+            else:
+                product(As, ty * TMc, Bs, tx * TD, acc)
         for u in range(TMc):
             for x in range(TD):
                 acc[u, x] *= alpha
@@ -104,7 +107,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     ACC = acc_nb_type(dtype)
     acc_name = str(ACC)
     SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
-    NEG_INF, POS_INF, ZERO = _consts(dtype)
+    _, POS_INF, ZERO = _consts(dtype)
     ST = nb_type(dtype)
     ROUND = SB < AB
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
@@ -118,7 +121,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         XT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T, then K_j^T (DP, KS)
-        Ls = cuda.shared.array(Br, ACC)  # L_i (+inf: the row sees nothing)
+        Ls = cuda.shared.array(Br, ACC)  # L_i as given (+inf past Nq)
         Ds = cuda.shared.array(Br, ACC)  # D_i
         s = cuda.local.array((TM, TN), ACC)  # S, then P
         dp = cuda.local.array((TM, TN), ACC)  # dP, then dS
@@ -153,8 +156,6 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                 Dv = D[bh, r0 + tid]
                 if COUNT:
                     nr += 2 * AB
-                if Lv == NEG_INF:
-                    Lv = POS_INF  # a row that sees no key: exp(S - inf) = 0
             Ls[tid] = Lv
             Ds[tid] = Dv
         cuda.syncthreads()
@@ -188,11 +189,13 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                     x = s[a, b] * scale  # S as the forward stored it
                     if ROUND:
                         x = ACC(ST(x))
-                    pv = ZERO  # masked, or past Nk (where S = 0 and exp(0 - L) could overflow)
+                    pv = ZERO  # masked, or past Nk: P = dS = 0, whatever S, dP and L
+                    ds = ZERO
                     if not (edge and b > lim):
-                        pv = math.exp(x - Lr[a])
+                        pv = exp_ieee(x - Lr[a])  # the given L, unclamped
+                        ds = pv * (dp[a, b] - Dr[a])
                     s[a, b] = pv
-                    dp[a, b] = pv * (dp[a, b] - Dr[a])
+                    dp[a, b] = ds
             n = store(p_out, bh, rt, ct, Nq - rt, Nk - ct, s)
             n += store(ds_out, bh, rt, ct, Nq - rt, Nk - ct, dp)
             if COUNT:

@@ -9,9 +9,10 @@ import numpy as np
 from numba import cuda, uint32
 
 from ... import _inputs
-from .._common import acc_nb_type, add_counts, kv_head, nb_type
+from .._common import acc_nb_type, add_counts, kv_head, nan_max, nb_type
 from .._tile_ops import half_warp_max, half_warp_sum, last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
+from ..causal import sees_no_key_dev as sees_no_key
 from .layout import FULL_MASK, SOFTMAX_ROWS, _align, _consts, _n_visible, geometry
 
 
@@ -35,6 +36,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
     SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
     ROUND = SB < AB
     NEG_INF, _, ZERO = _consts(dtype)
+    NAN = _inputs.acc_dtype(dtype).type(np.nan)
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
     load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i -> QT[x * QS + r]
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j -> KT[x * KS + c]
@@ -98,10 +100,10 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
             for a in range(TM):  # online row max and sum (the 16 threads of a row are a half warp)
                 mx = NEG_INF
                 for b in range(TN):
-                    mx = max(mx, s[a, b])
+                    mx = nan_max(mx, s[a, b])
                 mx = half_warp_max(mx)
-                m_new = max(m[a], mx)
-                m_use = ZERO if m_new == NEG_INF else m_new  # a row that sees nothing yet: exp(-inf) = 0
+                m_new = nan_max(m[a], mx)
+                m_use = ZERO if m_new == NEG_INF else m_new  # all -inf so far: exp(-inf - 0) = 0, not NaN
                 l[a] *= math.exp(m[a] - m_use)
                 for b in range(TN):
                     l[a] += math.exp(s[a, b] - m_use)
@@ -110,11 +112,14 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
             if COUNT:
                 nw += n * SB
 
-        for a in range(TM):  # L_i = m_i + log l_i, l_i summed over the 16 threads of the row
+        # L_i = m_i + log l_i, l_i summed over the 16 threads of the row; -inf for a row that sees no
+        # key (causal), NaN for one whose scores are all -inf (l_i = 0)
+        for a in range(TM):
             lt = l[a]
             lt = half_warp_sum(lt)
             if tx == 0 and rt + a < Nq:
-                lse[bh, rt + a] = m[a] + math.log(lt) if lt != 0 else NEG_INF
+                hidden = sees_no_key(rt + a, Nq, Nk, CAUSAL)
+                lse[bh, rt + a] = NEG_INF if hidden else (m[a] + math.log(lt) if lt != 0 else NAN)
                 ml[bh, 0, rt + a] = m[a]
                 ml[bh, 1, rt + a] = lt
                 if COUNT:
@@ -132,7 +137,8 @@ def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool)
     One warp per row, ``SOFTMAX_ROWS`` rows per block: launch
     ``kernel[ceil(BH * Nq / SOFTMAX_ROWS), 128](s, ml, p, Nq, Nk, counter)``.  A row
     of query block i reads and writes the keys of the tiles that block visits
-    (all Nk, or fewer when causal); a row with no visible key (m = -inf, l = 0) gets P = 0.
+    (all Nk, or fewer when causal); a row with no visible key (causal) gets P = 0, one whose
+    scores are all -inf (m = -inf, l = 0) P = NaN.
     """
     dtype = np.dtype(dtype_name)
     ACC, ST = acc_nb_type(dtype), nb_type(dtype)
@@ -163,9 +169,9 @@ def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool)
                     nr += 2 * AB
             m = cuda.shfl_sync(FULL_MASK, m, 0)
             l = cuda.shfl_sync(FULL_MASK, l, 0)
-            if m == NEG_INF:  # no visible key: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
+            if m == NEG_INF:  # no finite score: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
                 m = ZERO
-            inv = ONE / l if l != 0 else ZERO  # != 0: a NaN row stays NaN
+            inv = ZERO if sees_no_key(w % Nq, Nq, Nk, CAUSAL) else ONE / l  # l = 0 (all -inf): 0 * inf = NaN
             n_u = uint32(n)
             c = uint32(lane)
             while c + W3 < n_u:  # four loads in flight per thread, then four stores
@@ -214,6 +220,7 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     load_a = tile_loader(Br, Bc, 1, AS, acc_name)  # A_ij -> AT[c * AS + r]
     load_b = tile_loader(Bc, d, DP, 1, acc_name)  # B_j -> Bs[c * DP + x]
     product = micro_product(TM, TD, Bc, AS, DP, acc_name)
+    product_masked = micro_product(TM, TD, Bc, AS, DP, acc_name, True)  # a 0 in A_ij adds nothing
     store = tile_store(TM, TD, dtype.name)
 
     AT_SIZE, B_SIZE = Bc * AS, Bc * DP  # shared-array sizes must be constants
@@ -246,7 +253,10 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()
-            product(AT, ty * TM, Bs, tx * TD, acc)
+            if CAUSAL and c0 + Bc - 1 > r0 + (Nk - Nq):  # masked entries (A = 0) add nothing, even against Inf/NaN
+                product_masked(AT, ty * TM, Bs, tx * TD, acc)
+            else:
+                product(AT, ty * TM, Bs, tx * TD, acc)
         for u in range(TM):
             for x in range(TD):
                 acc[u, x] *= alpha

@@ -1,0 +1,128 @@
+"""Differential fuzz test: every kernel against the float64 reference, NaN and Inf included (issue #17).
+
+Hypothesis draws a problem (Nq, Nk in 1..24, d in {1, 3, 8, 16}, float16/32/64, causal or not,
+one or two query heads sharing the key/value head),
+a regime of scores (unit, scores of +-1e4 (1e3 in float16), a tiny or a huge scale), up to three
+NaN or Inf entries in q, k, v and up to two rows whose lse the backward is given as -inf or -1000.
+Each kernel must put NaN, +Inf and -Inf where the reference does, in o, lse, dq, dk and dv, and
+agree with it elsewhere within 3x the error of attention done in the storage dtype (Dao-AILab's
+rule, as tests/test_reliability.py's large-score tests) or the arithmetic's bound, whichever is
+larger.  Holding each kernel to the reference's pattern holds them to each other.
+
+Not drawn, because the rule does not pin it (docs/RELIABILITY.md, section 2): a visible entry whose
+probability is exactly 0 (a -inf score, or exp underflow) against an Inf or NaN operand, where
+IEEE arithmetic gives 0 * Inf = NaN and a kernel's masked-block product skips the entry.  So k gets
+NaN only (an infinite k_j with an ordinary q_i can make S_ij = -inf), v gets NaN or Inf only
+when the scores are O(1) (no probability underflows), and an lse is edited only on rows that see
+no key or more than one (see ``problems``).
+
+Examples per kernel: ``FLASH_NUMBA_FUZZ_EXAMPLES`` (default 6, derandomized: the same examples
+on every machine; each costs a few seconds in the simulator).
+"""
+
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import test_reliability as rel  # tests/ is on sys.path (pytest's default rootdir import)
+import test_reference as reference_tests
+import test_standard as standard_tests
+from flash_numba import _inputs, reference
+
+EXAMPLES = int(os.environ.get("FLASH_NUMBA_FUZZ_EXAMPLES", "6"))
+#: (kernel, deterministic): every kernel, and flash2_fast's atomic backward
+VARIANTS = [(k, True) for k in rel.KERNELS] + [("flash2_fast", False)]
+#: regime -> (entries of q and k about this size, scale as a function of d and dtype); scores O(1)
+#: except "large", whose scores are +-C + O(1) as in tests/test_reliability.py's LARGE
+REGIMES = ("unit", "large", "tiny scale", "huge scale")
+SPECIALS = {"q": (math.nan, math.inf, -math.inf), "k": (math.nan,), "v": (math.nan, math.inf, -math.inf)}
+
+
+@st.composite
+def problems(draw):
+    dtype = np.dtype(draw(st.sampled_from(["float16", "float32", "float64"])))
+    Nq, Nk = draw(st.integers(1, 24)), draw(st.integers(1, 24))
+    d = draw(st.sampled_from([1, 3, 8, 16]))
+    causal = draw(st.booleans())
+    G = draw(st.sampled_from([1, 2]))  # query heads per key/value head (grouped-query attention)
+    regime = draw(st.sampled_from(REGIMES))
+    seed = draw(st.integers(0, 2**32 - 1))
+    where = st.tuples(st.sampled_from("qkv"), st.integers(0, 23), st.integers(0, 15), st.integers(0, 2))
+    specials = draw(st.lists(where, max_size=3))
+    lse_edits = draw(st.lists(st.tuples(st.integers(0, 23), st.sampled_from([-math.inf, -1000.0])), max_size=2))
+
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (rng.standard_normal((h, n, d)) for h, n in ((G, Nq), (1, Nk), (1, Nk), (G, Nq)))
+    scale = None
+    if regime == "large":
+        C = 1e3 if dtype == np.float16 else 1e4
+        a = math.sqrt(C * math.sqrt(d))  # scale * a^2 = C
+        q[..., 0] = a * rng.choice([-1.0, 1.0], (G, Nq))
+        k[..., 0] = a
+    elif regime == "tiny scale":
+        scale = 1e-30
+    elif regime == "huge scale":  # small entries (float16 keeps 1e-3), scores O(1)
+        size = 1e-3 if dtype == np.float16 else 1e-10
+        q, k = q * size, k * size
+        scale = 1 / (size * size * math.sqrt(d))
+    arrays = {"q": q, "k": k, "v": v}
+    for name, row, col, kind in specials:
+        if name == "v" and regime == "large":
+            continue  # probabilities underflow to 0 there: see the module docstring
+        x = arrays[name]
+        x[-1, row % x.shape[1], col % d] = SPECIALS[name][kind % len(SPECIALS[name])]  # q: the group's last head
+    q, k, v, do = (x.astype(dtype) for x in (q, k, v, do))
+    # a row that sees one key has o = v_j and dP - D = 0 up to rounding: with P = +Inf from the edited L,
+    # dS = Inf * (rounding noise) is +-Inf or NaN by the last bit, so such rows keep their L
+    n_seen = reference.causal_mask(Nq, Nk).sum(axis=1) if causal else np.full(Nq, Nk)
+    lse_edits = [(r % Nq, x) for r, x in lse_edits if n_seen[r % Nq] != 1]
+    return dict(q=q, k=k, v=v, do=do, causal=causal, scale=scale, lse_edits=lse_edits)
+
+
+def tolerance(got_plain, want, dtype, Nk, d, s_max):
+    """3x the error of attention done in ``dtype`` (over the entries finite in both), at least the
+    arithmetic's bound: tests/test_standard.py's ``_tol`` in the storage dtype, plus the error of an
+    exponent S - L that the kernel rounds (S a length-d sum, the scale, L) and the reference, given
+    the kernel's L, does not: 4 u (d + 3) max|S| in the accumulation dtype (P = 1 exactly in plain
+    attention with one key, so 3x its error may be 0)."""
+    plain, want = np.asarray(got_plain, np.float64), np.asarray(want, np.float64)
+    fin = np.isfinite(plain) & np.isfinite(want)
+    err = standard_tests._rel(plain[fin], want[fin]) if fin.any() else 0.0
+    u = np.finfo(_inputs.acc_dtype(dtype)).eps / 2
+    return max(3 * err, standard_tests._tol(dtype, Nk, d) + 4 * u * (d + 3) * s_max)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("kernel, deterministic", [pytest.param(*x, id=f"{x[0]}{'' if x[1] else '-atomic'}")
+                                                   for x in VARIANTS])
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow])  # no shrinking
+@given(problem=problems())
+def test_every_kernel_matches_the_reference_nan_and_inf_included(kernel, deterministic, problem):
+    q, k, v, do, causal, scale = (problem[x] for x in ("q", "k", "v", "do", "causal", "scale"))
+    dtype, Nk, d = q.dtype, k.shape[-2], q.shape[-1]
+    kw = dict(causal=causal, scale=scale)
+    S = np.abs(reference._scores(q.astype(np.float64), k.astype(np.float64), 1 / math.sqrt(d) if scale is None
+                                 else scale, False))
+    s_max = S[np.isfinite(S)].max(initial=0.0)
+    f = rel.forward(kernel, q, k, v, **kw)
+    o_ref, lse_ref = reference.attention_forward(q, k, v, **kw)
+    plain_o, plain_lse = rel.plain_forward(q, k, v, causal=causal, dtype=dtype, scale=scale)
+    rel.assert_like_reference(f.o, o_ref, tolerance(plain_o, o_ref, dtype, Nk, d, s_max), "o")
+    rel.assert_like_reference(f.lse, lse_ref, tolerance(plain_lse, lse_ref, dtype, Nk, d, s_max), "lse")
+
+    lse, lse_ref = np.array(f.lse), np.array(lse_ref)
+    for row, value in problem["lse_edits"]:
+        lse[-1, row] = lse_ref[-1, row] = value
+    b = rel.backward(kernel, q, k, v, f.o, lse, do, deterministic=deterministic, **kw)
+    want = reference.attention_backward(q, k, v, o_ref, lse_ref, do, **kw)  # as test_large_scores_backward
+    plain = [x if x.shape[0] == ref.shape[0] else x.sum(axis=0, keepdims=True)  # dk, dv summed over the group
+             for x, ref in zip(rel.plain_backward(q, k, v, do, causal=causal, dtype=dtype, scale=scale), want)]
+    finite = (np.where(np.isfinite(x), x, 0).astype(np.float64) for x in (q, k, v, do))
+    sizes = reference_tests.grad_sizes(*finite, scale)  # dS = P (dP - D) cancels: dq, dk are relative to these
+    for name, got, base, ref, size in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), plain, want, sizes):
+        rel.assert_like_reference(got, ref, tolerance(base, ref, dtype, Nk, d, s_max), name, size)
