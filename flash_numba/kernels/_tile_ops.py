@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, uint32, uint64
+from numba import cuda, int64, uint32, uint64
 
 from ..device import jit
 from ._common import acc_nb_type, batch_head, madd_unless_zero, nan_max
@@ -126,7 +126,8 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
     ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = _zero(acc_name)
     FIXED, ROWSTEP, NLOAD = fixed_columns(rows, d)
-    D_U, SA_U, SB_U = np.uint32(d), np.uint32(S_A), np.uint32(S_B)
+    D_U, SA_U, SB_U, ROWS_U = np.uint32(d), np.uint32(S_A), np.uint32(S_B), np.uint32(rows)
+    C_STEP, X_STEP, ONE_U = np.uint32(NT // d), np.uint32(NT % d), np.uint32(1)  # 128 elements on: divmod(128, d)
     B_T, PAD, COUNT = b_transposed, DP - d, count
 
     @jit(device=True, forceinline=True)
@@ -140,12 +141,13 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
             x = uint32(tid) % D_U
             c = uint32(tid) // D_U
             rk = uint32(r0) + c
-            ai = a0 + uint64(rk) * a_row + uint64(x)  # element (r0 + c, x) of the head; the next ones
-            bi = b0 + uint64(rk) * b_row + uint64(x)  # ROWSTEP rows apart, one add each
+            a_rs, b_rs = uint32(a_lay[3]), uint32(b_lay[3])  # row strides, 32-bit (_inputs.flat_input checks)
+            ai = rk * a_rs + x  # element (r0 + c, x) of the head; the next ones ROWSTEP rows apart
+            bi = rk * b_rs + x
             if r0 + rows <= n:
                 for t in range(NLOAD):
-                    areg[t] = ACC(a[ai + uint64(t * ROWSTEP) * a_row])
-                    breg[t] = ACC(b[bi + uint64(t * ROWSTEP) * b_row])
+                    areg[t] = ACC(a[a0 + uint64(ai + uint32(t * ROWSTEP) * a_rs)])
+                    breg[t] = ACC(b[b0 + uint64(bi + uint32(t * ROWSTEP) * b_rs)])
                 if COUNT:
                     got = 2 * NLOAD
             else:  # the last tile: rows at or past n are zeros
@@ -153,8 +155,8 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                     areg[t] = ZERO
                     breg[t] = ZERO
                     if rk + uint32(t * ROWSTEP) < uint32(n):
-                        areg[t] = ACC(a[ai + uint64(t * ROWSTEP) * a_row])
-                        breg[t] = ACC(b[bi + uint64(t * ROWSTEP) * b_row])
+                        areg[t] = ACC(a[a0 + uint64(ai + uint32(t * ROWSTEP) * a_rs)])
+                        breg[t] = ACC(b[b0 + uint64(bi + uint32(t * ROWSTEP) * b_rs)])
                         if COUNT:
                             got += 2
             for t in range(NLOAD):
@@ -164,21 +166,29 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                 else:
                     B[(c + uint32(t * ROWSTEP)) * SB_U + x] = breg[t]
         else:
-            for e in range(tid, rows * d, NT):
-                c = e // d
-                x = e % d
+            # element e = tid, tid + 128, ... of the tile is (c, x) = divmod(e, d), walked without a division
+            a_rs, b_rs = uint32(a_lay[3]), uint32(b_lay[3])
+            c = uint32(tid) // D_U
+            x = uint32(tid) % D_U
+            while c < ROWS_U:
                 aval = ZERO
                 bval = ZERO
-                if r0 + c < n:
-                    aval = ACC(a[a0 + uint64(r0 + c) * a_row + uint64(x)])
-                    bval = ACC(b[b0 + uint64(r0 + c) * b_row + uint64(x)])
+                if uint32(r0) + c < uint32(n):
+                    row = uint32(r0) + c
+                    aval = ACC(a[a0 + uint64(row * a_rs + x)])
+                    bval = ACC(b[b0 + uint64(row * b_rs + x)])
                     if COUNT:
                         got += 2
-                A[x * S_A + c] = aval
+                A[x * SA_U + c] = aval
                 if B_T:
-                    B[x * S_B + c] = bval
+                    B[x * SB_U + c] = bval
                 else:
-                    B[c * S_B + x] = bval
+                    B[c * SB_U + x] = bval
+                c += C_STEP
+                x += X_STEP
+                if x >= D_U:
+                    x -= D_U
+                    c += ONE_U
         return got
 
     @jit(device=True, forceinline=True)
