@@ -331,7 +331,11 @@ def tensor_input(t):
     return arr
 
 
-def flat_input(arr):
+#: flash2_fast indexes within a head with 32-bit offsets: row * stride_N + column must stay below this.
+HEAD_SPAN_LIMIT = 2**32
+
+
+def flat_input(arr, name: str = "q"):
     """``(flat, layout)``: a ``(B, H, N, d)`` kernel input as one 1-D array and its strides, for flash2_fast.
 
     ``flat`` is the 1-D C-contiguous array of the elements from the input's first to its
@@ -342,8 +346,16 @@ def flat_input(arr):
     C-contiguous array to address arithmetic on the array's pointer, which the tuned
     kernel needs (global-memory loads, one add per load of a tile); a layout-'A' array
     is indexed through integer arithmetic on the address (generic loads, more registers).
+    Within a head the kernel's offsets are 32-bit: an input whose rows of one head span
+    :data:`HEAD_SPAN_LIMIT` elements or more is copied to contiguous form first (ValueError
+    named by ``name`` if even that is too long).
     """
     itemsize = arr.dtype.itemsize
+    if _head_span(arr) >= HEAD_SPAN_LIMIT:
+        arr = kernel_input(_contiguous_copy(arr), True)
+        if _head_span(arr) >= HEAD_SPAN_LIMIT:
+            raise ValueError(f"{name}: N * d = {int(arr.shape[2]) * int(arr.shape[3])} elements in one head, "
+                             f"over flash2_fast's limit of {HEAD_SPAN_LIMIT} (32-bit offsets within a head)")
     H = int(arr.shape[1])
     sB, sH, sN, _ = (int(s) // itemsize for s in arr.strides)
     extent = 1 + sum((int(n) - 1) * (int(s) // itemsize) for n, s in zip(arr.shape, arr.strides))
@@ -354,6 +366,11 @@ def flat_input(arr):
     else:
         flat = _DeviceNDArray((extent,), (itemsize,), arr.dtype, stream=arr.stream, gpu_data=arr.gpu_data)
     return flat, (H, sB, sH, sN)
+
+
+def _head_span(arr) -> int:
+    """Elements from the first to one past the last of a head of a ``(B, H, N, d)`` array: (N - 1) stride_N + d."""
+    return (int(arr.shape[2]) - 1) * (int(arr.strides[2]) // arr.dtype.itemsize) + int(arr.shape[3])
 
 
 def _contiguous_copy(arr):

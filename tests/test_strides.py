@@ -157,6 +157,24 @@ def test_negative_strides_are_copied(monkeypatch, rng):
     assert err64(host(o), reference.attention_forward(q, k, v, causal=True)[0]) < 1e-13
 
 
+def test_flash2_fast_head_span_over_32_bits(monkeypatch, rng):
+    """flash2_fast offsets within a head are 32-bit: an input whose head spans too many elements is copied to
+    contiguous form (here a packed qkv, row stride 3 H d, under a limit lowered to fit only contiguous rows);
+    one that does not fit even then is refused, naming the argument."""
+    q, k, v = (rng.standard_normal((1, 2, 17, 8)) for _ in range(3))
+    views = packed(q, k, v)
+    monkeypatch.setattr(_inputs, "HEAD_SPAN_LIMIT", 17 * 8 + 1)  # contiguous rows fit, 3 H d-strided ones do not
+    calls = []
+    copy = _inputs._contiguous_copy
+    monkeypatch.setattr(_inputs, "_contiguous_copy", lambda arr: calls.append(1) or copy(arr))
+    o = fn.attention(*views, kernel="flash2_fast", causal=True)
+    assert len(calls) == 3
+    assert err64(host(o), reference.attention_forward(q, k, v, causal=True)[0]) < 1e-13
+    monkeypatch.setattr(_inputs, "HEAD_SPAN_LIMIT", 17 * 8)
+    with pytest.raises(ValueError, match=r"^q: N \* d = 136 elements in one head, over flash2_fast's limit"):
+        fn.attention(*views, kernel="flash2_fast")
+
+
 @pytest.mark.gpu
 def test_one_specialisation_for_every_layout(rng):
     """A contiguous and a strided input reach a kernel as one Numba type: one compiled specialisation."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, int64, uint32, uint64
+from numba import cuda, uint32, uint64
 
 from ..device import jit
 from ._common import acc_nb_type, batch_head, madd_unless_zero, nan_max
@@ -115,11 +115,11 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
     ``a`` into A (transposed, stride S_A) and of ``b`` into B (transposed with stride S_B,
     or row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  ``a`` and ``b`` are
     flat inputs with layouts ``a_lay``, ``b_lay`` (:func:`flash_numba._inputs.flat_input`:
-    any strides, rows contiguous) and the same head count.  A whole tile is loaded with
-    unsigned indices, all of a thread's loads before its first shared store (a signed index
-    costs the code of Python's negative-index wraparound at every access): the thread's
-    first index is computed once, the next ones one row stride apart (one add per load);
-    the last tile, or any tile when d does not divide 128, by a checked loop.
+    any strides, rows contiguous) and the same head count.  Unsigned indices (a signed index
+    costs the code of Python's negative-index wraparound at every access), 32-bit within a
+    head.  When d divides 128 each thread loads one fixed column, ROWSTEP rows apart, all
+    its loads before its first shared store (the last tile with a test per row); otherwise
+    the threads walk the tile's elements 128 apart, (row, column) stepped without a division.
     With ``count``, ``load`` returns the elements read.
     ``zero_padding(A, B, tid)`` zeroes the tiles' columns d .. DP - 1 (their padding).
     """
@@ -136,12 +136,11 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
         breg = cuda.local.array(NLOAD, ACC)
         got = 0
         a0, b0 = head_starts(a_lay, b_lay, bh)  # flat index of the head's row 0 in a and in b
-        a_row, b_row = uint64(a_lay[3]), uint64(b_lay[3])  # row strides
+        a_rs, b_rs = uint32(a_lay[3]), uint32(b_lay[3])  # row strides; offsets in a head are 32-bit (flat_input)
         if FIXED:
             x = uint32(tid) % D_U
             c = uint32(tid) // D_U
             rk = uint32(r0) + c
-            a_rs, b_rs = uint32(a_lay[3]), uint32(b_lay[3])  # row strides, 32-bit (_inputs.flat_input checks)
             ai = rk * a_rs + x  # element (r0 + c, x) of the head; the next ones ROWSTEP rows apart
             bi = rk * b_rs + x
             if r0 + rows <= n:
@@ -167,7 +166,6 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                     B[(c + uint32(t * ROWSTEP)) * SB_U + x] = breg[t]
         else:
             # element e = tid, tid + 128, ... of the tile is (c, x) = divmod(e, d), walked without a division
-            a_rs, b_rs = uint32(a_lay[3]), uint32(b_lay[3])
             c = uint32(tid) // D_U
             x = uint32(tid) % D_U
             while c < ROWS_U:

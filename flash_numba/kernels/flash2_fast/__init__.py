@@ -24,10 +24,11 @@ How the kernels spend their time on multiply-adds:
   any layout whose rows are contiguous is read in place (a transposed ``(B, N, H, d)``
   tensor, a packed qkv), with no compile-time specialisation per layout.  An index into a
   C-contiguous array compiles to arithmetic on its pointer, so the loads stay global
-  loads and a thread's next element of a tile is one add away; the 4-D layout-'A' arrays
-  of the readable kernels index through integer arithmetic on the address (generic loads)
-  and took 38 more registers in the forward (spills under its cap of 128).  The head's
-  offset (one 32-bit division, shared by K and V) is computed once per tile load.
+  loads (the 4-D layout-'A' arrays of the readable kernels index through integer
+  arithmetic on the address: generic loads, and 38 more registers in the forward, which
+  spilled under its cap of 128).  The head's start (one 32-bit division, shared by K and
+  V) is computed once per tile load; offsets within a head are 32-bit (row strides as
+  uint32: ``_inputs.flat_input`` copies the rare input whose head spans 2^32 elements).
 * **Typed constants** (``-inf``, 0, 1 in the accumulation dtype) and **exp2** with
   log2(e) folded into the scale; ``fastmath`` without the no-inf/no-NaN flags, so
   masked rows keep their -inf.
@@ -107,7 +108,7 @@ def forward(prob, ops, block, counters):
     kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
-    (q, q_lay), (k, k_lay), (v, v_lay) = (_inputs.flat_input(ops[name].dev) for name in ("q", "k", "v"))
+    (q, q_lay), (k, k_lay), (v, v_lay) = (_inputs.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
     kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.G,
                                                  prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
                                                  q_lay, k_lay, v_lay)
@@ -118,7 +119,7 @@ def _backward_inputs(prob, ops, counters):
     """(q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts): D = rowsum(dO * O) launched, dk and dv
     allocated; q, k, v, do flat and ``layouts`` their layouts (:func:`flash_numba._inputs.flat_input`)."""
     D = _rowsum.rowsum(prob, ops["o"].dev, ops["do"].dev, counters)
-    (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_inputs.flat_input(ops[name].dev)
+    (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_inputs.flat_input(ops[name].dev, name)
                                                         for name in ("q", "k", "v", "do"))
     dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
     dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
