@@ -21,13 +21,15 @@ Conventions (the same for every public function):
   contiguous (element stride 1) is read in place whatever its other strides, e.g. the
   ``(B, H, N, d)`` views ``x.view(B, N, H, d).transpose(1, 2)`` and
   ``qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)[i]``, as FlashAttention-2 reads them.
-  A device array whose last dim has another stride is copied (on the device) to
+  A device array whose last dim has another stride, or with a negative stride, is copied (on the device) to
   contiguous form first; host arrays are copied to the device anyway, views included.
   Why one type: Numba compiles a kernel once per argument *type*, and types a
   contiguous array as layout 'C', a strided one as 'A'; handing every launch an 'A'
   array (a contiguous one too, see :class:`KernelArray`) keeps one compiled kernel per
-  configuration, the one the compile tier builds.  Outputs (o, lse, dq, dk, dv) are
-  contiguous arrays allocated here; a device ``lse`` must be contiguous.
+  configuration, the one the compile tier builds.  flash2_fast, the tuned kernel, reads
+  the same memory as flat 1-D arrays with their strides (:func:`flat_input`: global
+  loads and 32-bit offsets within a head).  Outputs (o, lse, dq, dk, dv) are contiguous
+  arrays allocated here; a device ``lse`` must be contiguous.
 * NaN or Inf in the inputs is not searched for (that would cost a pass over the
   data): it propagates to the outputs as in PyTorch.
 
