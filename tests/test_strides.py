@@ -181,8 +181,6 @@ def test_one_specialisation_for_every_layout(rng):
     from flash_numba.kernels import flash2
 
     q = rng.standard_normal((2, 2, 64, 64)).astype(np.float32)
-    fn.attention(*(cuda.to_device(q) for _ in range(3)), kernel="flash2")
-    fn.attention(*packed(q, q, q), kernel="flash2")
-    fwd = flash2._forward_kernel(64, *kernels.get("flash2").block(64, np.float32, "forward"), np.dtype(np.float32),
-                                 False, False)
-    assert len(fwd.overloads) == 1
+    f = fn.attention_forward(*(cuda.to_device(q) for _ in range(3)), kernel="flash2")
+    fn.attention_forward(*packed(q, q, q), kernel="flash2", block=f.block)
+    assert len(flash2._forward_kernel(64, *f.block, np.dtype(np.float32), False, False).overloads) == 1
