@@ -99,7 +99,7 @@ from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
 from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, group_step, head_grid_2d
-from ._common import heavy_first_block, kv_head, madd_unless_zero, nan_max
+from ._common import heavy_first_block, kv_head, madd_unless_zero, nan_max, rounded_mul
 from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
@@ -209,12 +209,13 @@ def _p_and_ds(acc_name: str):
     the given L, unclamped (exp overflows to +inf for an L far below the scores).
     """
     ZERO = np.dtype(acc_name).type(0)
+    MUL_RN = rounded_mul(acc_name)  # scale * s rounded as the forward rounds it (see rounded_mul)
 
     @jit(device=True, forceinline=True)
     def p_and_ds(s, dp, L, D, scale, visible):
         if not visible:
             return ZERO, ZERO
-        p = exp_ieee(scale * s - L)
+        p = exp_ieee(MUL_RN(scale, s) - L)
         return p, p * (dp - D)
 
     return p_and_ds
@@ -231,6 +232,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
     """The forward kernel for head dim d, blocks (Br, Bc), storage ``dtype``."""
     ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
     NEG_INF, ZERO, ONE, NAN = acc(-math.inf), acc(0), acc(1), acc(math.nan)
+    MUL_RN = rounded_mul(acc)
     RA, CB, XB = _cdiv(Br, TY), _cdiv(Bc, TX), _cdiv(d, TX)  # rows, S columns, O columns per thread
     KS = d | 1  # odd row stride of K_j: the 16 threads of a row read 16 banks
     Q_TILE, K_TILE, V_TILE, P_TILE, PART = (Br, d), (Bc, KS), (Bc, d), (Br, Bc), (Br, TX)
@@ -297,7 +299,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                 for b in range(CB):
                     c = tx + TX * b
                     if c < Bc and visible(i0 + r, j0 + c, Nq, Nk, CAUSAL):
-                        S[a, b] *= scale
+                        S[a, b] = MUL_RN(scale, S[a, b])  # rounded, as the backward's P recomputes it
                         m_part = nan_max(m_part, S[a, b])
                     else:
                         S[a, b] = NEG_INF
