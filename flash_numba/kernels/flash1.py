@@ -64,7 +64,7 @@ from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
 from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, exp_ieee, group_step, head_grid,
                       input_type, kv_head)
-from ._common import madd_unless_zero, nan_max
+from ._common import madd_unless_zero, nan_max, rounded_mul
 from ._spec import KernelSpec
 from ._tile_ops import load_rows
 from .causal import sees_no_key_dev as sees_no_key
@@ -111,6 +111,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
     CAUSAL, COUNT = causal, count
     ZERO, NEG_INF, NAN = ACC(0), ACC(-math.inf), ACC(math.nan)
+    MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))  # scale * S rounded as the backward recomputes it
 
     @jit
     def init_O_l_m(O, l, m, counter):
@@ -181,7 +182,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                         s = ZERO
                         for x in range(D):
                             s += Q_i[r, x] * K_j[c, x]
-                        s *= scale
+                        s = MUL_RN(scale, s)
                         if not visible(row, c0 + c, Nq, Nk, CAUSAL):
                             s = NEG_INF
                         S_ij[r, c] = s
@@ -259,6 +260,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
     # ISZ: bytes of an element of q, k, v, o, do, dq, dk, dv; ASZ: of dQ (the accumulator), L;
     # CONVERT (float16): dQ accumulates in float32 and is converted at the end
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
+    MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     CAUSAL, COUNT, ZERO = causal, count, ACC(0)
 
     @jit
@@ -341,7 +343,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                         P = ZERO
                         dS = ZERO
                         if visible(row, c0 + c, Nq, Nk, CAUSAL):
-                            P = exp_ieee(scale * qk - L_i)
+                            P = exp_ieee(MUL_RN(scale, qk) - L_i)  # scale * S rounded as in the forward
                             dS = P * (dP - D_i)
                         P_ij[r, c] = P
                         dS_ij[r, c] = dS

@@ -28,6 +28,7 @@ from numba import cuda, uint32
 from ...device import SIMULATOR, jit
 from .. import _tile_ops
 from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_unless_zero, nb_type
+from .._common import rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
 from ..causal import last_visible_key_dev as last_visible_key
@@ -67,6 +68,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
+    MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
     g = geometry_kv(d, TM, TN, dtype_name)
     Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
     CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
@@ -149,7 +151,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
                 for a in range(TM):
-                    p = exp2_ieee(sT[a, b] * scale_log2 - L2)
+                    p = exp2_ieee(MUL_RN(scale_log2, sT[a, b]) - L2)  # rounded as in the forward
                     ds = p * (dpT[a, b] - Dv)
                     if edge and a > lim:
                         p = ZERO
@@ -215,6 +217,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     (as for :func:`dkdv_kernel`).
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
+    MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
     g = geometry_q(d, TM, TN, dtype_name)
     Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
     CAUSAL, COUNT = causal, count
@@ -280,7 +283,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + ty * TM + a, Nq, Nk) - cb)
                 for b in range(TN):
-                    ds = exp2_ieee(s[a, b] * scale_log2 - L2[a]) * (dp[a, b] - Dr[a])
+                    ds = exp2_ieee(MUL_RN(scale_log2, s[a, b]) - L2[a]) * (dp[a, b] - Dr[a])
                     if edge and b > lim:
                         ds = ZERO
                     dST[(tx * TN + b) * PS + ty * TM + a] = ds

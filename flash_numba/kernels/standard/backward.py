@@ -8,7 +8,7 @@ import numpy as np
 from numba import cuda
 
 from ... import _inputs
-from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type
+from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type, rounded_mul
 from .._tile_ops import last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
 from .layout import _align, _consts, _n_visible, geometry
@@ -110,6 +110,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     _, POS_INF, ZERO = _consts(dtype)
     ST = nb_type(dtype)
     ROUND = SB < AB
+    MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
     load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i, dO_i -> (DP, QS) transposed
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j, V_j -> (DP, KS) transposed
@@ -186,7 +187,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                 if CAUSAL:
                     lim = min(lim, rt + a + off - ct)
                 for b in range(TN):
-                    x = s[a, b] * scale  # S as the forward stored it
+                    x = MUL_RN(scale, s[a, b])  # S as the forward stored it (rounded_mul: not fused)
                     if ROUND:
                         x = ACC(ST(x))
                     pv = ZERO  # masked, or past Nk: P = dS = 0, whatever S, dP and L
