@@ -137,33 +137,24 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
         got = 0
         a0, b0 = head_starts(a_lay, b_lay, bh)  # flat index of the head's row 0 in a and in b
         a_rs, b_rs = uint32(a_lay[3]), uint32(b_lay[3])  # row strides; offsets in a head are 32-bit (flat_input)
-        if FIXED:
+        if FIXED and r0 + rows <= n:
             x = uint32(tid) % D_U
             c = uint32(tid) // D_U
             rk = uint32(r0) + c
-            ai = rk * a_rs + x  # element (r0 + c, x) of the head; the next ones ROWSTEP rows apart
-            bi = rk * b_rs + x
-            if r0 + rows <= n:
-                for t in range(NLOAD):
-                    areg[t] = ACC(a[a0 + uint64(ai + uint32(t * ROWSTEP) * a_rs)])
-                    breg[t] = ACC(b[b0 + uint64(bi + uint32(t * ROWSTEP) * b_rs)])
-                if COUNT:
-                    got = 2 * NLOAD
-            else:  # the last tile: rows at or past n are zeros
-                for t in range(NLOAD):
-                    areg[t] = ZERO
-                    breg[t] = ZERO
-                    if rk + uint32(t * ROWSTEP) < uint32(n):
-                        areg[t] = ACC(a[a0 + uint64(ai + uint32(t * ROWSTEP) * a_rs)])
-                        breg[t] = ACC(b[b0 + uint64(bi + uint32(t * ROWSTEP) * b_rs)])
-                        if COUNT:
-                            got += 2
+            ai = a0 + uint64(rk * a_rs + x)  # element (r0 + c, x) of the head; the next ones ROWSTEP rows apart
+            bi = b0 + uint64(rk * b_rs + x)
+            a_step, b_step = uint64(ROWSTEP) * uint64(a_rs), uint64(ROWSTEP) * uint64(b_rs)
+            for t in range(NLOAD):
+                areg[t] = ACC(a[ai + uint64(t) * a_step])
+                breg[t] = ACC(b[bi + uint64(t) * b_step])
             for t in range(NLOAD):
                 A[x * SA_U + c + uint32(t * ROWSTEP)] = areg[t]
                 if B_T:
                     B[x * SB_U + c + uint32(t * ROWSTEP)] = breg[t]
                 else:
                     B[(c + uint32(t * ROWSTEP)) * SB_U + x] = breg[t]
+            if COUNT:
+                got = 2 * NLOAD
         else:
             # element e = tid, tid + 128, ... of the tile is (c, x) = divmod(e, d), walked without a division
             c = uint32(tid) // D_U
@@ -225,9 +216,9 @@ def padded_loader(rows: int, d: int, DP: int, S: int, pair: bool, acc_name: str,
             aval = ZERO
             bval = ZERO
             if x < d and r0 + r < n:
-                aval = ACC(a[a0 + uint64(r0 + r) * uint64(a_lay[3]) + uint64(x)])
+                aval = ACC(a[a0 + uint64(uint32(r0 + r) * uint32(a_lay[3]) + uint32(x))])
                 if PAIR:
-                    bval = ACC(b[b0 + uint64(r0 + r) * uint64(b_lay[3]) + uint64(x)])
+                    bval = ACC(b[b0 + uint64(uint32(r0 + r) * uint32(b_lay[3]) + uint32(x))])
                 if COUNT:
                     got += 1 + PAIR
             A[x * S + r] = aval
