@@ -711,8 +711,8 @@ def test_sanitize_matrix_runs_every_tool_and_summarises(tmp_path, monkeypatch):
         f"#!{sys.executable}\n"
         "import sys\n"
         "tool = sys.argv[sys.argv.index('--tool') + 1]\n"
-        "for i in range(1, 7):\n"
-        "    print(f'ok [{i}/6] flash2 float32 Nq=17')\n"
+        "for i in range(1, 8):\n"
+        "    print(f'ok [{i}/7] flash2 float32 Nq=17')\n"
         "n = 2 if tool == 'racecheck' else 0\n"
         "print(f'========= ERROR SUMMARY: {n} errors')\n"
         "sys.exit(1 if n else 0)\n"
@@ -729,7 +729,7 @@ def test_sanitize_matrix_runs_every_tool_and_summarises(tmp_path, monkeypatch):
         ("racecheck", "2", "1"),
         ("synccheck", "0", "0"),
     ]
-    assert all(r["kernels covered (cases ok)"] == "flash2 (6); 6/6 cases" and r["GPU"] == "Fake GPU" for r in rows)
+    assert all(r["kernels covered (cases ok)"] == "flash2 (7); 7/7 cases" and r["GPU"] == "Fake GPU" for r in rows)
     assert all((out / f"{tool}.log").exists() for tool in san.TOOLS)
 
 
