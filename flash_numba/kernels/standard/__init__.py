@@ -118,8 +118,8 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
     """The forward of ``q, k, v`` as its three kernel launches, to run (and time) one at a time.
 
     ``q`` (..., Nq, d), ``k`` and ``v`` (..., Nk, d), device or host arrays as for
-    :func:`flash_numba.attention_forward` (host arrays are copied to the device once, here;
-    leading dims are flattened to BH); ``causal``, ``scale`` and ``block`` as there (block None:
+    :func:`flash_numba.attention_forward` (host arrays are copied to the device once, here; the
+    kernels read q, k, v as ``(B, H, N, d)`` views, and write ``(BH, ...)`` arrays); ``causal``, ``scale`` and ``block`` as there (block None:
     the block the API would choose).
     Returns ``(launches, arrays)``: ``launches`` is ``[(name, run)]`` in order, ``name``
     as the counters call the kernel (:data:`FORWARD_NAMES`), ``run()`` one launch of the
