@@ -119,8 +119,8 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
 
     ``q`` (..., Nq, d), ``k`` and ``v`` (..., Nk, d), device or host arrays as for
     :func:`flash_numba.attention_forward` (host arrays are copied to the device once, here; the
-    kernels read q, k, v as ``(B, H, N, d)`` views, and write ``(BH, ...)`` arrays); ``causal``, ``scale`` and ``block`` as there (block None:
-    the block the API would choose).
+    kernels read q, k, v as ``(B, H, N, d)`` views, and write ``(BH, ...)`` arrays); ``causal``,
+    ``scale`` and ``block`` as there (block None: the block the API would choose).
     Returns ``(launches, arrays)``: ``launches`` is ``[(name, run)]`` in order, ``name``
     as the counters call the kernel (:data:`FORWARD_NAMES`), ``run()`` one launch of the
     plain (uncounted) kernel; ``arrays`` the device arrays they read and fill,
