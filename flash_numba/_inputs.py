@@ -384,7 +384,8 @@ def _contiguous_copy(arr):
     from numba import cuda
 
     out = cuda.device_array(tuple(int(s) for s in arr.shape), dtype=arr.dtype)
-    out[...] = arr  # Numba's element-wise assignment kernel, strides of both read at run time
+    out[:] = arr  # Numba's element-wise assignment kernel, strides of both read at run time (not [...]:
+    # a device array's __setitem__ takes no Ellipsis)
     return out
 
 
