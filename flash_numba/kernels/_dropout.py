@@ -85,7 +85,7 @@ def check_seed(seed, required: bool):
     """``dropout_seed`` as an int in [0, 2**32), or None when not ``required``; TypeError/ValueError otherwise."""
     if seed is None:
         if required:
-            raise ValueError("dropout_seed: dropout_p > 0 needs the seed of the forward pass (ForwardResult.dropout_seed)")
+            raise ValueError("dropout_seed: dropout_p > 0 needs the forward's seed (ForwardResult.dropout_seed)")
         return None
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"dropout_seed: expected an int in [0, 2**32), got {seed!r}")
@@ -143,7 +143,7 @@ def arg_types(acc_nb_type) -> tuple:
 
 
 def launch_args(prob) -> tuple[bool, tuple]:
-    """``(dropout, (seed, threshold, inv_keep))`` for a launch: the kernel factories' flag and its trailing arguments."""
+    """``(dropout, (seed, threshold, inv_keep))``: the kernel factories' flag and a launch's trailing arguments."""
     p = prob.dropout_p
     # Python ints: int64 on the device; exact (no NumPy overflow warning) in the simulator
     return p > 0, (int(prob.dropout_seed), threshold(p), prob.acc.type(1.0 / (1.0 - p)))
