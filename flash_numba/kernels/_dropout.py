@@ -50,26 +50,31 @@ def mix32(x):
 
 
 def _rules(mix, wrap):
-    """``keep_hash`` and ``keep_scale`` built on the mixer ``mix``, each passed through ``wrap`` (a device
-    function may only call device functions: the device versions are built from the device mixer)."""
+    """``row_hash``, ``keep_hash`` and ``keep_scale`` built on the mixer ``mix``, each passed through ``wrap``
+    (a device function may only call device functions: the device versions are built from the device mixer)."""
+
+    @wrap
+    def row_hash(seed, bh, i):
+        """The hash of (seed, bh, i): the part of every entry's hash that row i of head bh shares."""
+        x = mix(seed & M32)
+        x = mix(x ^ (bh & M32))
+        return mix(x ^ (i & M32))
 
     @wrap
     def keep_hash(seed, bh, i, j):
         """The 32-bit hash of entry (i, j) of query head bh under ``seed``."""
-        x = mix(seed & M32)
-        x = mix(x ^ (bh & M32))
-        x = mix(x ^ (i & M32))
-        return mix(x ^ (j & M32))
+        return mix(row_hash(seed, bh, i) ^ (j & M32))
 
     @wrap
-    def keep_scale(seed, bh, i, j, threshold, inv_keep):
-        """The factor dropout applies to P[bh, i, j]: ``inv_keep`` = 1 / (1 - p) if kept, else 0 (of its type)."""
-        return inv_keep if keep_hash(seed, bh, i, j) >= threshold else inv_keep - inv_keep
+    def keep_scale(row, j, threshold, inv_keep):
+        """The factor dropout applies to entry (i, j), given ``row = row_hash(seed, bh, i)``:
+        ``inv_keep`` = 1 / (1 - p) if kept, else 0 (of its type)."""
+        return inv_keep if mix(row ^ (j & M32)) >= threshold else inv_keep - inv_keep
 
-    return keep_hash, keep_scale
+    return row_hash, keep_hash, keep_scale
 
 
-keep_hash, keep_scale = _rules(mix32, lambda f: f)
+row_hash, keep_hash, keep_scale = _rules(mix32, lambda f: f)
 
 
 def check_p(p) -> float:
@@ -115,26 +120,31 @@ def keep_mask(seed: int, bh, Nq: int, Nk: int, p: float) -> np.ndarray:
 # The device version (the kernels call it; the simulator runs the same Python code).
 _device = jit(device=True, forceinline=True)
 mix32_dev = _device(mix32)
-keep_hash_dev, keep_scale_dev = _rules(mix32_dev, _device)
+row_hash_dev, keep_hash_dev, keep_scale_dev = _rules(mix32_dev, _device)
 
 
 @functools.lru_cache(maxsize=None)
 def factor(dropout: bool, acc_name: str):
-    """The kernels' device function ``(seed, bh, i, j, threshold, inv_keep) -> Zs``: dropout's factor on P[bh, i, j].
+    """The kernels' device functions ``(row, drop)``: ``row(seed, bh, i)`` the hash row i shares (computed
+    once per row), ``drop(row(seed, bh, i), j, threshold, inv_keep) -> Zs``, dropout's factor on P[bh, i, j].
 
-    With ``dropout``, :func:`keep_scale` (1 / (1 - p) or 0); without, the constant 1 of the
-    accumulation dtype, which the compiler folds away (x * 1 is x): a kernel specialised with
-    ``dropout=False`` compiles to the code it had before dropout existed.
+    With ``dropout``, :func:`row_hash` and :func:`keep_scale` (1 / (1 - p) or 0); without, 0 and the
+    constant 1 of the accumulation dtype, which the compiler folds away (x * 1 is x): a kernel
+    specialised with ``dropout=False`` compiles to the code it had before dropout existed.
     """
     if dropout:
-        return keep_scale_dev
+        return row_hash_dev, keep_scale_dev
     ONE = np.dtype(acc_name).type(1)
 
     @_device
-    def no_dropout(seed, bh, i, j, threshold, inv_keep):
+    def no_row(seed, bh, i):
+        return 0
+
+    @_device
+    def no_dropout(row, j, threshold, inv_keep):
         return ONE
 
-    return no_dropout
+    return no_row, no_dropout
 
 
 def arg_types(acc_nb_type) -> tuple:

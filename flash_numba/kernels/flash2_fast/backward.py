@@ -84,7 +84,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
     dv_dk_masked = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, True, count)
-    drop = _dropout.factor(dropout, acc)
+    drop_row, drop = _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
@@ -149,9 +149,10 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 lim = Nk - 1 - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, exist and are visible
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
+                rk = drop_row(seed, bh, r0 + rl)  # dropout's hash of the row
                 for a in range(TM):
                     p = exp2_ieee(sT[a, b] * scale_log2 - L2)
-                    zs = drop(seed, bh, r0 + rl, c0 + ty * TM + a, threshold, inv_keep)
+                    zs = drop(rk, c0 + ty * TM + a, threshold, inv_keep)
                     ds = p * (zs * dpT[a, b] - Dv)
                     if edge and a > lim:
                         p = ZERO
@@ -228,7 +229,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     dq_product = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
     dq_masked = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, False, count)
-    drop = _dropout.factor(dropout, acc)
+    drop_row, drop = _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
@@ -281,8 +282,9 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
                 lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + ty * TM + a, Nq, Nk) - cb)
+                rk = drop_row(seed, bh, r0 + ty * TM + a)  # dropout's hash of the row
                 for b in range(TN):
-                    zs = drop(seed, bh, r0 + ty * TM + a, cb + b, threshold, inv_keep)
+                    zs = drop(rk, cb + b, threshold, inv_keep)
                     ds = exp2_ieee(s[a, b] * scale_log2 - L2[a]) * (zs * dp[a, b] - Dr[a])
                     if edge and b > lim:
                         ds = ZERO
