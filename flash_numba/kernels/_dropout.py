@@ -35,7 +35,7 @@ import functools
 import numpy as np
 from numba import types
 
-from ..device import jit
+from ..device import SIMULATOR, jit
 
 M32 = 0xFFFFFFFF
 
@@ -71,10 +71,20 @@ def _rules(mix, wrap):
         ``inv_keep`` = 1 / (1 - p) if kept, else 0 (of its type)."""
         return inv_keep if mix(row ^ (j & M32)) >= threshold else inv_keep - inv_keep
 
-    return row_hash, keep_hash, keep_scale
+    @wrap
+    def keep_bits(row, j0, n, threshold):
+        """Bit a (a < n <= 32) set iff entry (i, j0 + a) is kept, given ``row = row_hash(seed, bh, i)``: a
+        kernel short of registers hashes before its products and keeps one int through them."""
+        bits = 0
+        for a in range(n):
+            if mix(row ^ ((j0 + a) & M32)) >= threshold:
+                bits |= 1 << a
+        return bits
+
+    return row_hash, keep_hash, keep_scale, keep_bits
 
 
-row_hash, keep_hash, keep_scale = _rules(mix32, lambda f: f)
+row_hash, keep_hash, keep_scale, keep_bits = _rules(mix32, lambda f: f)
 
 
 def check_p(p) -> float:
@@ -119,8 +129,16 @@ def keep_mask(seed: int, bh, Nq: int, Nk: int, p: float) -> np.ndarray:
 
 # The device version (the kernels call it; the simulator runs the same Python code).
 _device = jit(device=True, forceinline=True)
-mix32_dev = _device(mix32)
-row_hash_dev, keep_hash_dev, keep_scale_dev = _rules(mix32_dev, _device)
+
+
+def _mix32_sim(x):
+    """mix32 on a Python int: the simulator hands kernels NumPy integers, whose products overflow int64
+    (wrapping, so with the same low 32 bits, but with a warning each time)."""
+    return mix32(int(x))
+
+
+mix32_dev = _device(_mix32_sim if SIMULATOR else mix32)
+row_hash_dev, keep_hash_dev, keep_scale_dev, keep_bits_dev = _rules(mix32_dev, _device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,6 +163,30 @@ def factor(dropout: bool, acc_name: str):
         return ONE
 
     return no_row, no_dropout
+
+
+@functools.lru_cache(maxsize=None)
+def bit_factor(dropout: bool, acc_name: str):
+    """Device functions ``(bits, scale)`` for kernels that hash ahead (:func:`keep_bits`): ``bits(row, j0,
+    n, threshold)`` and ``scale(bits, a, inv_keep) -> Zs`` of entry a; without ``dropout`` 0 and the constant 1."""
+    ONE = np.dtype(acc_name).type(1)
+    if dropout:
+
+        @_device
+        def scale(bits, a, inv_keep):
+            return inv_keep if (bits >> a) & 1 else inv_keep - inv_keep
+
+        return keep_bits_dev, scale
+
+    @_device
+    def no_bits(row, j0, n, threshold):
+        return 0
+
+    @_device
+    def one(bits, a, inv_keep):
+        return ONE
+
+    return no_bits, one
 
 
 def arg_types(acc_nb_type) -> tuple:

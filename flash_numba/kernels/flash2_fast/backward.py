@@ -84,7 +84,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
     dv_dk_masked = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, True, count)
-    drop_row, drop = _dropout.factor(dropout, acc)
+    drop_row, _ = _dropout.factor(dropout, acc)
+    keep_bits, drop = _dropout.bit_factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
@@ -134,6 +135,11 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
             if COUNT:
                 nr += n * SB + n_stats * AB
+            # dropout's keep bits of this thread's TN x TM entries (<= 4 x 16: one int64), hashed before the
+            # products, while fewer registers are live
+            bits = 0
+            for b in range(TN):
+                bits |= keep_bits(drop_row(seed, bh, r0 + tx * TN + b), c0 + ty * TM, TM, threshold) << (b * TM)
             cuda.syncthreads()
 
             s_dp_product(sT, dpT, KT, VT, QT, dOT, ty, tx)
@@ -149,10 +155,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 lim = Nk - 1 - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, exist and are visible
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
-                rk = drop_row(seed, bh, r0 + rl)  # dropout's hash of the row
                 for a in range(TM):
                     p = exp2_ieee(sT[a, b] * scale_log2 - L2)
-                    zs = drop(rk, c0 + ty * TM + a, threshold, inv_keep)
+                    zs = drop(bits, b * TM + a, inv_keep)
                     ds = p * (zs * dpT[a, b] - Dv)
                     if edge and a > lim:
                         p = ZERO
