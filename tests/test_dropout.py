@@ -34,13 +34,10 @@ def test_host_device_and_numpy_masks_are_bit_identical():
     thr, inv_keep = _dropout.threshold(p), 1.0 / (1.0 - p)
 
     @cuda.jit
-    def factors(out, bits, seed, threshold, inv):
+    def factors(out, seed, threshold, inv):
         bh, i, j = cuda.grid(3)
         if bh < out.shape[0] and i < out.shape[1] and j < out.shape[2]:
-            row = _dropout.row_hash_dev(seed, bh, i)
-            out[bh, i, j] = _dropout.keep_scale_dev(row, j, threshold, inv)
-            if j == 0:  # the same mask as bits of ints, keys 1 .. M - 1 (as flash2_fast's dK/dV kernel hashes ahead)
-                bits[bh, i] = _dropout.keep_bits_dev(row, 1, out.shape[2] - 1, threshold)
+            out[bh, i, j] = _dropout.keep_scale_dev(_dropout.row_hash_dev(seed, bh, i), j, threshold, inv)
 
     for seed in SEEDS:
         host = np.array([[[_dropout.keep_hash(seed, bh, i, j) for j in range(M)] for i in range(N)]
@@ -48,12 +45,11 @@ def test_host_device_and_numpy_masks_are_bit_identical():
         vec = _dropout.keep_hash(np.uint64(seed), np.arange(BH, dtype=np.uint64)[:, None, None],
                                  np.arange(N, dtype=np.uint64)[:, None], np.arange(M, dtype=np.uint64))
         assert np.array_equal(host, vec) and host.max() < 2**32
-        out, bits = np.full((BH, N, M), np.nan), np.full((BH, N), -1, dtype=np.int64)
-        factors[(1, 1, 1), (BH, N, M)](out, bits, seed, thr, inv_keep)
+        out = np.full((BH, N, M), np.nan)
+        factors[(1, 1, 1), (BH, N, M)](out, seed, thr, inv_keep)
         want = _dropout.keep_mask(seed, np.arange(BH), N, M, p)
         assert np.array_equal(want, host >= thr)
         assert np.array_equal(out, np.where(want, inv_keep, 0.0))
-        assert np.array_equal((bits[..., None] >> np.arange(M - 1)) & 1, want[..., 1:])
 
 
 @pytest.mark.parametrize("p", [0.1, 0.25, 0.5, 0.9])

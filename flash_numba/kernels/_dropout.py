@@ -71,20 +71,10 @@ def _rules(mix, wrap):
         ``inv_keep`` = 1 / (1 - p) if kept, else 0 (of its type)."""
         return inv_keep if mix(row ^ (j & M32)) >= threshold else inv_keep - inv_keep
 
-    @wrap
-    def keep_bits(row, j0, n, threshold):
-        """Bit a (a < n <= 32) set iff entry (i, j0 + a) is kept, given ``row = row_hash(seed, bh, i)``: a
-        kernel short of registers hashes before its products and keeps one int through them."""
-        bits = 0
-        for a in range(n):
-            if mix(row ^ ((j0 + a) & M32)) >= threshold:
-                bits |= 1 << a
-        return bits
-
-    return row_hash, keep_hash, keep_scale, keep_bits
+    return row_hash, keep_hash, keep_scale
 
 
-row_hash, keep_hash, keep_scale, keep_bits = _rules(mix32, lambda f: f)
+row_hash, keep_hash, keep_scale = _rules(mix32, lambda f: f)
 
 
 def check_p(p) -> float:
@@ -138,7 +128,7 @@ def _mix32_sim(x):
 
 
 mix32_dev = _device(_mix32_sim if SIMULATOR else mix32)
-row_hash_dev, keep_hash_dev, keep_scale_dev, keep_bits_dev = _rules(mix32_dev, _device)
+row_hash_dev, keep_hash_dev, keep_scale_dev = _rules(mix32_dev, _device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,30 +153,6 @@ def factor(dropout: bool, acc_name: str):
         return ONE
 
     return no_row, no_dropout
-
-
-@functools.lru_cache(maxsize=None)
-def bit_factor(dropout: bool, acc_name: str):
-    """Device functions ``(bits, scale)`` for kernels that hash ahead (:func:`keep_bits`): ``bits(row, j0,
-    n, threshold)`` and ``scale(bits, a, inv_keep) -> Zs`` of entry a; without ``dropout`` 0 and the constant 1."""
-    ONE = np.dtype(acc_name).type(1)
-    if dropout:
-
-        @_device
-        def scale(bits, a, inv_keep):
-            return inv_keep if (bits >> a) & 1 else inv_keep - inv_keep
-
-        return keep_bits_dev, scale
-
-    @_device
-    def no_bits(row, j0, n, threshold):
-        return 0
-
-    @_device
-    def one(bits, a, inv_keep):
-        return ONE
-
-    return no_bits, one
 
 
 def arg_types(acc_nb_type) -> tuple:

@@ -84,8 +84,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
     dv_dk_masked = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, True, count)
-    drop_row, _ = _dropout.factor(dropout, acc)
-    keep_bits, drop = _dropout.bit_factor(dropout, acc)
+    DROPOUT, (drop_row, drop) = dropout, _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
@@ -135,17 +134,12 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
             if COUNT:
                 nr += n * SB + n_stats * AB
-            # dropout's keep bits of this thread's TN x TM entries (<= 4 x 16: one int64), hashed before the
-            # products, while fewer registers are live
-            bits = 0
-            for b in range(TN):
-                bits |= keep_bits(drop_row(seed, bh, r0 + tx * TN + b), c0 + ty * TM, TM, threshold) << (b * TM)
             cuda.syncthreads()
 
             s_dp_product(sT, dpT, KT, VT, QT, dOT, ty, tx)
 
-            # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (Zs dP - D), both selected
-            # to 0 where masked or past Nk; stored row-major, P as Zs P (Zs: dropout's factor, regenerated)
+            # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (dP - D), both selected
+            # to 0 where masked or past Nk; stored row-major
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
             for b in range(TN):
@@ -157,13 +151,23 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
                 for a in range(TM):
                     p = exp2_ieee(sT[a, b] * scale_log2 - L2)
-                    zs = drop(bits, b * TM + a, inv_keep)
-                    ds = p * (zs * dpT[a, b] - Dv)
+                    ds = dpT[a, b] if DROPOUT else p * (dpT[a, b] - Dv)  # dropout: dS formed below, from dP
                     if edge and a > lim:
                         p = ZERO
                         ds = ZERO
-                    Ps[rl * PS + ty * TM + a] = p * zs
+                    Ps[rl * PS + ty * TM + a] = p
                     dSs[rl * PS + ty * TM + a] = ds
+            if DROPOUT:  # the paper's Algorithm 4 on this thread's entries, in a pass of its own (sT, dpT dead:
+                for b in range(TN):  # fewer live registers): Zs regenerated, dS = P (Zs dP - D), P -> Zs P
+                    rl = tx * TN + b
+                    rk = drop_row(seed, bh, r0 + rl)  # dropout's hash of the row
+                    Dv = Ds[rl]
+                    for a in range(TM):
+                        e = rl * PS + ty * TM + a
+                        zs = drop(rk, c0 + ty * TM + a, threshold, inv_keep)
+                        p = Ps[e]
+                        Ps[e] = p * zs
+                        dSs[e] = p * (zs * dSs[e] - Dv)
             cuda.syncthreads()
 
             if diagonal:  # masked entries (P = dS = 0) add nothing, even against Inf or NaN in dO_i, Q_i
