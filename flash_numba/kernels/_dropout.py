@@ -54,11 +54,19 @@ def _rules(mix, wrap):
     (a device function may only call device functions: the device versions are built from the device mixer)."""
 
     @wrap
+    def head_hash(seed, bh):
+        """The hash of (seed, bh): the part of every entry's hash that query head bh shares."""
+        return mix(mix(seed & M32) ^ (bh & M32))
+
+    @wrap
+    def row_of_head(head, i):
+        """The hash of row i from ``head = head_hash(seed, bh)``."""
+        return mix(head ^ (i & M32))
+
+    @wrap
     def row_hash(seed, bh, i):
         """The hash of (seed, bh, i): the part of every entry's hash that row i of head bh shares."""
-        x = mix(seed & M32)
-        x = mix(x ^ (bh & M32))
-        return mix(x ^ (i & M32))
+        return row_of_head(head_hash(seed, bh), i)
 
     @wrap
     def keep_hash(seed, bh, i, j):
@@ -71,10 +79,10 @@ def _rules(mix, wrap):
         ``inv_keep`` = 1 / (1 - p) if kept, else 0 (of its type)."""
         return inv_keep if mix(row ^ (j & M32)) >= threshold else inv_keep - inv_keep
 
-    return row_hash, keep_hash, keep_scale
+    return head_hash, row_of_head, row_hash, keep_hash, keep_scale
 
 
-row_hash, keep_hash, keep_scale = _rules(mix32, lambda f: f)
+head_hash, row_of_head, row_hash, keep_hash, keep_scale = _rules(mix32, lambda f: f)
 
 
 def check_p(p) -> float:
@@ -128,31 +136,32 @@ def _mix32_sim(x):
 
 
 mix32_dev = _device(_mix32_sim if SIMULATOR else mix32)
-row_hash_dev, keep_hash_dev, keep_scale_dev = _rules(mix32_dev, _device)
+head_hash_dev, row_of_head_dev, row_hash_dev, keep_hash_dev, keep_scale_dev = _rules(mix32_dev, _device)
 
 
 @functools.lru_cache(maxsize=None)
 def factor(dropout: bool, acc_name: str):
-    """The kernels' device functions ``(row, drop)``: ``row(seed, bh, i)`` the hash row i shares (computed
-    once per row), ``drop(row(seed, bh, i), j, threshold, inv_keep) -> Zs``, dropout's factor on P[bh, i, j].
+    """The kernels' device functions ``(head, row, drop)``: ``head(seed, bh)`` the hash query head bh shares,
+    ``row(head(seed, bh), i)`` the hash row i shares (each computed once), and
+    ``drop(row(...), j, threshold, inv_keep) -> Zs``, dropout's factor on P[bh, i, j].
 
-    With ``dropout``, :func:`row_hash` and :func:`keep_scale` (1 / (1 - p) or 0); without, 0 and the
-    constant 1 of the accumulation dtype, which the compiler folds away (x * 1 is x): a kernel
-    specialised with ``dropout=False`` compiles to the code it had before dropout existed.
+    With ``dropout``, :func:`head_hash`, :func:`row_of_head` and :func:`keep_scale` (1 / (1 - p) or 0);
+    without, 0, 0 and the constant 1 of the accumulation dtype, which the compiler folds away (x * 1 is x):
+    a kernel specialised with ``dropout=False`` compiles to the code it had before dropout existed.
     """
     if dropout:
-        return row_hash_dev, keep_scale_dev
+        return head_hash_dev, row_of_head_dev, keep_scale_dev
     ONE = np.dtype(acc_name).type(1)
 
     @_device
-    def no_row(seed, bh, i):
+    def no_hash(a, b):
         return 0
 
     @_device
     def no_dropout(row, j, threshold, inv_keep):
         return ONE
 
-    return no_row, no_dropout
+    return no_hash, no_hash, no_dropout
 
 
 def arg_types(acc_nb_type) -> tuple:

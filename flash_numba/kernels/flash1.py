@@ -111,7 +111,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
     CAUSAL, COUNT = causal, count
     ZERO, NEG_INF, NAN = ACC(0), ACC(-math.inf), ACC(math.nan)
-    drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     @jit
     def init_O_l_m(O, l, m, counter):
@@ -193,7 +193,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                     # line 10: P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij); a masked score gives 0
                     # (test the score, not m~_ij: a masked or -inf score gives exactly 0 whatever m~_ij is)
                     l_ij = ZERO
-                    rk = drop_row(seed, bh, row)  # dropout's hash of the row
+                    rk = drop_row(drop_head(seed, bh), row)  # dropout's hash of the row
                     for c in range(cols):
                         p = ZERO
                         if S_ij[r, c] != NEG_INF:
@@ -265,7 +265,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     # CONVERT (float16): dQ accumulates in float32 and is converted at the end
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
     CAUSAL, COUNT, ZERO = causal, count, ACC(0)
-    drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     @jit
     def init_dQ(dQ, counter):
@@ -337,7 +337,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                         D_i += dO_i[r, x] * ACC(o[bh, row, x])
                     if COUNT:
                         nr += ASZ + D * ISZ
-                    rk = drop_row(seed, bh, row)  # dropout's hash of the row
+                    rk = drop_row(drop_head(seed, bh), row)  # dropout's hash of the row
                     for c in range(cols):
                         qk = ZERO
                         dP = ZERO

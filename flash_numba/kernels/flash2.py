@@ -238,7 +238,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
     Q_TILE, K_TILE, V_TILE, P_TILE, PART = (Br, d), (Bc, KS), (Bc, d), (Br, Bc), (Br, TX)
     S_REGS, O_REGS = (RA, CB), (RA, XB)
     CAUSAL, COUNT = causal, count
-    drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
 
     @jit
     def flash2_forward(q, k, v, o, lse, counter, Nq, Nk, G, scale, seed, threshold, inv_keep):
@@ -319,7 +319,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
                 m_ref = m_new if m_new != NEG_INF else ZERO
                 alpha = math.exp(m[a] - m_ref)
                 l_ij = ZERO
-                rk = drop_row(seed, bh, i0 + r)  # dropout's hash of the row
+                rk = drop_row(drop_head(seed, bh), i0 + r)  # dropout's hash of the row
                 for b in range(CB):
                     p = math.exp(S[a, b] - m_ref)
                     l_ij += p
@@ -390,7 +390,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
     ST_REGS, KV_REGS = (CA, RB), (CA, XB)
     CAUSAL, COUNT = causal, count
     products, p_and_ds = _two_products(CA, RB, np.dtype(acc).name), _p_and_ds(np.dtype(acc).name)
-    drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
 
     @jit
     def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, G, scale, seed, threshold, inv_keep):
@@ -449,7 +449,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
                     r = tx + TX * b
                     if c < Bc and r < Br:
                         seen = visible(i0 + r, j0 + c, Nq, Nk, CAUSAL)
-                        zs = drop(drop_row(seed, bh, i0 + r), j0 + c, threshold, inv_keep)
+                        zs = drop(drop_row(drop_head(seed, bh), i0 + r), j0 + c, threshold, inv_keep)
                         PT[c, r], dST[c, r] = p_and_ds(S[a, b], dP[a, b], L_i[r], D_i[r], scale, seen, zs)
             cuda.syncthreads()
 
@@ -495,7 +495,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
     S_REGS, Q_REGS = (RA, CB), (RA, XB)
     CAUSAL, COUNT = causal, count
     products, p_and_ds = _two_products(RA, CB, np.dtype(acc).name), _p_and_ds(np.dtype(acc).name)
-    drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
 
     @jit
     def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, G, scale, seed, threshold, inv_keep):
@@ -544,7 +544,7 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
                     c = tx + TX * b
                     if r < Br and c < Bc:
                         seen = visible(i0 + r, j0 + c, Nq, Nk, CAUSAL)
-                        zs = drop(drop_row(seed, bh, i0 + r), j0 + c, threshold, inv_keep)
+                        zs = drop(drop_row(drop_head(seed, bh), i0 + r), j0 + c, threshold, inv_keep)
                         dS_ij[r, c] = p_and_ds(S[a, b], dP[a, b], L_i[r], D_i[r], scale, seen, zs)[1]
             cuda.syncthreads()
 

@@ -84,7 +84,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
     dv_dk_masked = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, True, count)
-    DROPOUT, (drop_row, drop) = dropout, _dropout.factor(dropout, acc)
+    DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
@@ -129,6 +129,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         for step in range(G * n_i):  # the query blocks of each query head bh of the group in turn
             bh, i = group_step(step, n_i, i_first, hkv, G)
             r0 = i * Br
+            head = drop_head(seed, bh)  # dropout's hash of the query head
             cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
             n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
@@ -138,8 +139,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 
             s_dp_product(sT, dpT, KT, VT, QT, dOT, ty, tx)
 
-            # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (dP - D), both selected
-            # to 0 where masked or past Nk; stored row-major
+            # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (Zs dP - D), both selected
+            # to 0 where masked or past Nk; stored row-major, P as Zs P (Zs: dropout's factor, regenerated)
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
             for b in range(TN):
@@ -149,25 +150,16 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 lim = Nk - 1 - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, exist and are visible
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
+                rk = drop_row(head, r0 + rl)  # dropout's hash of the row
                 for a in range(TM):
                     p = exp2_ieee(sT[a, b] * scale_log2 - L2)
-                    ds = dpT[a, b] if DROPOUT else p * (dpT[a, b] - Dv)  # dropout: dS formed below, from dP
+                    zs = drop(rk, c0 + ty * TM + a, threshold, inv_keep)  # dropout's factor (1 without)
+                    ds = p * (zs * dpT[a, b] - Dv)
                     if edge and a > lim:
                         p = ZERO
                         ds = ZERO
-                    Ps[rl * PS + ty * TM + a] = p
+                    Ps[rl * PS + ty * TM + a] = p * zs
                     dSs[rl * PS + ty * TM + a] = ds
-            if DROPOUT:  # the paper's Algorithm 4 on this thread's entries, in a pass of its own (sT, dpT dead:
-                for b in range(TN):  # fewer live registers): Zs regenerated, dS = P (Zs dP - D), P -> Zs P
-                    rl = tx * TN + b
-                    rk = drop_row(seed, bh, r0 + rl)  # dropout's hash of the row
-                    Dv = Ds[rl]
-                    for a in range(TM):
-                        e = rl * PS + ty * TM + a
-                        zs = drop(rk, c0 + ty * TM + a, threshold, inv_keep)
-                        p = Ps[e]
-                        Ps[e] = p * zs
-                        dSs[e] = p * (zs * dSs[e] - Dv)
             cuda.syncthreads()
 
             if diagonal:  # masked entries (P = dS = 0) add nothing, even against Inf or NaN in dO_i, Q_i
@@ -238,7 +230,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     dq_product = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
     dq_masked = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, False, count)
-    drop_row, drop = _dropout.factor(dropout, acc)
+    drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
@@ -291,7 +283,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
                 lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + ty * TM + a, Nq, Nk) - cb)
-                rk = drop_row(seed, bh, r0 + ty * TM + a)  # dropout's hash of the row
+                rk = drop_row(drop_head(seed, bh), r0 + ty * TM + a)  # dropout's hash of the row
                 for b in range(TN):
                     zs = drop(rk, cb + b, threshold, inv_keep)
                     ds = exp2_ieee(s[a, b] * scale_log2 - L2[a]) * (zs * dp[a, b] - Dr[a])

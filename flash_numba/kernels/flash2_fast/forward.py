@@ -58,7 +58,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     s_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
     pv_product = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
     pv_masked = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc, True)  # P = 0 adds nothing
-    DROPOUT, (drop_row, drop) = dropout, _dropout.factor(dropout, acc)
+    DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, seed, threshold, inv_keep):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
@@ -134,7 +134,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                     PT[(tx * TN + b) * PS + ty * TM + a] = p
             if DROPOUT:  # the paper's Algorithm 2: P~_ij dropped after l_i (l and L stay undropped), before P~ V;
                 for a in range(TM):  # a pass of its own, when s is dead: fewer registers live than in the loop above
-                    rk = drop_row(seed, bh, row0 + ty * TM + a)  # dropout's hash of the row
+                    rk = drop_row(drop_head(seed, bh), row0 + ty * TM + a)  # dropout's hash of the row
                     for b in range(TN):
                         PT[(tx * TN + b) * PS + ty * TM + a] *= drop(rk, col0 + tx * TN + b, threshold, inv_keep)
             cuda.syncthreads()

@@ -119,7 +119,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j, V_j -> (DP, KS) transposed
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
     store = tile_store(TM, TN, dtype.name)
-    drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
     def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, G, scale, counter, seed, threshold, inv_keep):
@@ -190,7 +190,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                 lim = Nk - 1 - ct  # keys ct + b with b <= lim exist and are visible
                 if CAUSAL:
                     lim = min(lim, rt + a + off - ct)
-                rk = drop_row(seed, bh, rt + a)  # dropout's hash of the row
+                rk = drop_row(drop_head(seed, bh), rt + a)  # dropout's hash of the row
                 for b in range(TN):
                     x = s[a, b] * scale  # S as the forward stored it
                     if ROUND:

@@ -226,7 +226,7 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     product = micro_product(TM, TD, Bc, AS, DP, acc_name)
     product_masked = micro_product(TM, TD, Bc, AS, DP, acc_name, True)  # a 0 in A_ij adds nothing
     store = tile_store(TM, TD, dtype.name)
-    DROPOUT, (drop_row, drop) = dropout, _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     AT_SIZE, B_SIZE = Bc * AS, Bc * DP  # shared-array sizes must be constants
     def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, counter, seed, threshold, inv_keep):
@@ -261,7 +261,7 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             if DROPOUT:  # A_ij = P_ij: dropout's mask, regenerated (zeros past Nq and Nk stay 0)
                 for e in range(tid, Br * Bc, NT):
                     c, r = e // Br, e % Br
-                    AT[c * AS + r] *= drop(drop_row(seed, bh, r0 + r), c0 + c, threshold, inv_keep)
+                    AT[c * AS + r] *= drop(drop_row(drop_head(seed, bh), r0 + r), c0 + c, threshold, inv_keep)
                 cuda.syncthreads()
             if CAUSAL and c0 + Bc - 1 > r0 + (Nk - Nq):  # masked entries (A = 0) add nothing, even against Inf/NaN
                 product_masked(AT, ty * TM, Bs, tx * TD, acc)
