@@ -13,8 +13,9 @@ run checks them all::
 
 Full sizes: N = 17, 97, 1000 and d = 16, 80, 128, every combination with
 causal / not and plain / counting (float32), plus float16 and float64 and
-Nq != Nk cases; B*H = 2 throughout.  ``--quick`` keeps six cases per kernel
-that still cover every N, every d, both flags, Nq > Nk and Nq < Nk (racecheck
+Nq != Nk cases and grouped-query attention (k and v with one head for the two
+query heads); B*H = 2 throughout.  ``--quick`` keeps seven cases per kernel
+that still cover every N, every d, both flags, Nq > Nk, Nq < Nk and GQA (racecheck
 slows shared-memory code down by orders of magnitude).  Each case prints one
 ``ok`` line with its time; the exit status is 1 if a case raised or produced a
 non-finite value (uninitialised memory shows up that way).
@@ -65,10 +66,11 @@ class Case:
     d: int
     causal: bool
     count: bool
+    Hkv: int = LEAD[1]  # heads of k and v: 1 is grouped-query attention, both query heads on one
 
     @property
     def label(self) -> str:
-        flags = " causal" * self.causal + " count" * self.count
+        flags = " causal" * self.causal + " count" * self.count + f" Hkv={self.Hkv}" * (self.Hkv != LEAD[1])
         return f"{self.kernel} {self.dtype} Nq={self.Nq} Nk={self.Nk} d={self.d}{flags}"
 
 
@@ -84,6 +86,7 @@ def cases(quick: bool = False, kernels=KERNELS) -> list[Case]:
                 Case(kernel, "float32", 17, 97, 80, False, True),
                 Case(kernel, "float32", 1000, 1000, 16, True, False),
                 Case(kernel, "float16", 17, 17, 80, True, False),
+                Case(kernel, "float32", 97, 97, 16, True, True, Hkv=1),  # grouped-query attention
             ]
             continue
         for N in (17, 97, 1000):
@@ -96,6 +99,8 @@ def cases(quick: bool = False, kernels=KERNELS) -> list[Case]:
             Case(kernel, "float64", 97, 97, 80, True, False),
             Case(kernel, "float32", 97, 17, 80, True, True),
             Case(kernel, "float32", 17, 97, 80, True, False),
+            Case(kernel, "float32", 97, 97, 16, True, True, Hkv=1),
+            Case(kernel, "float32", 17, 97, 80, False, False, Hkv=1),
         ]
     return out
 
@@ -107,7 +112,7 @@ def run_case(case: Case, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     dt = np.dtype(case.dtype)
     q = rng.standard_normal(LEAD + (case.Nq, case.d)).astype(dt)
-    k, v = (rng.standard_normal(LEAD + (case.Nk, case.d)).astype(dt) for _ in range(2))
+    k, v = (rng.standard_normal(LEAD[:-1] + (case.Hkv, case.Nk, case.d)).astype(dt) for _ in range(2))
     do = rng.standard_normal(q.shape).astype(dt)
     kw = dict(causal=case.causal, count_hbm=case.count)
     kernel, atomic = case.kernel.removesuffix("-atomic"), case.kernel.endswith("-atomic")

@@ -99,6 +99,33 @@ else:  # a GPU's exp and exp2 overflow to inf already: no extra instruction
         return math.exp2(x)
 
 
+def rounded_mul(acc_dtype):
+    """Device function ``(a, b) -> a * b`` rounded to the accumulation dtype ``acc_dtype``, never fused.
+
+    Where a forward stores ``scale * S`` (rounded) and subtracts the row max from it, the
+    backward that recomputes ``P = exp(scale * S - L)`` must round the product the same way.
+    A GPU compiler turns ``a * b - c`` into one FMA, which does not round ``a * b``: with scores
+    of 1e4 that moves each P_ij by up to half an ulp of 1e4 (~5e-4 in float32), differently per
+    entry, and dQ's cancellations (the sum of dS_ij K_j) fail by ~1e-2
+    (``test_large_scores_backward`` on the H200).  libdevice's ``fmul_rn`` / ``dmul_rn`` is a
+    multiply the compiler never fuses.  The simulator multiplies NumPy scalars of the
+    accumulation dtype, rounded once already.
+    """
+    return _MUL_RN[np.dtype(acc_dtype)]
+
+
+if SIMULATOR:
+    @jit(device=True, forceinline=True)
+    def _mul(a, b):
+        return a * b
+
+    _MUL_RN = {np.dtype(np.float32): _mul, np.dtype(np.float64): _mul}
+else:
+    from numba.cuda import libdevice
+
+    _MUL_RN = {np.dtype(np.float32): libdevice.fmul_rn, np.dtype(np.float64): libdevice.dmul_rn}
+
+
 @jit(device=True, forceinline=True)
 def add_counts(counter, nr, nw):
     """Add a thread's bytes read (``nr``) and written (``nw``) to a launch's ``int64[2]`` counter."""

@@ -63,7 +63,7 @@ from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
 from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, group_step, head_grid, kv_head
-from ._common import madd_unless_zero, nan_max
+from ._common import madd_unless_zero, nan_max, rounded_mul
 from . import _dropout
 from ._spec import KernelSpec
 from ._tile_ops import load_rows
@@ -111,6 +111,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
     CAUSAL, COUNT = causal, count
     ZERO, NEG_INF, NAN = ACC(0), ACC(-math.inf), ACC(math.nan)
+    MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))  # scale * S rounded as the backward recomputes it
     drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     @jit
@@ -185,7 +186,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                         s = ZERO
                         for x in range(D):
                             s += Q_i[r, x] * K_j[c, x]
-                        s *= scale
+                        s = MUL_RN(scale, s)
                         if not visible(row, c0 + c, Nq, Nk, CAUSAL):
                             s = NEG_INF
                         S_ij[r, c] = s
@@ -264,6 +265,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     # ISZ: bytes of an element of q, k, v, o, do, dq, dk, dv; ASZ: of dQ (the accumulator), L;
     # CONVERT (float16): dQ accumulates in float32 and is converted at the end
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
+    MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     CAUSAL, COUNT, ZERO = causal, count, ACC(0)
     drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
@@ -349,7 +351,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                         P = ZERO
                         dS = ZERO
                         if visible(row, c0 + c, Nq, Nk, CAUSAL):
-                            P = exp_ieee(scale * qk - L_i)
+                            P = exp_ieee(MUL_RN(scale, qk) - L_i)  # scale * S rounded as in the forward
                             zs = drop(rk, c0 + c, threshold, inv_keep)  # dropout's factor (1 without)
                             dS = P * (zs * dP - D_i)
                             P *= zs

@@ -95,12 +95,13 @@ from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
 from . import _dropout, _rowsum
 from ._tile_ops import load_rows, load_vector
+from .causal import crosses_diagonal_dev as crosses_diagonal
 from .causal import first_visible_q_block_dev as first_visible_q_block
 from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
 from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, group_step, head_grid_2d
-from ._common import heavy_first_block, kv_head, madd_unless_zero, nan_max
+from ._common import heavy_first_block, kv_head, nan_max, rounded_mul
 from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
@@ -211,12 +212,13 @@ def _p_and_ds(acc_name: str):
     the given L, unclamped (exp overflows to +inf for an L far below the scores).
     """
     ZERO = np.dtype(acc_name).type(0)
+    MUL_RN = rounded_mul(acc_name)  # scale * s rounded as the forward rounds it (see rounded_mul)
 
     @jit(device=True, forceinline=True)
     def p_and_ds(s, dp, L, D, scale, visible, zs):
         if not visible:
             return ZERO, ZERO
-        p = exp_ieee(scale * s - L)
+        p = exp_ieee(MUL_RN(scale, s) - L)
         return p * zs, p * (zs * dp - D)
 
     return p_and_ds
@@ -233,6 +235,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
     """The forward kernel for head dim d, blocks (Br, Bc), storage ``dtype`` (``dropout``: with attention dropout)."""
     ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
     NEG_INF, ZERO, ONE, NAN = acc(-math.inf), acc(0), acc(1), acc(math.nan)
+    MUL_RN = rounded_mul(acc)
     RA, CB, XB = _cdiv(Br, TY), _cdiv(Bc, TX), _cdiv(d, TX)  # rows, S columns, O columns per thread
     KS = d | 1  # odd row stride of K_j: the 16 threads of a row read 16 banks
     Q_TILE, K_TILE, V_TILE, P_TILE, PART = (Br, d), (Bc, KS), (Bc, d), (Br, Bc), (Br, TX)
@@ -300,7 +303,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
                 for b in range(CB):
                     c = tx + TX * b
                     if c < Bc and visible(i0 + r, j0 + c, Nq, Nk, CAUSAL):
-                        S[a, b] *= scale
+                        S[a, b] = MUL_RN(scale, S[a, b])  # rounded, as the backward's P recomputes it
                         m_part = nan_max(m_part, S[a, b])
                     else:
                         S[a, b] = NEG_INF
@@ -336,14 +339,18 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
             cuda.syncthreads()
 
             # Line 10: O_i += P~_ij V_j (over the keys that exist: the last block may be partial);
-            # a masked key's P~ is 0 and adds nothing, even where V_j holds Inf or NaN
+            # a masked key's P~ is 0 and adds nothing, even where V_j holds Inf or NaN (only blocks
+            # on the diagonal hold masked keys: the test is uniform over the block, and constant
+            # False without a causal mask)
+            masked = CAUSAL and crosses_diagonal(i0, j0, Bc, Nq, Nk)
             for c in range(min(Bc, Nk - j0)):
                 for xb in range(XB):
                     v_row[xb] = V_j[c, min(tx + TX * xb, d - 1)]
                 for a in range(RA):
                     p = P_ij[min(ty + TY * a, Br - 1), c]
-                    for xb in range(XB):
-                        O[a, xb] = madd_unless_zero(O[a, xb], p, v_row[xb])
+                    if not (masked and p == 0):
+                        for xb in range(XB):
+                            O[a, xb] += p * v_row[xb]
 
         # l_i: add up the row's 16 shares (the last reads of the maxima came before the last barrier)
         for a in range(RA):
@@ -454,6 +461,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
             cuda.syncthreads()
 
             # dV_j += P_ij^T dO_i;  dK_j += dS_ij^T Q_i (over the query rows that exist)
+            masked = CAUSAL and crosses_diagonal(i0, j0, Bc, Nq, Nk)  # uniform; False without a mask
             for r in range(min(Br, Nq - i0)):
                 for xb in range(XB):
                     x = min(tx + TX * xb, d - 1)
@@ -463,9 +471,10 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
                     c = min(ty + TY * a, Bc - 1)
                     p = PT[c, r]
                     ds = dST[c, r]
-                    for xb in range(XB):  # a masked entry (P = dS = 0) adds nothing, even against Inf or NaN
-                        dV[a, xb] = madd_unless_zero(dV[a, xb], p, do_row[xb])
-                        dK[a, xb] = madd_unless_zero(dK[a, xb], ds, q_row[xb])
+                    if not (masked and p == 0 and ds == 0):  # a masked entry adds nothing, even against Inf, NaN
+                        for xb in range(XB):
+                            dV[a, xb] += p * do_row[xb]
+                            dK[a, xb] += ds * q_row[xb]
 
         # Write dK_j = scale * sum_i dS_ij^T Q_i and dV_j once.
         for a in range(CA):
@@ -549,13 +558,15 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
             cuda.syncthreads()
 
             # dQ_i += dS_ij K_j (over the keys that exist)
+            masked = CAUSAL and crosses_diagonal(i0, j0, Bc, Nq, Nk)  # uniform; False without a mask
             for c in range(min(Bc, Nk - j0)):
                 for xb in range(XB):
                     k_row[xb] = K_j[c, min(tx + TX * xb, d - 1)]
                 for a in range(RA):
                     ds = dS_ij[min(ty + TY * a, Br - 1), c]
-                    for xb in range(XB):  # a masked entry (dS = 0) adds nothing, even against Inf or NaN
-                        dQ[a, xb] = madd_unless_zero(dQ[a, xb], ds, k_row[xb])
+                    if not (masked and ds == 0):  # a masked entry (dS = 0) adds nothing, even against Inf or NaN
+                        for xb in range(XB):
+                            dQ[a, xb] += ds * k_row[xb]
 
         # Write dQ_i = scale * sum_j dS_ij K_j once.
         for a in range(RA):

@@ -185,8 +185,7 @@ def compile_all(ccs, dtypes, ds):
     """The compile tier's :class:`~flash_numba.compile_check.Compiled` list: the forward and, where its
     blocks are micro-tile shapes, the dK/dV, dQ and atomic dK/dV/dQ kernels (else the backward is
     flash2's, compiled by that module), at the chosen blocks for each d, causal or not, counting or not; with
-    dropout for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`, except the atomic dK/dV/dQ kernel,
-    whose dropout variant spills a few bytes (its dropout code is the dK/dV kernel's, compiled)."""
+    dropout for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`."""
     out = []
     I64 = types.int64
     for dtype in dtypes:
@@ -215,10 +214,9 @@ def compile_all(ccs, dtypes, ds):
                         (BACKWARD_KV_NAME, f"{BACKWARD_KV_NAME} {bwd}", dkdv_kernel(*kv_args, dropout=drop)[0], kv_sig),
                         (BACKWARD_Q_NAME, f"{BACKWARD_Q_NAME} {bwd}",
                          dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count, drop)[0], q_sig),
+                        (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}",
+                         dkdv_kernel(*kv_args, atomic_dq=True, dropout=drop)[0], kv_sig),
                     ]
-                    if not drop:  # with dropout it spills 4-8 bytes at its 128-register cap (open: DEVELOPING.md)
-                        specs.append((BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}",
-                                      dkdv_kernel(*kv_args, atomic_dq=True)[0], kv_sig))
                 if fast_bwd and causal and d == ds[0] and not drop:  # the atomic path's element-wise kernels, once
                     A1, X1, c = array_type(acc, 1), array_type(dt, 1), " count" * count
                     specs.append((ZERO_DQ_NAME, f"{ZERO_DQ_NAME} {dt}{c}", zero_kernel(acc.name, count),

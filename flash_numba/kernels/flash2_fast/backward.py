@@ -28,6 +28,7 @@ from numba import cuda, uint32
 from ...device import SIMULATOR, jit
 from .. import _dropout, _tile_ops
 from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_unless_zero, nb_type
+from .._common import rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
 from ..causal import last_visible_key_dev as last_visible_key
@@ -67,6 +68,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
+    MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
     g = geometry_kv(d, TM, TN, dtype_name)
     Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
     CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
@@ -152,7 +154,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
                 rk = drop_row(head, r0 + rl)  # dropout's hash of the row
                 for a in range(TM):
-                    p = exp2_ieee(sT[a, b] * scale_log2 - L2)
+                    p = exp2_ieee(MUL_RN(scale_log2, sT[a, b]) - L2)  # rounded as in the forward
                     zs = drop(rk, c0 + ty * TM + a, threshold, inv_keep)  # dropout's factor (1 without)
                     ds = p * (zs * dpT[a, b] - Dv)
                     if edge and a > lim:
@@ -218,6 +220,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep)``.
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
+    MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
     g = geometry_q(d, TM, TN, dtype_name)
     Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
     CAUSAL, COUNT = causal, count
@@ -286,7 +289,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
                 rk = drop_row(drop_head(seed, bh), r0 + ty * TM + a)  # dropout's hash of the row
                 for b in range(TN):
                     zs = drop(rk, cb + b, threshold, inv_keep)
-                    ds = exp2_ieee(s[a, b] * scale_log2 - L2[a]) * (zs * dp[a, b] - Dr[a])
+                    ds = exp2_ieee(MUL_RN(scale_log2, s[a, b]) - L2[a]) * (zs * dp[a, b] - Dr[a])
                     if edge and b > lim:
                         ds = ZERO
                     dST[(tx * TN + b) * PS + ty * TM + a] = ds

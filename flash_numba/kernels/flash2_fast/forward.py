@@ -23,7 +23,7 @@ from numba import cuda
 from ...device import SIMULATOR, jit
 from .. import _dropout, _tile_ops
 from .._tile_ops import half_warp_max, half_warp_sum
-from .._common import acc_nb_type, add_counts, kv_head, nan_max
+from .._common import acc_nb_type, add_counts, kv_head, nan_max, rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import last_visible_key_dev as last_visible_key
 from ..causal import sees_no_key_dev as sees_no_key
@@ -52,6 +52,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     CAUSAL, COUNT = causal, count
     NEG_INF, _, ZERO, ONE, _, LN2_ACC = scalars(dtype)
     NAN = np.dtype(acc).type(np.nan)
+    MUL_RN = rounded_mul(acc)
     QT_SIZE, KT_SIZE, V_SIZE, PT_SIZE = DP * QS, DP * KS, Bc * DP, Bc * PS
     load_q = _tile_ops.padded_loader(Br, d, DP, QS, False, acc, count)
     load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count)  # K_j^T, V_j row-major
@@ -103,7 +104,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             # from it by ~1e-3 in the exponent, enough to spoil dQ (test_large_scores_backward).
             for a in range(TM):
                 for b in range(TN):
-                    s[a, b] *= scale_log2
+                    s[a, b] = MUL_RN(scale_log2, s[a, b])  # rounded, as the backward recomputes it
             # only the last block (past Nk) and, when causal, blocks that cross the
             # diagonal need a mask; the test is uniform over the block
             diagonal = CAUSAL and crosses_diagonal(row0, col0, Bc, Nq, Nk)

@@ -9,7 +9,7 @@ from numba import cuda
 
 from ... import _inputs
 from .. import _dropout
-from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type
+from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type, rounded_mul
 from .._tile_ops import last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
 from .layout import _align, _consts, _n_visible, geometry
@@ -114,6 +114,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     _, POS_INF, ZERO = _consts(dtype)
     ST = nb_type(dtype)
     ROUND = SB < AB
+    MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
     load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i, dO_i -> (DP, QS) transposed
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j, V_j -> (DP, KS) transposed
@@ -192,7 +193,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                     lim = min(lim, rt + a + off - ct)
                 rk = drop_row(drop_head(seed, bh), rt + a)  # dropout's hash of the row
                 for b in range(TN):
-                    x = s[a, b] * scale  # S as the forward stored it
+                    x = MUL_RN(scale, s[a, b])  # S as the forward stored it (rounded_mul: not fused)
                     if ROUND:
                         x = ACC(ST(x))
                     pv = ZERO  # masked, or past Nk: P = dS = 0, whatever S, dP and L

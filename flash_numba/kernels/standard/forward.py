@@ -10,7 +10,7 @@ from numba import cuda, uint32
 
 from ... import _inputs
 from .. import _dropout
-from .._common import acc_nb_type, add_counts, kv_head, nan_max, nb_type
+from .._common import acc_nb_type, add_counts, kv_head, nan_max, nb_type, rounded_mul
 from .._tile_ops import half_warp_max, half_warp_sum, last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
 from ..causal import sees_no_key_dev as sees_no_key
@@ -39,6 +39,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
     NEG_INF, _, ZERO = _consts(dtype)
     NAN = _inputs.acc_dtype(dtype).type(np.nan)
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
+    MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i -> QT[x * QS + r]
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j -> KT[x * KS + c]
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
@@ -87,7 +88,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
             product(QT, ty * TM, KT, tx * TN, s)
             for a in range(TM):
                 for b in range(TN):
-                    x = s[a, b] * scale
+                    x = MUL_RN(scale, s[a, b])  # rounded: the backward recomputes it so (rounded_mul)
                     s[a, b] = ACC(ST(x)) if ROUND else x
             ct = c0 + tx * TN  # this thread's first key
             if c0 + Bc > Nk or (CAUSAL and c0 + Bc - 1 > r0 + off):  # uniform over the block
