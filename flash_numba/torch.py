@@ -63,7 +63,7 @@ _DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
 def _run_forward(kernel, q, k, v, causal, scale, dropout_p=0.0, dropout_seed=None):
-    """Our forward on (BH, N, d) tensors: (o, lse) as tensors on q's device."""
+    """Our forward on (..., N, d) tensors: (o, lse) as tensors on q's device."""
     if q.is_cuda:  # read in place; the package returns torch tensors for torch inputs
         args = (q, k, v)
     else:  # CPU: through NumPy (the package copies it to the GPU, or runs the simulator)
@@ -84,7 +84,7 @@ def _run_backward(kernel, q, k, v, o, lse, do, causal, scale, dropout_p=0.0, dro
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """O = softmax(scale Q K^T) V on (BH, N, d) contiguous tensors, causal bottom-right aligned.
+    """O = softmax(scale Q K^T) V on (..., N, d) tensors (any strides), causal bottom-right aligned.
 
     The forward saves Q, K, V, O and L (one float per query row), and with dropout its seed; the
     backward hands them to our backward kernels, which recompute P blockwise instead of reading a
@@ -94,7 +94,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: float, kernel: str, dropout_p: float = 0.0,
                 dropout_seed: int | None = None):
-        o, lse = _run_forward(kernel, q, k, v, causal, scale, dropout_p, dropout_seed)  # (BH, L, d), (BH, L)
+        o, lse = _run_forward(kernel, q, k, v, causal, scale, dropout_p, dropout_seed)  # (..., L, d), (..., L)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.kernel = causal, scale, kernel
         ctx.dropout_p, ctx.dropout_seed = dropout_p, dropout_seed
@@ -104,8 +104,8 @@ class FlashAttentionFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        grads = _run_backward(ctx.kernel, q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.scale, ctx.dropout_p,
-                              ctx.dropout_seed)
+        grads = _run_backward(ctx.kernel, q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.dropout_p,
+                              ctx.dropout_seed)  # dO: any strides
         # (dq, dk, dv), None for an input that needs no gradient; nothing for causal, scale, kernel and dropout's
         return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad)) + (None,) * 5
 
@@ -162,13 +162,19 @@ def _causal_variant(attn_mask, L: int, S: int) -> str | None:
     return "lower_right" if attn_mask.variant == CausalVariant.LOWER_RIGHT else "upper_left"
 
 
+def _at_most_4d(t):
+    """``t`` (..., N, E) with at most 4 dims, the leading ones merged into one (a view where the strides
+    allow it, else a copy); tensors of up to 4 dims are passed as they are."""
+    return t if t.dim() <= 4 else t.reshape(-1, *t.shape[-3:])
+
+
 def _attend(q, k, v, causal: bool, scale: float, kernel: str, dropout_p: float = 0.0):
-    """Our attention on (BH, N, E) tensors (k, v: BH / G heads for grouped-query attention), causal bottom-right
-    aligned; with ``dropout_p > 0`` a fresh seed from PyTorch's default CPU generator for this call's mask."""
-    # The kernels take contiguous (BH, N, E) arrays: a permuted view such as
-    # qkv.view(B, N, 3, H, E).permute(2, 0, 3, 1, 4)[0] is copied here. This is a copy of the
-    # input, not another implementation; kernels that read strided inputs are issue #16 item 2.
-    q, k, v = (t.contiguous() for t in (q, k, v))
+    """Our attention on (..., N, E) tensors of up to 4 dims (k, v: Hq / G heads for grouped-query attention),
+    causal bottom-right aligned; with ``dropout_p > 0`` a fresh seed from PyTorch's default CPU generator
+    for this call's mask."""
+    # Any strides whose last dim is contiguous: a permuted view such as
+    # qkv.view(B, N, 3, H, E).permute(2, 0, 3, 1, 4)[0] is read in place on the GPU (the kernels
+    # take strides, flash_numba._inputs); CPU tensors go through NumPy, which copies them to the device.
     seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64)) if dropout_p > 0 else None
     return FlashAttentionFunction.apply(q, k, v, causal, scale, kernel, dropout_p, seed)
 
@@ -224,14 +230,12 @@ def scaled_dot_product_attention(
     scale = float(scale)
 
     lead = query.shape[:-2]
-    q = query.reshape(-1, L, E)  # (BH, L, E): a view when it can be, else a copy
-    # (B*Hkv, S, E): flattened, query head b*Hq + h reads key/value head (b*Hq + h) // G = b*Hkv + h // G
-    k, v = key.reshape(-1, S, E), value.reshape(-1, S, E)
+    q, k, v = (_at_most_4d(t) for t in (query, key, value))  # (B, H, L, E), (B, Hkv, S, E): views
     if variant == "upper_left" and L < S:  # no query sees a key past L - 1
-        o = _attend(q, k[:, :L], v[:, :L], True, scale, kernel, dropout_p)
+        o = _attend(q, k[..., :L, :], v[..., :L, :], True, scale, kernel, dropout_p)
     elif variant == "upper_left" and L > S:  # rows 0..S-1: square causal; rows S..L-1: every key
-        o = torch.cat([_attend(q[:, :S], k, v, True, scale, kernel, dropout_p),  # (two calls, two seeds)
-                       _attend(q[:, S:], k, v, False, scale, kernel, dropout_p)], dim=1)
+        o = torch.cat([_attend(q[..., :S, :], k, v, True, scale, kernel, dropout_p),  # (two calls, two seeds)
+                       _attend(q[..., S:, :], k, v, False, scale, kernel, dropout_p)], dim=-2)
     else:  # no mask, lower_right (our kernels' own), or upper_left with L == S (the same mask)
         o = _attend(q, k, v, variant is not None, scale, kernel, dropout_p)
     return o.view(*lead, L, E)  # (..., L, E)

@@ -26,6 +26,7 @@ from numba import cuda
 import flash_numba
 import test_inputs as inputs_tests  # tests/ is on sys.path (pytest's default rootdir import)
 import test_standard as standard_tests
+import test_strides as strides_tests
 from flash_numba import _inputs, blocks, iomodel, kernels, reference
 from flash_numba.kernels import flash2_fast
 
@@ -86,9 +87,10 @@ def _table_rows():
 def test_every_table_row_names_tests_that_exist():
     rows = _table_rows()
     assert len(rows) >= 30
-    cases = {"inputs": {c[0]: c[2] for c in inputs_tests.CASES}, "reliability": {c[0]: c[2] for c in NEW_CASES}}
-    modules = {"inputs": inputs_tests, "reliability": sys.modules[__name__]}
-    cited = {"inputs": set(), "reliability": set()}
+    cases = {"inputs": {c[0]: c[2] for c in inputs_tests.CASES}, "reliability": {c[0]: c[2] for c in NEW_CASES},
+             "strides": {}}
+    modules = {"inputs": inputs_tests, "reliability": sys.modules[__name__], "strides": strides_tests}
+    cited = {"inputs": set(), "reliability": set(), "strides": set()}
     for case, functions, behaviour, tests in rows:
         names = re.findall(r"`([^`]+)`", tests)
         assert names, f"row {case!r} names no test"
@@ -107,12 +109,6 @@ def test_every_table_row_names_tests_that_exist():
 
 
 # ------------------------------------------------------------------------ bad input not in test_inputs
-
-
-def _device_reversed_q(args):
-    dev = inputs_tests.on_device(args)
-    dev["q"] = dev["q"][:, ::-1]  # negative stride along the sequence
-    return dev
 
 
 class _FakeGpuArray:
@@ -149,13 +145,6 @@ NEW_CASES = [
         ValueError,
         r"^block: \(Br, Bc\) = \(64, 8\) exceeds this kernel's limits Br <= 32",
         {"*": lambda a: make_args(np.random.default_rng(0), d=128), "kernel": "flash2", "block": (64, 8)},
-    ),
-    (
-        "device-negative-strides",
-        ALL,
-        ValueError,
-        r"^q: device array is not C-contiguous; make it contiguous first",
-        {"*": _device_reversed_q},
     ),
     (
         "do-on-device",

@@ -185,6 +185,32 @@ def test_permuted_views_of_a_fused_qkv(rng):
     assert_close(g_ours, g_theirs, tol, "d qkv")
 
 
+def test_views_reach_the_kernels_uncopied(rng, monkeypatch):
+    """The (B, N, H, d) -> (B, H, N, d) transposed views of a projection, the tuned kernel: flash_numba.torch
+    hands them on as they are (no .contiguous(), no reshape copy; the autograd node saves the views
+    themselves), and O and the gradient match SDPA's."""
+    B, N, H, d = 1, 5, 2, 4
+    x = randn(rng, B, N, 3 * H * d)
+    q, k, v = (t.view(B, N, H, d).transpose(1, 2) for t in x.split(H * d, dim=-1))
+    calls = []
+    contiguous = torch.Tensor.contiguous
+    spy = lambda t, *a, **kw: calls.append(t.shape) or contiguous(t, *a, **kw)  # noqa: E731
+    monkeypatch.setattr(torch.Tensor, "contiguous", spy)
+    ours = fnt.scaled_dot_product_attention(q, k, v, is_causal=True, kernel="flash2_fast")
+    assert calls == []
+    node = ours.grad_fn.next_functions[0][0]  # ours.grad_fn is the view back to (..., L, E)
+    for saved, view in zip(node.saved_tensors, (q, k, v)):
+        assert saved.data_ptr() == view.data_ptr() and saved.stride() == view.stride()
+    do = randn(rng, B, H, N, d, grad=False)
+    (g_ours,) = torch.autograd.grad(ours, x, do)
+    monkeypatch.undo()
+    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    (g_theirs,) = torch.autograd.grad(theirs, x, do)
+    tol = bound(q, k, N, N)
+    assert_close(ours, theirs, tol, "O")
+    assert_close(g_ours, g_theirs, tol, "dx")
+
+
 def test_gradients_only_where_asked(rng):
     q, k, v = randn(rng, 1, 4, 2), randn(rng, 1, 4, 2, grad=False), randn(rng, 1, 4, 2, grad=False)
     o = fnt.scaled_dot_product_attention(q, k, v, kernel="flash1")

@@ -51,6 +51,67 @@ def array_type(dtype, ndim: int):
 
 
 COUNTER_TYPE = types.Array(types.int64, 1, "C")
+#: The layout of a flat input, ``(H, stride_B, stride_H, stride_N)`` in elements (flash2_fast's kernels).
+LAYOUT_TYPE = types.UniTuple(types.int64, 4)
+
+
+def input_type(dtype):
+    """The Numba type of every input array a kernel reads (q, k, v, o, dO): 4-D ``(B, H, N, d)``, layout 'A'.
+
+    Layout 'A' makes Numba read the strides from the array at run time, so one compiled
+    kernel serves every layout whose rows hold d adjacent elements: contiguous,
+    ``(B, N, H, d)`` transposed, a packed qkv, a slice.  :func:`flash_numba._inputs.prepare`
+    hands every kernel arrays of exactly this type (a C-contiguous array too), so no second
+    specialisation appears at run time.
+    """
+    return types.Array(nb_type(dtype), 4, "A")
+
+
+def batch_head(x, bh):
+    """``(b, h)`` of head ``bh = b*H + h`` of a ``(B, H, N, d)`` input ``x`` (H = x.shape[1]).
+
+    The kernels number heads 0 .. B*H - 1 (grid axis x) and flatten the arrays they
+    allocate to ``(B*H, ...)``; their inputs keep the caller's ``(B, H, N, d)`` strides
+    (:func:`input_type`), so a tile load splits ``bh`` first (one 32-bit division) and
+    then reads ``x[b, h, row, col]``.
+    """
+    return divmod(bh, x.shape[1])
+
+
+def element(x, bh, row, col):
+    """``x[b, h, row, col]`` of a ``(B, H, N, d)`` input (:func:`batch_head`), ``x[bh, row, col]`` of a 3-D array.
+
+    For helpers that read both the inputs and arrays the kernels allocate (the
+    ``standard`` kernels' S and P); the compiler computes b and h once per tile.
+    """
+    if x.ndim == 4:
+        b, h = batch_head(x, bh)
+        return x[b, h, row, col]
+    return x[bh, row, col]
+
+
+if not SIMULATOR:  # the simulator runs the Python above; compiled kernels get these versions
+    from numba.extending import overload
+
+    @overload(batch_head, target="cuda", jit_options={"forceinline": True})
+    def _batch_head_cuda(x, bh):
+        def split(x, bh):
+            H = max(uint32(x.shape[1]), uint32(1))  # >= 1: a division without a zero test
+            b = uint32(bh) // H
+            return b, uint32(bh) - b * H
+        return split
+
+    @overload(element, target="cuda", jit_options={"forceinline": True})
+    def _element_cuda(x, bh, row, col):
+        if x.ndim == 4:
+            def four(x, bh, row, col):
+                b, h = batch_head(x, bh)
+                return x[b, h, row, col]
+            return four
+
+        def three(x, bh, row, col):
+            return x[bh, row, col]
+        return three
 
 
 # ------------------------------------------------------------------ non-finite values (docs/RELIABILITY.md, section 2)

@@ -15,7 +15,7 @@ from numba import cuda, types
 
 from .. import _inputs
 from ..device import jit
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, head_block, head_grid
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, head_block, head_grid, input_type
 
 NAME = "D = rowsum(dO*O)"
 TY, TX = 8, 16
@@ -44,7 +44,7 @@ def rowsum_kernel(d: int, dtype, count: bool):
         D_part = ZERO
         if r < Nq:
             for x in range(tx, d, TX):
-                D_part += ACC(do[bh, r, x]) * ACC(o[bh, r, x])
+                D_part += ACC(element(do, bh, r, x)) * ACC(element(o, bh, r, x))
                 if COUNT:
                     nr += 2 * IN_BYTES
         part[ty, tx] = D_part
@@ -78,4 +78,4 @@ def grid(prob) -> int:
 def signature(dtype) -> tuple:
     """Argument types of :func:`rowsum_kernel` for the compile tier."""
     dt = np.dtype(dtype)
-    return (array_type(dt, 3), array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), COUNTER_TYPE, types.int64)
+    return (input_type(dt), input_type(dt), array_type(_inputs.acc_dtype(dt), 2), COUNTER_TYPE, types.int64)

@@ -5,11 +5,13 @@ made of; the two sets were written at the same time in different branches and ca
 
 Two families:
 
-* For the readable kernels (flash1, flash2): :func:`load_rows` and
-  :func:`load_vector` copy rows of a ``(B*H, N, d)`` array into a shared tile,
-  the threads of the block taking consecutive elements in turn.
+* For the readable kernels (flash1, flash2): :func:`load_rows` copies rows of head
+  bh of a ``(B, H, N, d)`` input (any strides, :func:`._common.batch_head`) and
+  :func:`load_vector` of a ``(B*H, N)`` array into a shared tile, the threads of the
+  block taking consecutive elements in turn.
 * For the register-tiled kernels (flash2_fast): factories that return device
-  functions specialised on the tile's shape (closure constants, so that NVVM
+  functions specialised on the tile's shape, reading flat inputs with their layouts
+  (:func:`flash_numba._inputs.flat_input`, :func:`head_starts`) (closure constants, so that NVVM
   unrolls their loops exactly as it did when the code stood inside each kernel).
   They are compiled with ``forceinline``: inlined at the NVVM IR level, their
   local arrays become registers of the caller.  docs/PERFORMANCE.md records the
@@ -27,10 +29,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda, uint32, uint64
 
 from ..device import jit
-from ._common import acc_nb_type, madd_unless_zero, nan_max
+from ._common import acc_nb_type, batch_head, madd_unless_zero, nan_max
 
 NT = 128  # threads of a flash2 / flash2_fast block (8 x 16)
 TY, TX = 8, 16
@@ -40,18 +42,20 @@ TY, TX = 8, 16
 
 @jit(device=True, forceinline=True)
 def load_rows(tile, src, bh, row0, n_rows, width, t, nt):
-    """Copy rows row0, row0 + 1, ... of ``src[bh]`` (``width`` columns) into a shared tile.
+    """Copy rows row0, row0 + 1, ... of head bh of the ``(B, H, N, d)`` input ``src`` (``width`` columns) into a
+    shared tile.
 
     Thread t of ``nt`` copies elements t, t + nt, ... of the tile, so consecutive
     threads read consecutive addresses.  Rows at or past ``n_rows`` (the
     sequence's end) are zero-filled.  Returns the number of elements this thread read.
     """
     n = 0
+    b, h = batch_head(src, bh)  # src[b, h] is head bh
     for e in range(t, tile.shape[0] * width, nt):
         r = e // width
         x = e - r * width
         if row0 + r < n_rows:
-            tile[r, x] = src[bh, row0 + r, x]
+            tile[r, x] = src[b, h, row0 + r, x]
             n += 1
         else:
             tile[r, x] = 0
@@ -89,38 +93,60 @@ def fixed_columns(rows: int, d: int) -> tuple[bool, int, int]:
     return fixed, (NT // d if fixed else 1), ((rows * d) // NT if fixed else 1)
 
 
+@jit(device=True, forceinline=True)
+def head_starts(a_lay, b_lay, bh):
+    """Flat indices of row 0 of head ``bh = b*H + h`` in two inputs of H heads, with layouts ``(H, stride_B,
+    stride_H, stride_N)`` (:func:`flash_numba._inputs.flat_input`): ``b*stride_B + h*stride_H`` in each, unsigned.
+
+    One 32-bit division for both (K and V, or Q and dO, have the same heads).
+    """
+    H = max(uint32(a_lay[0]), uint32(1))  # >= 1: a division without a zero test
+    b = uint32(bh) // H
+    h = uint64(uint32(bh) - b * H)
+    return (uint64(b) * uint64(a_lay[1]) + h * uint64(a_lay[2]),
+            uint64(b) * uint64(b_lay[1]) + h * uint64(b_lay[2]))
+
+
 @functools.lru_cache(maxsize=None)
 def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bool, acc_name: str, count: bool):
     """Device functions ``(load, zero_padding)`` for rows r0 .. r0 + rows - 1 of two arrays.
 
-    ``load(A, B, a, b, bh, r0, n, tid)`` copies those rows of ``a[bh]`` into A
-    (transposed, stride S_A) and of ``b[bh]`` into B (transposed with stride S_B, or
-    row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  A whole tile is
-    loaded with uint32 indices, all of a thread's loads before its first shared store
-    (a signed index costs the code of Python's negative-index wraparound at every
-    access); the last tile, or any tile when d does not divide 128, by a checked loop.
+    ``load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid)`` copies those rows of head bh of
+    ``a`` into A (transposed, stride S_A) and of ``b`` into B (transposed with stride S_B,
+    or row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  ``a`` and ``b`` are
+    flat inputs with layouts ``a_lay``, ``b_lay`` (:func:`flash_numba._inputs.flat_input`:
+    any strides, rows contiguous) and the same head count.  Unsigned indices (a signed index
+    costs the code of Python's negative-index wraparound at every access), 32-bit within a
+    head.  When d divides 128 each thread loads one fixed column, ROWSTEP rows apart, all
+    its loads before its first shared store (the last tile with a test per row); otherwise
+    the threads walk the tile's elements 128 apart, (row, column) stepped without a division.
     With ``count``, ``load`` returns the elements read.
     ``zero_padding(A, B, tid)`` zeroes the tiles' columns d .. DP - 1 (their padding).
     """
     ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = _zero(acc_name)
     FIXED, ROWSTEP, NLOAD = fixed_columns(rows, d)
-    D_U, SA_U, SB_U = np.uint32(d), np.uint32(S_A), np.uint32(S_B)
+    D_U, SA_U, SB_U, ROWS_U = np.uint32(d), np.uint32(S_A), np.uint32(S_B), np.uint32(rows)
+    C_STEP, X_STEP, ONE_U = np.uint32(NT // d), np.uint32(NT % d), np.uint32(1)  # 128 elements on: divmod(128, d)
     B_T, PAD, COUNT = b_transposed, DP - d, count
 
     @jit(device=True, forceinline=True)
-    def load(A, B, a, b, bh, r0, n, tid):
+    def load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid):
         areg = cuda.local.array(NLOAD, ACC)
         breg = cuda.local.array(NLOAD, ACC)
         got = 0
+        a0, b0 = head_starts(a_lay, b_lay, bh)  # flat index of the head's row 0 in a and in b
+        a_rs, b_rs = uint32(a_lay[3]), uint32(b_lay[3])  # row strides; offsets in a head are 32-bit (flat_input)
         if FIXED and r0 + rows <= n:
-            bh_u = uint32(bh)
             x = uint32(tid) % D_U
             c = uint32(tid) // D_U
             rk = uint32(r0) + c
+            ai = a0 + uint64(rk * a_rs + x)  # element (r0 + c, x) of the head; the next ones ROWSTEP rows apart
+            bi = b0 + uint64(rk * b_rs + x)
+            a_step, b_step = uint64(ROWSTEP) * uint64(a_rs), uint64(ROWSTEP) * uint64(b_rs)
             for t in range(NLOAD):
-                areg[t] = ACC(a[bh_u, rk + uint32(t * ROWSTEP), x])
-                breg[t] = ACC(b[bh_u, rk + uint32(t * ROWSTEP), x])
+                areg[t] = ACC(a[ai + uint64(t) * a_step])
+                breg[t] = ACC(b[bi + uint64(t) * b_step])
             for t in range(NLOAD):
                 A[x * SA_U + c + uint32(t * ROWSTEP)] = areg[t]
                 if B_T:
@@ -130,21 +156,28 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
             if COUNT:
                 got = 2 * NLOAD
         else:
-            for e in range(tid, rows * d, NT):
-                c = e // d
-                x = e % d
+            # element e = tid, tid + 128, ... of the tile is (c, x) = divmod(e, d), walked without a division
+            c = uint32(tid) // D_U
+            x = uint32(tid) % D_U
+            while c < ROWS_U:
                 aval = ZERO
                 bval = ZERO
-                if r0 + c < n:
-                    aval = ACC(a[bh, r0 + c, x])
-                    bval = ACC(b[bh, r0 + c, x])
+                if uint32(r0) + c < uint32(n):
+                    row = uint32(r0) + c
+                    aval = ACC(a[a0 + uint64(row * a_rs + x)])
+                    bval = ACC(b[b0 + uint64(row * b_rs + x)])
                     if COUNT:
                         got += 2
-                A[x * S_A + c] = aval
+                A[x * SA_U + c] = aval
                 if B_T:
-                    B[x * S_B + c] = bval
+                    B[x * SB_U + c] = bval
                 else:
-                    B[c * S_B + x] = bval
+                    B[c * SB_U + x] = bval
+                c += C_STEP
+                x += X_STEP
+                if x >= D_U:
+                    x -= D_U
+                    c += ONE_U
         return got
 
     @jit(device=True, forceinline=True)
@@ -163,27 +196,29 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
 
 @functools.lru_cache(maxsize=None)
 def padded_loader(rows: int, d: int, DP: int, S: int, pair: bool, acc_name: str, count: bool):
-    """Device function ``load(A, B, a, b, bh, r0, n, tid)``: a tile loaded once, before a kernel's loop.
+    """Device function ``load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid)``: a tile loaded once, before a kernel's loop.
 
-    Rows r0 .. r0 + rows - 1 of ``a[bh]`` (and with ``pair`` of ``b[bh]``) into A (B),
-    transposed with stride S, zero beyond d (up to DP) and at or past row n.
+    Rows r0 .. r0 + rows - 1 of head bh of the flat input ``a`` (and with ``pair`` of ``b``;
+    layouts as for :func:`pair_loader`) into A (B), transposed with stride S, zero beyond d
+    (up to DP) and at or past row n.
     """
     ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = _zero(acc_name)
     PAIR, COUNT = pair, count
 
     @jit(device=True, forceinline=True)
-    def load(A, B, a, b, bh, r0, n, tid):
+    def load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid):
         got = 0
+        a0, b0 = head_starts(a_lay, b_lay, bh)  # flat index of the head's row 0 in a and in b
         for e in range(tid, rows * DP, NT):
             r = e // DP
             x = e % DP
             aval = ZERO
             bval = ZERO
             if x < d and r0 + r < n:
-                aval = ACC(a[bh, r0 + r, x])
+                aval = ACC(a[a0 + uint64(uint32(r0 + r) * uint32(a_lay[3]) + uint32(x))])
                 if PAIR:
-                    bval = ACC(b[bh, r0 + r, x])
+                    bval = ACC(b[b0 + uint64(uint32(r0 + r) * uint32(b_lay[3]) + uint32(x))])
                 if COUNT:
                     got += 1 + PAIR
             A[x * S + r] = aval

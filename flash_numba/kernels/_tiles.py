@@ -7,8 +7,8 @@ shared-memory access has a constant offset, as in the hand-written loops of
 pays: unsigned indices, loads batched before the first shared store, ``while``
 loops over uint32 offsets that NVVM unrolls, 16-byte vector loads).
 
-* :func:`tile_loader`: a ``R x C`` tile of a global ``(BH, rows, cols)`` array
-  into a flat shared buffer, element ``(r, c)`` at ``r * RS + c * CS`` (so
+* :func:`tile_loader`: a ``R x C`` tile of head bh of a global input ``(B, H, rows, cols)``
+  or ``(BH, rows, cols)`` array into a flat shared buffer, element ``(r, c)`` at ``r * RS + c * CS`` (so
   ``RS = 1`` stores it transposed), zeros past the array's edge.
 * :func:`micro_product`: a thread's ``TM x TN`` register tile ``acc += A^T B``
   summed over ``K`` rows of two shared buffers.
@@ -25,7 +25,7 @@ import numpy as np
 from numba import cuda, types, uint32
 
 from ..device import jit
-from ._common import madd_unless_zero
+from ._common import element, madd_unless_zero
 
 #: Threads per block: TY rows of TX threads (a half warp each).
 TY, TX = 8, 16
@@ -60,7 +60,8 @@ def check_micro_tile_block(block, what: str) -> None:
 def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
     """``load(x, bh, r0, c0, n_r, n_c, buf, tid) -> elements read``.
 
-    Copies ``x[bh, r0 + r, c0 + c]`` for ``r < R``, ``c < C`` into
+    Copies element ``(r0 + r, c0 + c)`` of head bh of ``x`` (a ``(B, H, N, d)`` input, any
+    strides, or a ``(B*H, rows, cols)`` array of the kernels', :func:`._common.element`) for ``r < R``, ``c < C`` into
     ``buf[r * RS + c * CS]`` (accumulation dtype), where rows ``r >= n_r`` and
     columns ``c >= n_c`` (past the array's edge) become 0.  A whole tile whose
     C columns divide the 128 threads takes the fast path: each thread loads one
@@ -84,7 +85,7 @@ def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
             gc = uint32(c0) + c
             bh_u = uint32(bh)
             for t in range(NLOAD):
-                reg[t] = ACC(x[bh_u, gr + uint32(t * ROWSTEP), gc])
+                reg[t] = ACC(element(x, bh_u, gr + uint32(t * ROWSTEP), gc))
             for t in range(NLOAD):
                 buf[(r + uint32(t * ROWSTEP)) * RS_U + c * CS_U] = reg[t]
             return NLOAD
@@ -94,7 +95,7 @@ def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
             c = e % C
             val = ZERO
             if r < n_r and c < n_c:
-                val = ACC(x[bh, r0 + r, c0 + c])
+                val = ACC(element(x, bh, r0 + r, c0 + c))
                 n += 1
             buf[r * RS + c * CS] = val
         return n

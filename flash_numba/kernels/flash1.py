@@ -62,7 +62,8 @@ from numba import cuda, types
 from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, group_step, head_grid, kv_head
+from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, exp_ieee, group_step, head_grid,
+                      input_type, kv_head)
 from ._common import madd_unless_zero, nan_max, rounded_mul
 from . import _dropout
 from ._spec import KernelSpec
@@ -142,8 +143,8 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
         bh = cuda.blockIdx.x
         hkv = kv_head(bh, G)
         tid = cuda.threadIdx.x
-        Nq = q.shape[1]
-        Nk = k.shape[1]
+        Nq = q.shape[2]  # q: (B, H, Nq, d)
+        Nk = k.shape[2]
         Tr = (Nq + Br - 1) // Br
         Tc = (Nk + Bc - 1) // Bc
         K_j = cuda.shared.array((Bc, D), ACC)
@@ -293,8 +294,8 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
         """
         hkv = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        Nq = q.shape[1]
-        Nk = k.shape[1]
+        Nq = q.shape[2]  # q: (B, H, Nq, d)
+        Nk = k.shape[2]
         Tr = (Nq + Br - 1) // Br
         Tc = (Nk + Bc - 1) // Bc
         K_j = cuda.shared.array((Bc, D), ACC)
@@ -336,7 +337,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                     # line 19: D_i = rowsum(dO_i * O_i), with O_i's row read from HBM
                     D_i = ZERO
                     for x in range(D):
-                        D_i += dO_i[r, x] * ACC(o[bh, row, x])
+                        D_i += dO_i[r, x] * ACC(element(o, bh, row, x))
                     if COUNT:
                         nr += ASZ + D * ISZ
                     rk = drop_row(drop_head(seed, bh), row)  # dropout's hash of the row
@@ -460,13 +461,14 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         acc = _inputs.acc_dtype(dt)
         X3, A3, A2 = array_type(dt, 3), array_type(acc, 3), array_type(acc, 2)
+        XI = input_type(dt)  # q, k, v, o, do: (B, H, N, d), any strides with contiguous rows
         ACC = acc_nb_type(dt)
         DROP = _dropout.arg_types(ACC)
         signatures = {
             FORWARD_NAMES[0]: (A3, A2, A2, COUNTER_TYPE),
-            FORWARD_NAMES[1]: (X3, X3, X3, A3, A2, A2, X3, A2, types.int64, ACC, COUNTER_TYPE, *DROP),
+            FORWARD_NAMES[1]: (XI, XI, XI, A3, A2, A2, X3, A2, types.int64, ACC, COUNTER_TYPE, *DROP),
             BACKWARD_NAMES[0]: (A3, COUNTER_TYPE),
-            BACKWARD_NAMES[1]: (X3, X3, X3, X3, A2, X3, A3, X3, X3, X3, types.int64, ACC, COUNTER_TYPE, *DROP),
+            BACKWARD_NAMES[1]: (XI, XI, XI, XI, A2, XI, A3, X3, X3, X3, types.int64, ACC, COUNTER_TYPE, *DROP),
         }
         for d in ds:
             for pass_, factory, names in (

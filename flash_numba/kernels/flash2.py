@@ -101,7 +101,7 @@ from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
 from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, exp_ieee, group_step, head_grid_2d
-from ._common import heavy_first_block, kv_head, nan_max, rounded_mul
+from ._common import heavy_first_block, input_type, kv_head, nan_max, rounded_mul
 from ._spec import KernelSpec, check_pass
 
 TY, TX = 8, 16  # thread grid of a block: TY rows of TX threads (a half warp each)
@@ -640,9 +640,10 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
         DROP = _dropout.arg_types(ACC)
-        fwd_sig = (X3, X3, X3, X3, A2, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
-        dkdv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
-        dq_sig = (X3, X3, X3, X3, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
+        XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
+        fwd_sig = (XI, XI, XI, X3, A2, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
+        dkdv_sig = (XI, XI, XI, XI, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
+        dq_sig = (XI, XI, XI, XI, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
         for d in ds:
             fwd, bwd = (SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT) for pass_ in ("forward", "backward"))
             for count in (False, True):

@@ -17,8 +17,18 @@ How the kernels spend their time on multiply-adds:
   *unsigned* indices: with a signed index Numba handles Python's negative indices
   and the four loads stay apart).
 * **Loops the compiler unrolls**: ``while`` loops over uint32 offsets
-  (:mod:`flash_numba.kernels._tile_ops`); full K/V tiles loaded with uint32 indices,
+  (:mod:`flash_numba.kernels._tile_ops`); full K/V tiles loaded with unsigned indices,
   every load of a thread before its first shared store.
+* **Strided inputs, global loads.**  q, k, v, dO come as flat 1-D arrays with their
+  ``(H, stride_B, stride_H, stride_N)`` layouts (:func:`flash_numba._inputs.flat_input`):
+  any layout whose rows are contiguous is read in place (a transposed ``(B, N, H, d)``
+  tensor, a packed qkv), with no compile-time specialisation per layout.  An index into a
+  C-contiguous array compiles to arithmetic on its pointer, so the loads stay global
+  loads (the 4-D layout-'A' arrays of the readable kernels index through integer
+  arithmetic on the address: generic loads, and 38 more registers in the forward, which
+  spilled under its cap of 128).  The head's start (one 32-bit division, shared by K and
+  V) is computed once per tile load; offsets within a head are 32-bit (row strides as
+  uint32: ``_inputs.flat_input`` copies the rare input whose head spans 2^32 elements).
 * **Typed constants** (``-inf``, 0, 1 in the accumulation dtype) and **exp2** with
   log2(e) folded into the scale; ``fastmath`` without the no-inf/no-NaN flags, so
   masked rows keep their -inf.
@@ -46,7 +56,7 @@ from ...compile_check import compile_kernel
 from ...device import SIMULATOR, STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
 from .. import flash2 as _flash2
-from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid
+from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
 from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, zero_kernel
 from .forward import forward_kernel
@@ -100,20 +110,23 @@ def forward(prob, ops, block, counters):
                                dropout=dropout)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
-    q, k, v = (ops[name].dev for name in ("q", "k", "v"))
+    (q, q_lay), (k, k_lay), (v, v_lay) = (_inputs.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
     kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.G,
                                                  prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
-                                                 *drop_args)
+                                                 q_lay, k_lay, v_lay, *drop_args)
     return o, lse
 
 
 def _backward_inputs(prob, ops, counters):
-    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2): D = rowsum(dO * O) launched, dk and dv allocated."""
-    q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
-    D = _rowsum.rowsum(prob, o, do, counters)
+    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts): D = rowsum(dO * O) launched, dk and dv
+    allocated; q, k, v, do flat and ``layouts`` their layouts (:func:`flash_numba._inputs.flat_input`)."""
+    D = _rowsum.rowsum(prob, ops["o"].dev, ops["do"].dev, counters)
+    (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_inputs.flat_input(ops[name].dev, name)
+                                                        for name in ("q", "k", "v", "do"))
     dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
     dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
-    return q, k, v, do, lse, D, dk, dv, prob.acc.type(prob.scale), prob.acc.type(prob.scale * LOG2E)
+    return (q, k, v, do, ops["lse"].dev, D, dk, dv, prob.acc.type(prob.scale), prob.acc.type(prob.scale * LOG2E),
+            (q_lay, k_lay, v_lay, do_lay))
 
 
 def backward(prob, ops, block, counters):
@@ -126,16 +139,16 @@ def backward(prob, ops, block, counters):
     if not uses_fast_backward(Br, Bc, d, dt):
         return _flash2.backward(prob, ops, block, counters)
     count = counters.enabled
-    q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     dropout, drop_args = _dropout.launch_args(prob)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout)
     grid = grids(prob, block)
     kv[grid[BACKWARD_KV_NAME], NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, scale,
-                                   scale_log2, counters.array(BACKWARD_KV_NAME), *drop_args)
+                                   scale_log2, counters.array(BACKWARD_KV_NAME), *layouts, *drop_args)
     dq = _inputs.empty((BH, Nq, d), dt)
     qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count, dropout)
     qk[grid[BACKWARD_Q_NAME], NT](q, k, v, do, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2,
-                                  counters.array(BACKWARD_Q_NAME), *drop_args)
+                                  counters.array(BACKWARD_Q_NAME), *layouts, *drop_args)
     return dq, dk, dv
 
 
@@ -151,7 +164,7 @@ def backward_atomic(prob, ops, block, counters):
     if not uses_fast_backward(Br, Bc, d, dt):
         return _flash2.backward(prob, ops, block, counters)
     count = counters.enabled
-    q, k, v, do, lse, D, dk, dv, scale, scale_log2 = _backward_inputs(prob, ops, counters)
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     n = BH * Nq * d
     grid = grids(prob, block)
     elementwise_grid = grid[ZERO_DQ_NAME]
@@ -161,7 +174,7 @@ def backward_atomic(prob, ops, block, counters):
     dropout, drop_args = _dropout.launch_args(prob)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout)
     kv[grid[BACKWARD_KVQ_NAME], NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, scale, scale_log2,
-                                    counters.array(BACKWARD_KVQ_NAME), *drop_args)
+                                    counters.array(BACKWARD_KVQ_NAME), *layouts, *drop_args)
     if dt == acc:
         return dq_acc, dk, dv
     dq = _inputs.empty((BH, Nq, d), dt)
@@ -192,10 +205,12 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         acc = _inputs.acc_dtype(dt)
         X3, A2, A3, ACC = array_type(dt, 3), array_type(acc, 2), array_type(acc, 3), acc_nb_type(dt)
+        X1, LAY = array_type(dt, 1), LAYOUT_TYPE  # q, k, v, do: flat, with their layouts (_inputs.flat_input)
         DROP = _dropout.arg_types(ACC)
-        fwd_sig = (X3, X3, X3, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)
-        kv_sig = (X3, X3, X3, X3, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, *DROP)
-        q_sig = (X3, X3, X3, X3, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, *DROP)
+        fwd_sig = (X1, X1, X1, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE, LAY, LAY, LAY, *DROP)
+        kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY,
+                  *DROP)
+        q_sig = (X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY, *DROP)
         for d in ds:
             Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
             bBr, bBc = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
@@ -218,7 +233,7 @@ def compile_all(ccs, dtypes, ds):
                          dkdv_kernel(*kv_args, atomic_dq=True, dropout=drop)[0], kv_sig),
                     ]
                 if fast_bwd and causal and d == ds[0] and not drop:  # the atomic path's element-wise kernels, once
-                    A1, X1, c = array_type(acc, 1), array_type(dt, 1), " count" * count
+                    A1, c = array_type(acc, 1), " count" * count
                     specs.append((ZERO_DQ_NAME, f"{ZERO_DQ_NAME} {dt}{c}", zero_kernel(acc.name, count),
                                   (A1, I64, COUNTER_TYPE)))
                     if dt != acc:

@@ -60,8 +60,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 atomic_dq: bool = False, dropout: bool = False):
     """``(kernel, geometry)``: dK_j, dV_j for one key block of Bc = 8 TM rows (and dQ by atomics).
 
-    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold,
-    inv_keep)`` (the last three: dropout's, used iff ``dropout``); ``dq`` is
+    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+    do_lay, seed, threshold, inv_keep)``: q, k, v, do flat inputs and their layouts
+    (:func:`flash_numba._inputs.flat_input`), the last three dropout's (used iff ``dropout``); ``dq`` is
     a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  A block of
     key/value head hkv walks over the query blocks of its G query heads in turn (grouped-query
     attention, G = Hq / Hkv; dk and dv have B*Hkv heads).  ``maxreg``:
@@ -88,7 +89,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     store = _tile_ops.strided_store(TM, TD, d, True, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
-    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep):
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+               seed, threshold, inv_keep):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
         VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS), QS odd
@@ -117,7 +119,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         nr = 0
         nw = 0
 
-        n = load_kv(KT, VT, k, v, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, zero beyond Nk and d
+        n = load_kv(KT, VT, k, v, k_lay, v_lay, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, zero beyond Nk and d
         if COUNT:
             nr += n * SB
         zero_q_padding(QT, dOT, tid)
@@ -133,7 +135,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             r0 = i * Br
             head = drop_head(seed, bh)  # dropout's hash of the query head
             cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
-            n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)
+            n = load_q(QT, dOT, q, do, q_lay, do_lay, bh, r0, Nq, tid)
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
             if COUNT:
                 nr += n * SB + n_stats * AB
@@ -217,7 +219,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, dropout: bool = False):
     """``(kernel, geometry)``: dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j.
 
-    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep)``.
+    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+    seed, threshold, inv_keep)`` (as for :func:`dkdv_kernel`).
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
     MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
@@ -235,7 +238,8 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     store = _tile_ops.strided_store(TM, TD, d, False, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
-    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, seed, threshold, inv_keep):
+    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay, seed,
+               threshold, inv_keep):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS), KS odd
@@ -255,7 +259,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         hkv = kv_head(bh, G)
         nr = nw = 0
 
-        n = load_q(QT, dOT, q, do, bh, r0, Nq, tid)  # Q_i, dO_i -> QT, dOT once
+        n = load_q(QT, dOT, q, do, q_lay, do_lay, bh, r0, Nq, tid)  # Q_i, dO_i -> QT, dOT once
         n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)  # L_i (log2 units) and D_i
         if COUNT:
             nr += n * SB + n_stats * AB
@@ -270,7 +274,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         for j in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
             c0 = j * Bc
             cuda.syncthreads()  # previous step is done with KT, VT, dST
-            n = load_kv(KT, VT, k, v, hkv, c0, Nk, tid)
+            n = load_kv(KT, VT, k, v, k_lay, v_lay, hkv, c0, Nk, tid)
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()

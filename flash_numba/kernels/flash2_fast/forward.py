@@ -36,9 +36,10 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                    dropout: bool = False):
     """``(kernel, geometry)``: the forward for head dim d, micro-tile TM x TN, storage ``dtype_name``.
 
-    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, seed, threshold,
-    inv_keep)``; query head bh reads key/value head bh // G (grouped-query attention, G = Hq / Hkv);
-    the last three are dropout's (:mod:`flash_numba.kernels._dropout`; used iff ``dropout``).  ``maxreg``:
+    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed,
+    threshold, inv_keep)``: q, k, v flat inputs and their layouts (:func:`flash_numba._inputs.flat_input`, any
+    strides); query head bh reads key/value head bh // G (grouped-query attention, G = Hq / Hkv); the last
+    three are dropout's (:mod:`flash_numba.kernels._dropout`; used iff ``dropout``).  ``maxreg``:
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
     """
     dtype = np.dtype(dtype_name)
@@ -61,7 +62,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     pv_masked = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc, True)  # P = 0 adds nothing
     DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, acc)
 
-    def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, seed, threshold, inv_keep):
+    def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed, threshold, inv_keep):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T  (DP, KS)
         Vs = cuda.shared.array(V_SIZE, ACC, alignment=ALIGN)  # V_j    (Bc, DP)
@@ -77,7 +78,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         hkv = kv_head(bh, G)
         nr = nw = 0
 
-        n = load_q(QT, QT, q, q, bh, row0, Nq, tid)  # Q_i -> QT, zero beyond d and Nq
+        n = load_q(QT, QT, q, q, q_lay, q_lay, bh, row0, Nq, tid)  # Q_i -> QT, zero beyond d and Nq
         if COUNT:
             nr += n * STORE_BYTES
         zero_kv_padding(KT, Vs, tid)
@@ -91,7 +92,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         for j in range(visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)):
             col0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous KT, Vs, PT
-            n = load_kv(KT, Vs, k, v, hkv, col0, Nk, tid)
+            n = load_kv(KT, Vs, k, v, k_lay, v_lay, hkv, col0, Nk, tid)
             if COUNT:
                 nr += n * STORE_BYTES
             cuda.syncthreads()

@@ -50,7 +50,7 @@ from numba import types
 from ... import _inputs
 from ...device import STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
-from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid
+from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_type
 from .._spec import KernelSpec
 from .._tiles import NT
 from ..matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
@@ -120,9 +120,9 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
     """The forward of ``q, k, v`` as its three kernel launches, to run (and time) one at a time.
 
     ``q`` (..., Nq, d), ``k`` and ``v`` (..., Nk, d), device or host arrays as for
-    :func:`flash_numba.attention_forward` (host arrays are copied to the device once, here;
-    leading dims are flattened to BH); ``causal``, ``scale`` and ``block`` as there (block None:
-    the block the API would choose).
+    :func:`flash_numba.attention_forward` (host arrays are copied to the device once, here; the
+    kernels read q, k, v as ``(B, H, N, d)`` views, and write ``(BH, ...)`` arrays); ``causal``,
+    ``scale`` and ``block`` as there (block None: the block the API would choose).
     Returns ``(launches, arrays)``: ``launches`` is ``[(name, run)]`` in order, ``name``
     as the counters call the kernel (:data:`FORWARD_NAMES`), ``run()`` one launch of the
     plain (uncounted) kernel; ``arrays`` the device arrays they read and fill,
@@ -178,6 +178,7 @@ def compile_all(ccs, dtypes, ds):
     for dtype in dtypes:
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
+        XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
         A3 = array_type(_inputs.acc_dtype(dt), 3)
         DROP = _dropout.arg_types(ACC)
         for d in ds:
@@ -189,25 +190,25 @@ def compile_all(ccs, dtypes, ds):
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
                     specs = [
                         (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, X3, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                         (XI, XI, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
                         (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
                          (X3, A3, X3, I64, I64, COUNTER_TYPE)),
                         (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                         (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
                         (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
-                         (X3, X3, X3, X3, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                         (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
                         (f"colprod {b}", colprod_kernel(d, *bwd, dt.name, causal, count),
-                         (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                     ]
                     if bwd != fwd:
                         specs.append((f"rowprod {b}", rowprod_kernel(d, *bwd, dt.name, causal, count),
-                                      (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)))
+                                      (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)))
                     if True in _dropout.compile_variants(dt, d, count):  # O = (Zs P) V and Algorithm 4's dS
                         specs += [
                             (f"rowprod {f} dropout", rowprod_kernel(d, *fwd, dt.name, causal, count, True),
-                             (X3, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                             (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
                             (f"grad_scores {b} dropout", grad_scores_kernel(d, *bwd, dt.name, causal, count, True),
-                             (X3, X3, X3, X3, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                             (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
                         ]
                     for label, kernel, sig in specs:
                         for cc in ccs:
