@@ -195,6 +195,8 @@ class Problem:
     causal: bool
     torch_device: object = None  # set when the inputs are CUDA PyTorch tensors
     G: int = 1  # query heads per key/value head (grouped-query attention); BH // G key/value heads
+    dropout_p: float = 0.0  # attention dropout's drop rate (0: none); the api sets it and the seed
+    dropout_seed: int = 0  # the keep mask's seed (flash_numba.kernels._dropout)
 
     @property
     def acc(self) -> np.dtype:

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _inputs, device, kernels
 from .hbm import Counters, HBMCount
+from .kernels import _dropout
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
 # launch's state in module globals): calls from several Python threads take turns.
@@ -26,13 +27,15 @@ class ForwardResult:
     """``o``: the output, shaped like q; ``lse``: L = m + log(l) per query row,
     shape ``lead + (Nq,)`` (-inf for a row with no visible key, whose o is 0);
     ``hbm``: an :class:`~flash_numba.hbm.HBMCount` when ``count_hbm=True``, else None;
-    ``kernel`` and ``block`` say what ran."""
+    ``kernel`` and ``block`` say what ran; ``dropout_seed``: the seed of the keep mask
+    when ``dropout_p > 0`` (pass it to the backward), else None."""
 
     o: object
     lse: object
     hbm: HBMCount | None
     kernel: str
     block: tuple[int, int] | None
+    dropout_seed: int | None = None
 
 
 @dataclass
@@ -73,10 +76,21 @@ def _check_count(count_hbm) -> bool:
     return bool(count_hbm)
 
 
-def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
+def _set_dropout(prob, dropout_p, dropout_seed, draw: bool):
+    """Check dropout's arguments and put them in ``prob``; the seed used (a fresh one when ``draw``), or None."""
+    p = _dropout.check_p(dropout_p)
+    seed = _dropout.check_seed(dropout_seed, required=p > 0 and not draw)
+    if p == 0:
+        return None
+    prob.dropout_p, prob.dropout_seed = p, (_dropout.draw_seed() if seed is None else seed)
+    return prob.dropout_seed
+
+
+def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None) -> ForwardResult:
     spec = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
+    seed = _set_dropout(prob, dropout_p, dropout_seed, draw=True)
     blk = spec.block(prob.d, prob.dtype, "forward", block)
     counters = Counters(count_hbm)
     counters.describe(kernel, prob, blk, "forward")  # the IO model splits the counted bytes by term
@@ -88,10 +102,12 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm) -> ForwardResult:
         counters.result(),
         kernel,
         blk,
+        seed,
     )
 
 
-def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic=True) -> BackwardResult:
+def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic=True, dropout_p=0.0,
+              dropout_seed=None) -> BackwardResult:
     spec = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
     if not isinstance(deterministic, (bool, np.bool_)):
@@ -99,6 +115,7 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, dete
     prob, ops = _inputs.prepare(
         {"q": q, "k": k, "v": v}, causal=causal, scale=scale, extra={"o": o, "lse": lse, "do": do}
     )
+    _set_dropout(prob, dropout_p, dropout_seed, draw=False)
     blk = spec.block(prob.d, prob.dtype, "backward", block)
     run = spec.run_backward(bool(deterministic))  # the atomic backward where the kernel has one
     counters = Counters(count_hbm)
@@ -120,7 +137,8 @@ def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, dete
 DEFAULT_KERNEL = "flash2_fast"
 
 def attention_forward(
-    q, k, v, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False
+    q, k, v, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False, dropout_p=0.0,
+    dropout_seed=None,
 ) -> ForwardResult:
     """softmax(scale q k^T) v, and L = logsumexp of each row, with the kernel named ``kernel``.
 
@@ -136,14 +154,23 @@ def attention_forward(
     ``scale`` defaults to 1/sqrt(d).  ``block=(Br, Bc)`` overrides the block sizes
     chosen from the device's shared memory (validated against the device's limits;
     kernels with fixed tiles take only None).  ``count_hbm=True`` counts the bytes
-    every launch reads and writes in HBM.  Returns a :class:`ForwardResult`.
+    every launch reads and writes in HBM.
+
+    ``dropout_p`` in [0, 1): attention dropout as in the FlashAttention paper
+    (Algorithm 2): O = (Z * P / (1 - p)) V, each probability kept (Z = 1) with
+    probability 1 - p, L from the undropped scores.  The keep mask is a hash of
+    (``dropout_seed``, query head, row, column) (:mod:`flash_numba.kernels._dropout`):
+    nothing is stored, the backward regenerates it from the seed.
+    ``dropout_seed``: an int in [0, 2**32), or None to draw one from NumPy's default
+    generator; the seed used is ``result.dropout_seed``.  ``dropout_p=0`` runs the
+    kernels without dropout code.  Returns a :class:`ForwardResult`.
     """
-    return _forward(kernel, q, k, v, causal, scale, block, count_hbm)
+    return _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p, dropout_seed)
 
 
 def attention_backward(
     q, k, v, o, lse, do, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False,
-    deterministic=True,
+    deterministic=True, dropout_p=0.0, dropout_seed=None,
 ) -> BackwardResult:
     """dq, dk, dv of :func:`attention_forward`, given its ``o``, ``lse`` and the output gradient ``do``.
 
@@ -156,9 +183,13 @@ def attention_backward(
     pass over the key blocks and adds dQ with atomics, as FlashAttention-2 does
     (faster; the order of the additions, so the last bits of dq, vary between
     runs).  Every other call is deterministic: bitwise equal results for equal
-    inputs.  Returns a :class:`BackwardResult`.
+    inputs.  With dropout, pass the forward's ``dropout_p`` and its
+    ``result.dropout_seed`` (required when ``dropout_p > 0``): the kernels regenerate
+    the keep mask Z and, with Zs = Z / (1 - p), compute dV = (Zs * P)^T dO and
+    dS = P * (Zs * dP - D) (the paper's Algorithm 4).  Returns a :class:`BackwardResult`.
     """
-    return _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic)
+    return _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic, dropout_p,
+                     dropout_seed)
 
 
 # The names of earlier releases: thin aliases of the two functions above.

@@ -149,6 +149,22 @@ def _scores(q, k, scale, causal):
     return S
 
 
+def _dropout_scale(lead, Nq: int, Nk: int, p, seed):
+    """Dropout's factor on P, ``(*lead, Nq, Nk)``: 1 / (1 - p) where kept, 0 where dropped; None when p = 0.
+
+    The mask of :func:`flash_numba.kernels._dropout.keep_mask`, with query head
+    bh = the flat index over the leading dims (b * H + h), as the kernels number them.
+    """
+    from .kernels import _dropout
+
+    _dropout.check_p(p)
+    if p == 0:
+        return None
+    _dropout.check_seed(seed, required=True)
+    bh = np.arange(math.prod(lead), dtype=np.int64).reshape(lead)
+    return _dropout.keep_mask(seed, bh, Nq, Nk, p) / (1.0 - float(p))
+
+
 def _check_block(Br, Bc):
     for name, B in (("Br", Br), ("Bc", Bc)):
         if not isinstance(B, (int, np.integer)) or B < 1:
@@ -158,15 +174,19 @@ def _check_block(Br, Bc):
 # --------------------------------------------------------------------------- plain attention
 
 
-def attention_forward(q, k, v, *, causal=False, scale=None):
+def attention_forward(q, k, v, *, causal=False, scale=None, dropout_p=0.0, dropout_seed=None):
     """Plain attention ``O = softmax(S) V`` with ``S = scale * Q K^T``.
 
     q: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``.  Returns float64
     ``o`` ``(..., Nq, d)`` and ``lse`` ``(..., Nq)`` with ``lse = m + log(l)``,
     ``m = rowmax(S)``, ``l = rowsum(exp(S - m))``.  k and v may have fewer heads than q
     (grouped-query attention: Hkv dividing Hq; query head h uses key/value head h // (Hq / Hkv)).
+    ``dropout_p > 0``: ``O = (Z * P / (1 - p)) V / l`` with the keep mask Z of the kernels
+    (:mod:`flash_numba.kernels._dropout`, ``dropout_seed`` an int in [0, 2**32), required);
+    m, l and lse are those of the undropped scores (the paper's Algorithm 2).
     """
     q, k, v, scale, _ = _qkv(q, k, v, scale)
+    Z = _dropout_scale(q.shape[:-2], q.shape[-2], k.shape[-2], dropout_p, dropout_seed)  # (..., Nq, Nk) or None
     vis = _visible(q.shape[-2], k.shape[-2], causal)  # (Nq, Nk)
     hidden = ~vis.any(axis=-1)  # (Nq,): rows that see no key
     S = _scores(q, k, scale, causal)  # (..., Nq, Nk), -inf where masked
@@ -174,12 +194,14 @@ def attention_forward(q, k, v, *, causal=False, scale=None):
     with np.errstate(invalid="ignore", divide="ignore"):
         P = np.where(vis, np.exp(S - m[..., None]), 0.0)  # (..., Nq, Nk), unnormalised
         l = P.sum(axis=-1)  # (..., Nq)
+        if Z is not None:
+            P = P * Z  # dropout after the row statistics
         o = _masked_matmul(P, v, vis) / np.where(hidden, 1.0, l)[..., None]  # (..., Nq, d); 0 on hidden rows
         lse = np.where(hidden, -np.inf, m + np.log(np.where(hidden, 1.0, l)))  # (..., Nq)
     return o, lse
 
 
-def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
+def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, dropout_p=0.0, dropout_seed=None):
     """Gradients of plain attention, from the forward's ``o`` and ``lse``.
 
     q, o, do: ``(..., Nq, d)``; k, v: ``(..., Nk, d)``; lse: ``(..., Nq)``.
@@ -187,15 +209,20 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
     ``dV = P^T dO``, ``dP = dO V^T``, ``dQ = scale dS K``, ``dK = scale dS^T Q``.
     Returns float64 ``dq`` ``(..., Nq, d)``, ``dk``, ``dv`` ``(..., Nk, d)``, shaped like k and v
     (grouped-query attention: summed over the query heads of each key/value head).
+    With dropout (the forward's ``dropout_p`` and ``dropout_seed``; the paper's Algorithm 4)
+    and Zs = Z / (1 - p): ``dV = (Zs * P)^T dO`` and ``dS = P * (Zs * dP - D)``.
     """
     q, k, v, scale, G = _qkv(q, k, v, scale)
+    Z = _dropout_scale(q.shape[:-2], q.shape[-2], k.shape[-2], dropout_p, dropout_seed)  # (..., Nq, Nk) or None
     o, do, L = (np.asarray(x, dtype=np.float64) for x in (o, do, lse))
     vis = _visible(q.shape[-2], k.shape[-2], causal)  # (Nq, Nk)
     S = _scores(q, k, scale, causal)  # (..., Nq, Nk)
     with np.errstate(invalid="ignore", over="ignore"):
         P = np.where(vis, np.exp(S - L[..., None]), 0.0)  # (..., Nq, Nk); the given L, unclamped
-        dv = _masked_matmul(P.swapaxes(-1, -2), do, vis.T)  # (..., Nk, d)
+        dv = _masked_matmul((P if Z is None else Z * P).swapaxes(-1, -2), do, vis.T)  # (..., Nk, d)
         dP = do @ v.swapaxes(-1, -2)  # (..., Nq, Nk); masked entries are dropped below
+        if Z is not None:
+            dP = Z * dP  # the gradient of the kept, rescaled probabilities
         D = (do * o).sum(axis=-1)  # (..., Nq)
         dS = np.where(vis, P * (dP - D[..., None]), 0.0)  # (..., Nq, Nk)
         dq = scale * _masked_matmul(dS, k, vis)  # (..., Nq, d)

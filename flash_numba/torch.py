@@ -13,8 +13,14 @@ CUDA tensors stay on the GPU (read in place through ``__cuda_array_interface__``
 through NumPy, so without a GPU they run in Numba's CUDA simulator (tiny sizes only).
 
 What SDPA can do and we cannot is refused with an error that names the argument, never quietly
-handed to another implementation: an ``attn_mask`` tensor, ``dropout_p > 0``, bfloat16 and other
+handed to another implementation: an ``attn_mask`` tensor, bfloat16 and other
 dtypes than float16/32/64, a value head dim different from the query's, head dims above 128.
+
+Attention dropout (``dropout_p > 0``) is the paper's (:mod:`flash_numba.kernels._dropout`): each call
+draws a 32-bit seed from PyTorch's default CPU generator (so ``torch.manual_seed`` makes it
+reproducible), the forward drops entries of P by a hash of (seed, head, row, column), and the
+backward, given the seed saved in the autograd context, regenerates the same mask. Its masks are
+not PyTorch's (another generator): the same p, not the same dropped entries.
 
 Grouped-query and multi-query attention as in SDPA: with ``enable_gqa=True`` key and value may have
 Hkv heads where query has Hq, Hkv dividing Hq; query head h attends with key/value head
@@ -56,46 +62,52 @@ DEFAULT_KERNEL = api.DEFAULT_KERNEL
 _DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
-def _run_forward(kernel, q, k, v, causal, scale):
+def _run_forward(kernel, q, k, v, causal, scale, dropout_p=0.0, dropout_seed=None):
     """Our forward on (..., N, d) tensors: (o, lse) as tensors on q's device."""
     if q.is_cuda:  # read in place; the package returns torch tensors for torch inputs
         args = (q, k, v)
     else:  # CPU: through NumPy (the package copies it to the GPU, or runs the simulator)
         args = tuple(t.detach().numpy() for t in (q, k, v))
-    res = api.attention_forward(*args, kernel=kernel, causal=causal, scale=scale)
+    res = api.attention_forward(*args, kernel=kernel, causal=causal, scale=scale, dropout_p=dropout_p,
+                                dropout_seed=dropout_seed)
     return torch.as_tensor(res.o, device=q.device), torch.as_tensor(res.lse, device=q.device)
 
 
-def _run_backward(kernel, q, k, v, o, lse, do, causal, scale):
+def _run_backward(kernel, q, k, v, o, lse, do, causal, scale, dropout_p=0.0, dropout_seed=None):
     """Our backward from the saved O and L: (dq, dk, dv) as tensors on q's device."""
     args = (q, k, v, o, lse, do)
     if not q.is_cuda:
         args = tuple(t.detach().numpy() for t in args)
-    res = api.attention_backward(*args, kernel=kernel, causal=causal, scale=scale)
+    res = api.attention_backward(*args, kernel=kernel, causal=causal, scale=scale, dropout_p=dropout_p,
+                                 dropout_seed=dropout_seed)
     return tuple(torch.as_tensor(g, device=q.device) for g in (res.dq, res.dk, res.dv))
 
 
 class FlashAttentionFunction(torch.autograd.Function):
     """O = softmax(scale Q K^T) V on (..., N, d) tensors (any strides), causal bottom-right aligned.
 
-    The forward saves Q, K, V, O and L (one float per query row); the backward hands them
-    to our backward kernels, which recompute P blockwise instead of reading a stored one.
+    The forward saves Q, K, V, O and L (one float per query row), and with dropout its seed; the
+    backward hands them to our backward kernels, which recompute P blockwise instead of reading a
+    stored one, and regenerate the dropout mask from the seed.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, kernel: str):
-        o, lse = _run_forward(kernel, q, k, v, causal, scale)  # (..., L, d), (..., L)
+    def forward(ctx, q, k, v, causal: bool, scale: float, kernel: str, dropout_p: float = 0.0,
+                dropout_seed: int | None = None):
+        o, lse = _run_forward(kernel, q, k, v, causal, scale, dropout_p, dropout_seed)  # (..., L, d), (..., L)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.kernel = causal, scale, kernel
+        ctx.dropout_p, ctx.dropout_seed = dropout_p, dropout_seed
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        grads = _run_backward(ctx.kernel, q, k, v, o, lse, do, ctx.causal, ctx.scale)  # dO: any strides
-        # (dq, dk, dv), None for an input that needs no gradient; nothing for causal, scale, kernel
-        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad)) + (None, None, None)
+        grads = _run_backward(ctx.kernel, q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.dropout_p,
+                              ctx.dropout_seed)  # dO: any strides
+        # (dq, dk, dv), None for an input that needs no gradient; nothing for causal, scale, kernel and dropout's
+        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad)) + (None,) * 5
 
 
 def _check_tensors(query, key, value) -> None:
@@ -156,13 +168,15 @@ def _at_most_4d(t):
     return t if t.dim() <= 4 else t.reshape(-1, *t.shape[-3:])
 
 
-def _attend(q, k, v, causal: bool, scale: float, kernel: str):
+def _attend(q, k, v, causal: bool, scale: float, kernel: str, dropout_p: float = 0.0):
     """Our attention on (..., N, E) tensors of up to 4 dims (k, v: Hq / G heads for grouped-query attention),
-    causal bottom-right aligned."""
+    causal bottom-right aligned; with ``dropout_p > 0`` a fresh seed from PyTorch's default CPU generator
+    for this call's mask."""
     # Any strides whose last dim is contiguous: a permuted view such as
     # qkv.view(B, N, 3, H, E).permute(2, 0, 3, 1, 4)[0] is read in place on the GPU (the kernels
     # take strides, flash_numba._inputs); CPU tensors go through NumPy, which copies them to the device.
-    return FlashAttentionFunction.apply(q, k, v, causal, scale, kernel)
+    seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64)) if dropout_p > 0 else None
+    return FlashAttentionFunction.apply(q, k, v, causal, scale, kernel, dropout_p, seed)
 
 
 def scaled_dot_product_attention(
@@ -176,7 +190,8 @@ def scaled_dot_product_attention(
     attention); returns (..., L, E), differentiable in query, key and value. ``is_causal`` is
     SDPA's top-left mask (see the module docstring for L != S); ``attn_mask`` may be a
     ``torch.nn.attention.bias`` causal bias (``causal_lower_right`` is our kernels' native mask),
-    nothing else. ``scale`` defaults to 1/sqrt(E). ``kernel`` picks
+    nothing else. ``dropout_p`` in [0, 1): attention dropout as in the FlashAttention paper (see
+    the module docstring; pass 0 in evaluation). ``scale`` defaults to 1/sqrt(E). ``kernel`` picks
     ``"standard"``, ``"flash1"``, ``"flash2"`` or ``"flash2_fast"``; None means
     :data:`DEFAULT_KERNEL`. Unsupported arguments raise (TypeError, ValueError or
     NotImplementedError, the message starting with the argument's name).
@@ -185,13 +200,9 @@ def scaled_dot_product_attention(
     if kernel not in kernels.NAMES:
         raise ValueError(f"kernel: unknown kernel {kernel!r}; choose one of {', '.join(kernels.NAMES)} or None")
     _check_tensors(query, key, value)
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p: expected a probability in [0, 1], got {dropout_p!r}")
-    if dropout_p > 0.0:
-        raise NotImplementedError(
-            f"dropout_p: flash_numba has no attention dropout yet (issue #16 item 4); got {dropout_p}, "
-            "pass 0.0 (in a module: dropout_p=self.dropout if self.training else 0.0, in eval mode)"
-        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a drop rate in [0, 1), got {dropout_p!r}")
+    dropout_p = float(dropout_p)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal: expected True or False, got {is_causal!r}")
     if not isinstance(enable_gqa, bool):
@@ -221,12 +232,12 @@ def scaled_dot_product_attention(
     lead = query.shape[:-2]
     q, k, v = (_at_most_4d(t) for t in (query, key, value))  # (B, H, L, E), (B, Hkv, S, E): views
     if variant == "upper_left" and L < S:  # no query sees a key past L - 1
-        o = _attend(q, k[..., :L, :], v[..., :L, :], True, scale, kernel)
+        o = _attend(q, k[..., :L, :], v[..., :L, :], True, scale, kernel, dropout_p)
     elif variant == "upper_left" and L > S:  # rows 0..S-1: square causal; rows S..L-1: every key
-        o = torch.cat([_attend(q[..., :S, :], k, v, True, scale, kernel),
-                       _attend(q[..., S:, :], k, v, False, scale, kernel)], dim=-2)
+        o = torch.cat([_attend(q[..., :S, :], k, v, True, scale, kernel, dropout_p),  # (two calls, two seeds)
+                       _attend(q[..., S:, :], k, v, False, scale, kernel, dropout_p)], dim=-2)
     else:  # no mask, lower_right (our kernels' own), or upper_left with L == S (the same mask)
-        o = _attend(q, k, v, variant is not None, scale, kernel)
+        o = _attend(q, k, v, variant is not None, scale, kernel, dropout_p)
     return o.view(*lead, L, E)  # (..., L, E)
 
 
@@ -237,16 +248,17 @@ class MultiheadAttention(nn.Module):
     ``out_proj``), so a state dict moves between the two. ``causal=True`` applies SDPA's
     top-left causal mask. ``forward(query, key, value)`` returns ``(output, None)`` like
     PyTorch's module with ``need_weights=False``: the attention weights P are the matrix
-    FlashAttention never forms, so ``need_weights=True`` is refused.
+    FlashAttention never forms, so ``need_weights=True`` is refused. ``dropout``: attention
+    dropout's p while training (``module.train()``), none in evaluation, as PyTorch's.
     """
 
     def __init__(self, embed_dim, num_heads, bias=True, batch_first=True, causal=False, kernel=None,
-                 device=None, dtype=None):
+                 device=None, dtype=None, dropout=0.0):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"num_heads: {num_heads} does not divide embed_dim = {embed_dim}")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
-        self.batch_first, self.causal, self.kernel = batch_first, causal, kernel
+        self.batch_first, self.causal, self.kernel, self.dropout = batch_first, causal, kernel, dropout
         factory = {"device": device, "dtype": dtype}
         self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim, **factory)) if bias else None
@@ -268,6 +280,7 @@ class MultiheadAttention(nn.Module):
         q = nn.functional.linear(query, w_q, b_q).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
         k = nn.functional.linear(key, w_k, b_k).view(B, S, H, d).transpose(1, 2)  # (B, H, S, d)
         v = nn.functional.linear(value, w_v, b_v).view(B, S, H, d).transpose(1, 2)  # (B, H, S, d)
-        y = scaled_dot_product_attention(q, k, v, is_causal=self.causal, kernel=self.kernel)  # (B, H, L, d)
+        y = scaled_dot_product_attention(q, k, v, is_causal=self.causal, kernel=self.kernel,
+                                         dropout_p=self.dropout if self.training else 0.0)  # (B, H, L, d)
         y = self.out_proj(y.transpose(1, 2).reshape(B, L, self.embed_dim))  # (B, L, E)
         return (y if self.batch_first else y.transpose(0, 1)), None

@@ -245,7 +245,7 @@ def _bad_calls():
         ((q, q, q), {"attn_mask": mask}, NotImplementedError, "attn_mask"),
         ((q, q, q), {"attn_mask": causal_lower_right(4, 4), "is_causal": True}, ValueError, "attn_mask"),
         ((q, q, q), {"attn_mask": causal_lower_right(3, 4)}, ValueError, "attn_mask"),
-        ((q, q, q), {"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
+        ((q, q, q), {"dropout_p": 1.0}, ValueError, "dropout_p"),
         ((q, q, q), {"dropout_p": 1.5}, ValueError, "dropout_p"),
         ((q, kv2, kv2), {}, ValueError, "enable_gqa"),  # different head counts need enable_gqa=True, as in SDPA
         ((q, kv3, kv3), {"enable_gqa": True}, ValueError, "key"),  # 3 key/value heads do not divide 2
@@ -380,3 +380,39 @@ def test_lesson_10s_backend_table_on_cpu_tensors():
     math_row = next(r for r in rows if r[0] == "MATH")
     # 16 keys, d = 8, |o| <= max|v| ~ 3: float32 rounding stays far below 1e-5
     assert float(math_row[3]) < 1e-5
+
+
+# ----------------------------------------------------------------------------- dropout
+
+
+def test_gradcheck_with_dropout(rng):
+    """gradcheck through the simulator with dropout p = 0.3 (flash2, causal top-left, L = S): the seed is
+    drawn from torch's generator, reset before every call so that each call drops the same entries; the
+    backward regenerates them from the seed saved in the context (tolerances as in test_gradcheck)."""
+    L, d = 4, 2
+    x = randn(rng, 1, 3 * L, d)
+
+    def attend(x):
+        torch.manual_seed(7)
+        return fnt.scaled_dot_product_attention(x[:, :L], x[:, L : 2 * L], x[:, 2 * L :], dropout_p=0.3,
+                                                is_causal=True, kernel="flash2")
+
+    assert torch.autograd.gradcheck(attend, (x,), fast_mode=True, atol=1e-8, rtol=1e-6)
+    assert not torch.equal(attend(x), fnt.scaled_dot_product_attention(x[:, :L], x[:, L : 2 * L], x[:, 2 * L :],
+                                                                          is_causal=True, kernel="flash2"))
+
+
+def test_dropout_seed_follows_torch_manual_seed_and_the_module_drops_only_in_training(rng):
+    q, k, v = (randn(rng, 1, 1, 5, 4, grad=False) for _ in range(3))
+    torch.manual_seed(3)
+    a = fnt.scaled_dot_product_attention(q, k, v, dropout_p=0.5, kernel="flash2")
+    torch.manual_seed(3)
+    b = fnt.scaled_dot_product_attention(q, k, v, dropout_p=0.5, kernel="flash2")
+    c = fnt.scaled_dot_product_attention(q, k, v, dropout_p=0.5, kernel="flash2")
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    mha = fnt.MultiheadAttention(8, 2, kernel="flash2", dtype=torch.float64, dropout=0.5)
+    x = randn(rng, 1, 5, 8, grad=False)
+    mha.eval()
+    assert torch.equal(mha(x, x, x)[0], mha(x, x, x)[0])
+    mha.train()
+    assert not torch.equal(mha(x, x, x)[0], mha(x, x, x)[0])

@@ -65,6 +65,7 @@ from ..device import STATIC_SHARED_LIMIT, jit
 from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, exp_ieee, group_step, head_grid,
                       input_type, kv_head)
 from ._common import madd_unless_zero, nan_max, rounded_mul
+from . import _dropout
 from ._spec import KernelSpec
 from ._tile_ops import load_rows
 from .causal import sees_no_key_dev as sees_no_key
@@ -104,14 +105,15 @@ def _constants(d, Br, Bc, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_kernels(d, Br, Bc, dtype, causal, count):
-    """``(init_O_l_m, algorithm1)`` specialised for one shape, dtype, causal and COUNT."""
+def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
+    """``(init_O_l_m, algorithm1)`` specialised for one shape, dtype, causal, COUNT and ``dropout``."""
     # ISZ: bytes of an element of q, k, v, o; ASZ: of O (the accumulator), l, m, L;
     # CONVERT (float16): O accumulates in float32 and is converted at the end
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
     CAUSAL, COUNT = causal, count
     ZERO, NEG_INF, NAN = ACC(0), ACC(-math.inf), ACC(math.nan)
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))  # scale * S rounded as the backward recomputes it
+    drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     @jit
     def init_O_l_m(O, l, m, counter):
@@ -133,8 +135,11 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
             cuda.atomic.add(counter, 1, nw)
 
     @jit
-    def algorithm1(q, k, v, O, l, m, o, L, G, scale, counter):
-        """Algorithm 1, lines 5-15, then L = m + log(l) (and o = O for float16); K, V of head bh // G."""
+    def algorithm1(q, k, v, O, l, m, o, L, G, scale, counter, seed, threshold, inv_keep):
+        """Algorithm 1, lines 5-15, then L = m + log(l) (and o = O for float16); K, V of head bh // G.
+
+        With dropout (Algorithm 2: seed, threshold, inv_keep), P~_ij is dropped after l~_ij, before P~_ij V_j.
+        """
         bh = cuda.blockIdx.x
         hkv = kv_head(bh, G)
         tid = cuda.threadIdx.x
@@ -190,11 +195,12 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
                     # line 10: P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij); a masked score gives 0
                     # (test the score, not m~_ij: a masked or -inf score gives exactly 0 whatever m~_ij is)
                     l_ij = ZERO
+                    rk = drop_row(drop_head(seed, bh), row)  # dropout's hash of the row
                     for c in range(cols):
                         p = ZERO
                         if S_ij[r, c] != NEG_INF:
                             p = math.exp(S_ij[r, c] - m_ij)
-                        S_ij[r, c] = p
+                        S_ij[r, c] = p * drop(rk, c0 + c, threshold, inv_keep)  # Algorithm 2: l~_ij undropped
                         l_ij += p
                     # line 11: m_new = max(m_i, m~_ij), l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
                     m_new = nan_max(m_i, m_ij)
@@ -255,13 +261,14 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count):
 
 
 @functools.lru_cache(maxsize=None)
-def _backward_kernels(d, Br, Bc, dtype, causal, count):
-    """``(init_dQ, algorithm4)`` specialised for one shape, dtype, causal and COUNT."""
+def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
+    """``(init_dQ, algorithm4)`` specialised for one shape, dtype, causal, COUNT and ``dropout``."""
     # ISZ: bytes of an element of q, k, v, o, do, dq, dk, dv; ASZ: of dQ (the accumulator), L;
     # CONVERT (float16): dQ accumulates in float32 and is converted at the end
     ACC, D, T, ISZ, ASZ, CONVERT = _constants(d, Br, Bc, dtype)
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     CAUSAL, COUNT, ZERO = causal, count, ACC(0)
+    drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     @jit
     def init_dQ(dQ, counter):
@@ -278,8 +285,9 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
             cuda.atomic.add(counter, 1, nw)
 
     @jit
-    def algorithm4(q, k, v, o, L, do, dQ, dq, dk, dv, G, scale, counter):
-        """Algorithm 4, lines 6-25, with P_ij = exp(S_ij - L_i) (and dq = dQ for float16).
+    def algorithm4(q, k, v, o, L, do, dQ, dq, dk, dv, G, scale, counter, seed, threshold, inv_keep):
+        """Algorithm 4, lines 6-25, with P_ij = exp(S_ij - L_i) (and dq = dQ for float16); with dropout
+        (seed, threshold, inv_keep) the mask regenerated: dV from Zs P_ij, dS_ij = P_ij * (Zs dP_ij - D_i).
 
         Block hkv does key/value head hkv; its inner loop visits the query blocks of each of
         the G query heads bh of its group in turn (grouped-query attention, G = Hq / Hkv).
@@ -332,6 +340,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                         D_i += dO_i[r, x] * ACC(element(o, bh, row, x))
                     if COUNT:
                         nr += ASZ + D * ISZ
+                    rk = drop_row(drop_head(seed, bh), row)  # dropout's hash of the row
                     for c in range(cols):
                         qk = ZERO
                         dP = ZERO
@@ -344,7 +353,9 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count):
                         dS = ZERO
                         if visible(row, c0 + c, Nq, Nk, CAUSAL):
                             P = exp_ieee(MUL_RN(scale, qk) - L_i)  # scale * S rounded as in the forward
-                            dS = P * (dP - D_i)
+                            zs = drop(rk, c0 + c, threshold, inv_keep)  # dropout's factor (1 without)
+                            dS = P * (zs * dP - D_i)
+                            P *= zs
                         P_ij[r, c] = P
                         dS_ij[r, c] = dS
                 cuda.syncthreads()
@@ -402,7 +413,8 @@ def grids(prob, block) -> dict:
 def forward(prob, ops, block, counters):
     """O and L = m + log(l) for ``prob``: the init kernel, then Algorithm 1."""
     Br, Bc = block
-    init, algorithm1 = _forward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
+    dropout, drop_args = _dropout.launch_args(prob)
+    init, algorithm1 = _forward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled, dropout)
     BH, Nq, d, acc = prob.BH, prob.Nq, prob.d, prob.acc
     o = _inputs.empty((BH, Nq, d), prob.dtype)
     O = o if acc == prob.dtype else _inputs.empty((BH, Nq, d), acc)  # float16: a float32 accumulator
@@ -414,14 +426,15 @@ def forward(prob, ops, block, counters):
     init[grid, threads](O, l, m, counters.array(FORWARD_NAMES[0]))
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
     algorithm1[grid, threads](q, k, v, O, l, m, o, lse, prob.G, acc.type(prob.scale),
-                              counters.array(FORWARD_NAMES[1]))
+                              counters.array(FORWARD_NAMES[1]), *drop_args)
     return o, lse
 
 
 def backward(prob, ops, block, counters):
     """dQ, dK, dV for ``prob``: the init kernel, then Algorithm 4."""
     Br, Bc = block
-    init, algorithm4 = _backward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
+    dropout, drop_args = _dropout.launch_args(prob)
+    init, algorithm4 = _backward_kernels(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled, dropout)
     BH, Nq, Nk, d, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.acc
     dq = _inputs.empty((BH, Nq, d), prob.dtype)
     dQ = dq if acc == prob.dtype else _inputs.empty((BH, Nq, d), acc)  # float16: a float32 accumulator
@@ -432,7 +445,8 @@ def backward(prob, ops, block, counters):
     init[grid[BACKWARD_NAMES[0]], threads](dQ, counters.array(BACKWARD_NAMES[0]))
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     scale, counter = acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
-    algorithm4[grid[BACKWARD_NAMES[1]], threads](q, k, v, o, lse, do, dQ, dq, dk, dv, prob.G, scale, counter)
+    algorithm4[grid[BACKWARD_NAMES[1]], threads](q, k, v, o, lse, do, dQ, dq, dk, dv, prob.G, scale, counter,
+                                                 *drop_args)
     return dq, dk, dv
 
 
@@ -449,11 +463,12 @@ def compile_all(ccs, dtypes, ds):
         X3, A3, A2 = array_type(dt, 3), array_type(acc, 3), array_type(acc, 2)
         XI = input_type(dt)  # q, k, v, o, do: (B, H, N, d), any strides with contiguous rows
         ACC = acc_nb_type(dt)
+        DROP = _dropout.arg_types(ACC)
         signatures = {
             FORWARD_NAMES[0]: (A3, A2, A2, COUNTER_TYPE),
-            FORWARD_NAMES[1]: (XI, XI, XI, A3, A2, A2, X3, A2, types.int64, ACC, COUNTER_TYPE),
+            FORWARD_NAMES[1]: (XI, XI, XI, A3, A2, A2, X3, A2, types.int64, ACC, COUNTER_TYPE, *DROP),
             BACKWARD_NAMES[0]: (A3, COUNTER_TYPE),
-            BACKWARD_NAMES[1]: (XI, XI, XI, XI, A2, XI, A3, X3, X3, X3, types.int64, ACC, COUNTER_TYPE),
+            BACKWARD_NAMES[1]: (XI, XI, XI, XI, A2, XI, A3, X3, X3, X3, types.int64, ACC, COUNTER_TYPE, *DROP),
         }
         for d in ds:
             for pass_, factory, names in (
@@ -461,15 +476,16 @@ def compile_all(ccs, dtypes, ds):
                 ("backward", _backward_kernels, BACKWARD_NAMES),
             ):
                 Br, Bc = SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT)
-                for count in (False, True):
-                    for causal in (False, True):
-                        kernels = factory(d, Br, Bc, dt, causal, count)
-                        for name, kernel in zip(names, kernels):
-                            if name.startswith("init") and causal:
-                                continue  # the init kernels do not depend on causal
-                            tags = " causal" * causal + " count" * count
-                            label = f"flash1 {pass_} {name} d={d} {dt} Br={Br} Bc={Bc}{tags}"
-                            out += [compile_kernel(label, kernel, signatures[name], cc) for cc in ccs]
+                variants = ((count, causal, drop) for count in (False, True) for causal in (False, True)
+                            for drop in _dropout.compile_variants(dt, d, count))
+                for count, causal, drop in variants:
+                    kernels = factory(d, Br, Bc, dt, causal, count, drop)
+                    for name, kernel in zip(names, kernels):
+                        if name.startswith("init") and (causal or drop):
+                            continue  # the init kernels do not depend on causal or dropout
+                        tags = " causal" * causal + " count" * count + " dropout" * drop
+                        label = f"flash1 {pass_} {name} d={d} {dt} Br={Br} Bc={Bc}{tags}"
+                        out += [compile_kernel(label, kernel, signatures[name], cc) for cc in ccs]
     return out
 
 

@@ -84,6 +84,7 @@ numbers in closed form.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -92,7 +93,7 @@ from numba import cuda, types
 from .. import _inputs
 from ..compile_check import compile_kernel
 from ..device import STATIC_SHARED_LIMIT, jit
-from . import _rowsum
+from . import _dropout, _rowsum
 from ._tile_ops import load_rows, load_vector
 from .causal import crosses_diagonal_dev as crosses_diagonal
 from .causal import first_visible_q_block_dev as first_visible_q_block
@@ -204,7 +205,8 @@ def _two_products(RA: int, CB: int, acc_name: str):
 
 @functools.lru_cache(maxsize=None)
 def _p_and_ds(acc_name: str):
-    """Device function ``(s, dp, L, D, scale, visible) -> (P, dS)``: P = exp(scale s - L), dS = P (dP - D).
+    """Device function ``(s, dp, L, D, scale, visible, zs) -> (Zs P, dS)``: P = exp(scale s - L),
+    dS = P (Zs dP - D), with Zs dropout's factor (1 without dropout; the paper's Algorithm 4).
 
     Both are 0 where the key is masked (``visible`` False), whatever s and dp; elsewhere P uses
     the given L, unclamped (exp overflows to +inf for an L far below the scores).
@@ -213,11 +215,11 @@ def _p_and_ds(acc_name: str):
     MUL_RN = rounded_mul(acc_name)  # scale * s rounded as the forward rounds it (see rounded_mul)
 
     @jit(device=True, forceinline=True)
-    def p_and_ds(s, dp, L, D, scale, visible):
+    def p_and_ds(s, dp, L, D, scale, visible, zs):
         if not visible:
             return ZERO, ZERO
         p = exp_ieee(MUL_RN(scale, s) - L)
-        return p, p * (dp - D)
+        return p * zs, p * (zs * dp - D)
 
     return p_and_ds
 
@@ -229,8 +231,8 @@ def _constants(dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_kernel(d, Br, Bc, dtype, causal, count):
-    """The forward kernel for head dim d, blocks (Br, Bc), storage ``dtype``."""
+def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
+    """The forward kernel for head dim d, blocks (Br, Bc), storage ``dtype`` (``dropout``: with attention dropout)."""
     ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
     NEG_INF, ZERO, ONE, NAN = acc(-math.inf), acc(0), acc(1), acc(math.nan)
     MUL_RN = rounded_mul(acc)
@@ -239,9 +241,10 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
     Q_TILE, K_TILE, V_TILE, P_TILE, PART = (Br, d), (Bc, KS), (Bc, d), (Br, Bc), (Br, TX)
     S_REGS, O_REGS = (RA, CB), (RA, XB)
     CAUSAL, COUNT = causal, count
+    drop_head, drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
 
     @jit
-    def flash2_forward(q, k, v, o, lse, counter, Nq, Nk, G, scale):
+    def flash2_forward(q, k, v, o, lse, counter, Nq, Nk, G, scale, seed, threshold, inv_keep):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
         bh, i0 = cuda.blockIdx.x, heavy_first_block(Br)  # (batch, head) and the first query row of Q_i
@@ -319,12 +322,13 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
                 m_ref = m_new if m_new != NEG_INF else ZERO
                 alpha = math.exp(m[a] - m_ref)
                 l_ij = ZERO
+                rk = drop_row(drop_head(seed, bh), i0 + r)  # dropout's hash of the row
                 for b in range(CB):
                     p = math.exp(S[a, b] - m_ref)
                     l_ij += p
                     c = tx + TX * b
-                    if r < Br and c < Bc:
-                        P_ij[r, c] = p
+                    if r < Br and c < Bc:  # dropout (Algorithm 2, line 11) after l_i: l and L stay undropped
+                        P_ij[r, c] = p * drop(rk, j0 + c, threshold, inv_keep)
                 # l[a] is this thread's share of l_i (its columns): all shares are rescaled
                 # by the same alpha, so they are added up once, at the end
                 l[a] = alpha * l[a] + l_ij
@@ -381,7 +385,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count):
 
 
 @functools.lru_cache(maxsize=None)
-def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
+def _dkdv_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
     """Kernel 2 of the backward: dK_j, dV_j for one key block per thread block."""
     ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
     ZERO = acc(0)
@@ -393,9 +397,10 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
     ST_REGS, KV_REGS = (CA, RB), (CA, XB)
     CAUSAL, COUNT = causal, count
     products, p_and_ds = _two_products(CA, RB, np.dtype(acc).name), _p_and_ds(np.dtype(acc).name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
 
     @jit
-    def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, G, scale):
+    def flash2_dkdv(q, k, v, do, lse, D, dk, dv, counter, Nq, Nk, G, scale, seed, threshold, inv_keep):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
         hkv, j0 = cuda.blockIdx.x, cuda.blockIdx.y * Bc  # key/value head and the first key row of K_j
@@ -443,14 +448,16 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
             # S_ij^T = K_j Q_i^T and dP_ij^T = V_j dO_i^T, this thread's CA x RB entries
             products(S, dP, K_j, V_j, Q_i, dO_i, ty, tx, Bc, Br, d)
 
-            # P_ij = exp(scale S_ij - L_i) (0 where masked), dS_ij = P_ij * (dP_ij - D_i)
+            # P_ij = exp(scale S_ij - L_i) (0 where masked), dS_ij = P_ij * (Zs dP_ij - D_i); PT holds Zs P_ij
+            # (Zs: the dropout mask regenerated, 1 without dropout)
             for a in range(CA):
                 c = ty + TY * a
                 for b in range(RB):
                     r = tx + TX * b
                     if c < Bc and r < Br:
                         seen = visible(i0 + r, j0 + c, Nq, Nk, CAUSAL)
-                        PT[c, r], dST[c, r] = p_and_ds(S[a, b], dP[a, b], L_i[r], D_i[r], scale, seen)
+                        zs = drop(drop_row(drop_head(seed, bh), i0 + r), j0 + c, threshold, inv_keep)
+                        PT[c, r], dST[c, r] = p_and_ds(S[a, b], dP[a, b], L_i[r], D_i[r], scale, seen, zs)
             cuda.syncthreads()
 
             # dV_j += P_ij^T dO_i;  dK_j += dS_ij^T Q_i (over the query rows that exist)
@@ -487,7 +494,7 @@ def _dkdv_kernel(d, Br, Bc, dtype, causal, count):
 
 
 @functools.lru_cache(maxsize=None)
-def _dq_kernel(d, Br, Bc, dtype, causal, count):
+def _dq_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
     """Kernel 3 of the backward: dQ_i for one query block per thread block."""
     ACC, acc, IN_BYTES, L_BYTES = _constants(dtype)
     ZERO = acc(0)
@@ -497,9 +504,10 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
     S_REGS, Q_REGS = (RA, CB), (RA, XB)
     CAUSAL, COUNT = causal, count
     products, p_and_ds = _two_products(RA, CB, np.dtype(acc).name), _p_and_ds(np.dtype(acc).name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
 
     @jit
-    def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, G, scale):
+    def flash2_dq(q, k, v, do, lse, D, dq, counter, Nq, Nk, G, scale, seed, threshold, inv_keep):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
         bh, i0 = cuda.blockIdx.x, heavy_first_block(Br)
@@ -538,14 +546,15 @@ def _dq_kernel(d, Br, Bc, dtype, causal, count):
             # S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, this thread's RA x CB entries
             products(S, dP, Q_i, dO_i, K_j, V_j, ty, tx, Br, Bc, d)
 
-            # dS_ij = P_ij * (dP_ij - D_i), P_ij = exp(scale S_ij - L_i) (0 where masked)
+            # dS_ij = P_ij * (Zs dP_ij - D_i), P_ij = exp(scale S_ij - L_i) (0 where masked), Zs: dropout's factor
             for a in range(RA):
                 r = ty + TY * a
                 for b in range(CB):
                     c = tx + TX * b
                     if r < Br and c < Bc:
                         seen = visible(i0 + r, j0 + c, Nq, Nk, CAUSAL)
-                        dS_ij[r, c] = p_and_ds(S[a, b], dP[a, b], L_i[r], D_i[r], scale, seen)[1]
+                        zs = drop(drop_row(drop_head(seed, bh), i0 + r), j0 + c, threshold, inv_keep)
+                        dS_ij[r, c] = p_and_ds(S[a, b], dP[a, b], L_i[r], D_i[r], scale, seen, zs)[1]
             cuda.syncthreads()
 
             # dQ_i += dS_ij K_j (over the keys that exist)
@@ -586,12 +595,13 @@ def grids(prob, block) -> dict:
 def forward(prob, ops, block, counters):
     """O and L = m + log(l): one launch of Tr * B*H blocks."""
     Br, Bc = block
-    kernel = _forward_kernel(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled)
+    dropout, drop_args = _dropout.launch_args(prob)
+    kernel = _forward_kernel(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled, dropout)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
     kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, counters.array(FORWARD_NAME), prob.Nq, prob.Nk,
-                                                 prob.G, prob.acc.type(prob.scale))
+                                                 prob.G, prob.acc.type(prob.scale), *drop_args)
     return o, lse
 
 
@@ -606,18 +616,20 @@ def backward(prob, ops, block, counters):
     dq = _inputs.empty((BH, Nq, d), dt)
     dk = _inputs.empty((prob.BHkv, Nk, d), dt)
     dv = _inputs.empty((prob.BHkv, Nk, d), dt)
-    dkdv = _dkdv_kernel(d, Br, Bc, dt, prob.causal, count)
+    dropout, drop_args = _dropout.launch_args(prob)
+    dkdv = _dkdv_kernel(d, Br, Bc, dt, prob.causal, count, dropout)
     grid = grids(prob, block)
     dkdv[grid[BACKWARD_NAMES[1]], NT](q, k, v, do, lse, D, dk, dv, counters.array(BACKWARD_NAMES[1]), Nq, Nk, prob.G,
-                                      scale)
-    dq_kernel = _dq_kernel(d, Br, Bc, dt, prob.causal, count)
+                                      scale, *drop_args)
+    dq_kernel = _dq_kernel(d, Br, Bc, dt, prob.causal, count, dropout)
     dq_kernel[grid[BACKWARD_NAMES[2]], NT](q, k, v, do, lse, D, dq, counters.array(BACKWARD_NAMES[2]), Nq, Nk, prob.G,
-                                           scale)
+                                           scale, *drop_args)
     return dq, dk, dv
 
 
 def compile_all(ccs, dtypes, ds):
-    """PTX of every specialisation: default blocks for each d, causal or not, counting or not.
+    """PTX of every specialisation: default blocks for each d, causal or not, counting or not;
+    with dropout only for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT` (not counting).
 
     Returns ``[(label, ptx)]``; the label names the kernel, d, dtype, (Br, Bc),
     causal, count and ``sm_XY``.  Needs ``NUMBA_ENABLE_CUDASIM=0``.
@@ -627,22 +639,23 @@ def compile_all(ccs, dtypes, ds):
     for dtype in dtypes:
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
+        DROP = _dropout.arg_types(ACC)
         XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
-        fwd_sig = (XI, XI, XI, X3, A2, COUNTER_TYPE, I64, I64, I64, ACC)
-        dkdv_sig = (XI, XI, XI, XI, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, I64, ACC)
-        dq_sig = (XI, XI, XI, XI, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC)
+        fwd_sig = (XI, XI, XI, X3, A2, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
+        dkdv_sig = (XI, XI, XI, XI, A2, A2, X3, X3, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
+        dq_sig = (XI, XI, XI, XI, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
         for d in ds:
             fwd, bwd = (SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT) for pass_ in ("forward", "backward"))
             for count in (False, True):
                 tail = f"d={d} {dt}{' count' * count}"
                 specs = [(f"{BACKWARD_NAMES[0]} {tail}", _rowsum.rowsum_kernel(d, dt, count), _rowsum.signature(dt))]
-                for causal in (False, True):
-                    tag = f"{tail}{' causal' * causal}"
+                for causal, drop in itertools.product((False, True), _dropout.compile_variants(dt, d, count)):
+                    tag = f"{tail}{' causal' * causal}{' dropout' * drop}"
                     fwd_tag, bwd_tag = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
                     specs += [
-                        (f"forward {fwd_tag}", _forward_kernel(d, *fwd, dt, causal, count), fwd_sig),
-                        (f"{BACKWARD_NAMES[1]} {bwd_tag}", _dkdv_kernel(d, *bwd, dt, causal, count), dkdv_sig),
-                        (f"{BACKWARD_NAMES[2]} {bwd_tag}", _dq_kernel(d, *bwd, dt, causal, count), dq_sig),
+                        (f"forward {fwd_tag}", _forward_kernel(d, *fwd, dt, causal, count, drop), fwd_sig),
+                        (f"{BACKWARD_NAMES[1]} {bwd_tag}", _dkdv_kernel(d, *bwd, dt, causal, count, drop), dkdv_sig),
+                        (f"{BACKWARD_NAMES[2]} {bwd_tag}", _dq_kernel(d, *bwd, dt, causal, count, drop), dq_sig),
                     ]
                 out += [compile_kernel(f"flash2 {name}", kernel, sig, cc) for name, kernel, sig in specs for cc in ccs]
     return out

@@ -54,7 +54,7 @@ from numba import cuda, types
 from ... import _inputs
 from ...compile_check import compile_kernel
 from ...device import SIMULATOR, STATIC_SHARED_LIMIT
-from .. import _rowsum
+from .. import _dropout, _rowsum
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
@@ -105,13 +105,15 @@ def grids(prob, block) -> dict:
 def forward(prob, ops, block, counters):
     """O and L: one launch, a 1-D grid of Tr * B*H blocks, 128 threads."""
     Br, Bc = block
-    kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled)
+    dropout, drop_args = _dropout.launch_args(prob)
+    kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled,
+                               dropout=dropout)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     (q, q_lay), (k, k_lay), (v, v_lay) = (_inputs.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
     kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.G,
                                                  prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
-                                                 q_lay, k_lay, v_lay)
+                                                 q_lay, k_lay, v_lay, *drop_args)
     return o, lse
 
 
@@ -138,14 +140,15 @@ def backward(prob, ops, block, counters):
         return _flash2.backward(prob, ops, block, counters)
     count = counters.enabled
     q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
-    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count)
+    dropout, drop_args = _dropout.launch_args(prob)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout)
     grid = grids(prob, block)
     kv[grid[BACKWARD_KV_NAME], NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, scale,
-                                   scale_log2, counters.array(BACKWARD_KV_NAME), *layouts)
+                                   scale_log2, counters.array(BACKWARD_KV_NAME), *layouts, *drop_args)
     dq = _inputs.empty((BH, Nq, d), dt)
-    qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count)
+    qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count, dropout)
     qk[grid[BACKWARD_Q_NAME], NT](q, k, v, do, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2,
-                                  counters.array(BACKWARD_Q_NAME), *layouts)
+                                  counters.array(BACKWARD_Q_NAME), *layouts, *drop_args)
     return dq, dk, dv
 
 
@@ -168,9 +171,10 @@ def backward_atomic(prob, ops, block, counters):
     dq_acc = _inputs.empty((BH, Nq, d), acc)
     zero_kernel(acc.name, count)[elementwise_grid, ELEMWISE_THREADS](dq_acc.reshape(n), n,
                                                                      counters.array(ZERO_DQ_NAME))
-    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True)
+    dropout, drop_args = _dropout.launch_args(prob)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout)
     kv[grid[BACKWARD_KVQ_NAME], NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, scale, scale_log2,
-                                    counters.array(BACKWARD_KVQ_NAME), *layouts)
+                                    counters.array(BACKWARD_KVQ_NAME), *layouts, *drop_args)
     if dt == acc:
         return dq_acc, dk, dv
     dq = _inputs.empty((BH, Nq, d), dt)
@@ -193,7 +197,8 @@ _UNUSED: dict = {}
 def compile_all(ccs, dtypes, ds):
     """The compile tier's :class:`~flash_numba.compile_check.Compiled` list: the forward and, where its
     blocks are micro-tile shapes, the dK/dV, dQ and atomic dK/dV/dQ kernels (else the backward is
-    flash2's, compiled by that module), at the chosen blocks for each d, causal or not, counting or not."""
+    flash2's, compiled by that module), at the chosen blocks for each d, causal or not, counting or not; with
+    dropout for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`."""
     out = []
     I64 = types.int64
     for dtype in dtypes:
@@ -201,29 +206,33 @@ def compile_all(ccs, dtypes, ds):
         acc = _inputs.acc_dtype(dt)
         X3, A2, A3, ACC = array_type(dt, 3), array_type(acc, 2), array_type(acc, 3), acc_nb_type(dt)
         X1, LAY = array_type(dt, 1), LAYOUT_TYPE  # q, k, v, do: flat, with their layouts (_inputs.flat_input)
-        fwd_sig = (X1, X1, X1, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE, LAY, LAY, LAY)
-        kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY)
-        q_sig = (X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY)
+        DROP = _dropout.arg_types(ACC)
+        fwd_sig = (X1, X1, X1, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE, LAY, LAY, LAY, *DROP)
+        kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY,
+                  *DROP)
+        q_sig = (X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY, *DROP)
         for d in ds:
             Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
             bBr, bBc = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
             fast_bwd = uses_fast_backward(bBr, bBc, d, dt)
-            for count, causal in itertools.product((False, True), (False, True)):
-                tag = f"{' causal' * causal} {dt}{' count' * count}"
+            variants = ((count, causal, drop) for count, causal in itertools.product((False, True), (False, True))
+                        for drop in _dropout.compile_variants(dt, d, count))
+            for count, causal, drop in variants:
+                tag = f"{' causal' * causal} {dt}{' count' * count}{' dropout' * drop}"
                 fwd, bwd = f"d={d} Br={Br} Bc={Bc}{tag}", f"d={d} Br={bBr} Bc={bBc}{tag}"
                 # (launch, label, kernel, signature); built uncapped, assembled with each cc's cap below
                 specs = [(FORWARD_NAME, f"{FORWARD_NAME} {fwd}",
-                          forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count, None)[0], fwd_sig)]
+                          forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count, None, drop)[0], fwd_sig)]
                 if fast_bwd:
                     kv_args = (d, bBc // TY, bBr // TX, dt.name, causal, count, None)
                     specs += [
-                        (BACKWARD_KV_NAME, f"{BACKWARD_KV_NAME} {bwd}", dkdv_kernel(*kv_args)[0], kv_sig),
+                        (BACKWARD_KV_NAME, f"{BACKWARD_KV_NAME} {bwd}", dkdv_kernel(*kv_args, dropout=drop)[0], kv_sig),
                         (BACKWARD_Q_NAME, f"{BACKWARD_Q_NAME} {bwd}",
-                         dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count)[0], q_sig),
-                        (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}", dkdv_kernel(*kv_args, atomic_dq=True)[0],
-                         kv_sig),
+                         dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count, drop)[0], q_sig),
+                        (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}",
+                         dkdv_kernel(*kv_args, atomic_dq=True, dropout=drop)[0], kv_sig),
                     ]
-                if fast_bwd and causal and d == ds[0]:  # the atomic path's element-wise kernels, once
+                if fast_bwd and causal and d == ds[0] and not drop:  # the atomic path's element-wise kernels, once
                     A1, c = array_type(acc, 1), " count" * count
                     specs.append((ZERO_DQ_NAME, f"{ZERO_DQ_NAME} {dt}{c}", zero_kernel(acc.name, count),
                                   (A1, I64, COUNTER_TYPE)))

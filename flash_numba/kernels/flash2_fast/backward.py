@@ -26,7 +26,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from ...device import SIMULATOR, jit
-from .. import _tile_ops
+from .. import _dropout, _tile_ops
 from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_unless_zero, nb_type
 from .._common import rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
@@ -57,11 +57,12 @@ def _kernel_constants(dtype_name: str):
 
 @lru_cache(maxsize=None)
 def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
-                atomic_dq: bool = False):
+                atomic_dq: bool = False, dropout: bool = False):
     """``(kernel, geometry)``: dK_j, dV_j for one key block of Bc = 8 TM rows (and dQ by atomics).
 
     Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
-    do_lay)``: q, k, v, do flat inputs and their layouts (:func:`flash_numba._inputs.flat_input`); ``dq`` is
+    do_lay, seed, threshold, inv_keep)``: q, k, v, do flat inputs and their layouts
+    (:func:`flash_numba._inputs.flat_input`), the last three dropout's (used iff ``dropout``); ``dq`` is
     a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  A block of
     key/value head hkv walks over the query blocks of its G query heads in turn (grouped-query
     attention, G = Hq / Hkv; dk and dv have B*Hkv heads).  ``maxreg``:
@@ -86,8 +87,10 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
     dv_dk_masked = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, True, count)
+    drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
-    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay):
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+               seed, threshold, inv_keep):
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
         VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS), QS odd
@@ -130,6 +133,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         for step in range(G * n_i):  # the query blocks of each query head bh of the group in turn
             bh, i = group_step(step, n_i, i_first, hkv, G)
             r0 = i * Br
+            head = drop_head(seed, bh)  # dropout's hash of the query head
             cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
             n = load_q(QT, dOT, q, do, q_lay, do_lay, bh, r0, Nq, tid)
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
@@ -139,8 +143,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 
             s_dp_product(sT, dpT, KT, VT, QT, dOT, ty, tx)
 
-            # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (dP - D), both selected
-            # to 0 where masked or past Nk; stored row-major
+            # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (Zs dP - D), both selected
+            # to 0 where masked or past Nk; stored row-major, P as Zs P (Zs: dropout's factor, regenerated)
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
             for b in range(TN):
@@ -150,13 +154,15 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 lim = Nk - 1 - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, exist and are visible
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
+                rk = drop_row(head, r0 + rl)  # dropout's hash of the row
                 for a in range(TM):
                     p = exp2_ieee(MUL_RN(scale_log2, sT[a, b]) - L2)  # rounded as in the forward
-                    ds = p * (dpT[a, b] - Dv)
+                    zs = drop(rk, c0 + ty * TM + a, threshold, inv_keep)  # dropout's factor (1 without)
+                    ds = p * (zs * dpT[a, b] - Dv)
                     if edge and a > lim:
                         p = ZERO
                         ds = ZERO
-                    Ps[rl * PS + ty * TM + a] = p
+                    Ps[rl * PS + ty * TM + a] = p * zs
                     dSs[rl * PS + ty * TM + a] = ds
             cuda.syncthreads()
 
@@ -210,11 +216,11 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 
 
 @lru_cache(maxsize=None)
-def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool):
+def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, dropout: bool = False):
     """``(kernel, geometry)``: dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j.
 
-    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay)``
-    (as for :func:`dkdv_kernel`).
+    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+    seed, threshold, inv_keep)`` (as for :func:`dkdv_kernel`).
     """
     acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
     MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
@@ -230,8 +236,10 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     dq_product = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
     dq_masked = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, False, count)
+    drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
-    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay):
+    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay, seed,
+               threshold, inv_keep):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS), KS odd
@@ -273,8 +281,8 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
 
             s_dp_product(s, dp, QT, dOT, KT, VT, ty, tx)
 
-            # dS = P * (dP - D) with P = exp(S - L) recomputed (the given L, unclamped), 0 where masked or
-            # past Nk; stored transposed
+            # dS = P * (Zs dP - D) with P = exp(S - L) recomputed (the given L, unclamped), 0 where masked or
+            # past Nk; stored transposed (Zs: dropout's factor, regenerated)
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
             cb = c0 + tx * TN  # this thread's first key
@@ -282,8 +290,10 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
                 lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
                 if CAUSAL:
                     lim = min(lim, last_visible_key(r0 + ty * TM + a, Nq, Nk) - cb)
+                rk = drop_row(drop_head(seed, bh), r0 + ty * TM + a)  # dropout's hash of the row
                 for b in range(TN):
-                    ds = exp2_ieee(MUL_RN(scale_log2, s[a, b]) - L2[a]) * (dp[a, b] - Dr[a])
+                    zs = drop(rk, cb + b, threshold, inv_keep)
+                    ds = exp2_ieee(MUL_RN(scale_log2, s[a, b]) - L2[a]) * (zs * dp[a, b] - Dr[a])
                     if edge and b > lim:
                         ds = ZERO
                     dST[(tx * TN + b) * PS + ty * TM + a] = ds

@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda
 
 from ...device import SIMULATOR, jit
-from .. import _tile_ops
+from .. import _dropout, _tile_ops
 from .._tile_ops import half_warp_max, half_warp_sum
 from .._common import acc_nb_type, add_counts, kv_head, nan_max, rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
@@ -32,12 +32,14 @@ from .layout import FASTMATH, FORWARD_NAME, TX, device_register_cap, geometry, s
 
 
 @lru_cache(maxsize=None)
-def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1):
+def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
+                   dropout: bool = False):
     """``(kernel, geometry)``: the forward for head dim d, micro-tile TM x TN, storage ``dtype_name``.
 
-    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay)``: q, k, v
-    flat inputs and their layouts (:func:`flash_numba._inputs.flat_input`, any strides); query head bh reads
-    key/value head bh // G (grouped-query attention, G = Hq / Hkv).  ``maxreg``:
+    Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed,
+    threshold, inv_keep)``: q, k, v flat inputs and their layouts (:func:`flash_numba._inputs.flat_input`, any
+    strides); query head bh reads key/value head bh // G (grouped-query attention, G = Hq / Hkv); the last
+    three are dropout's (:mod:`flash_numba.kernels._dropout`; used iff ``dropout``).  ``maxreg``:
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
     """
     dtype = np.dtype(dtype_name)
@@ -58,8 +60,9 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     s_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
     pv_product = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
     pv_masked = _tile_ops.micro_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc, True)  # P = 0 adds nothing
+    DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, acc)
 
-    def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay):
+    def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed, threshold, inv_keep):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
         KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T  (DP, KS)
         Vs = cuda.shared.array(V_SIZE, ACC, alignment=ALIGN)  # V_j    (Bc, DP)
@@ -131,6 +134,11 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                     p = math.exp2(s[a, b] - m_use)
                     l[a] += p
                     PT[(tx * TN + b) * PS + ty * TM + a] = p
+            if DROPOUT:  # the paper's Algorithm 2: P~_ij dropped after l_i (l and L stay undropped), before P~ V;
+                for a in range(TM):  # a pass of its own, when s is dead: fewer registers live than in the loop above
+                    rk = drop_row(drop_head(seed, bh), row0 + ty * TM + a)  # dropout's hash of the row
+                    for b in range(TN):
+                        PT[(tx * TN + b) * PS + ty * TM + a] *= drop(rk, col0 + tx * TN + b, threshold, inv_keep)
             cuda.syncthreads()
 
             if diagonal:  # a masked key's P is 0: it adds nothing, even where V_j holds Inf or NaN

@@ -49,7 +49,7 @@ from numba import types
 
 from ... import _inputs
 from ...device import STATIC_SHARED_LIMIT
-from .. import _rowsum
+from .. import _dropout, _rowsum
 from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_type
 from .._spec import KernelSpec
 from .._tiles import NT
@@ -95,13 +95,15 @@ def _forward_steps(prob, ops, block, counters):
     S, P, O, L, ml = (out[x] for x in ("S", "P", "O", "L", "ml"))
     scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
     softmax = softmax_kernel(Br, Bc, dt.name, causal, count)
-    rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count)
+    dropout, drop_args = _dropout.launch_args(prob)
+    rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)  # O = (Zs P) V: dropout on chip
     c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
     scale, one = acc.type(prob.scale), acc.type(1)
     steps = [
         (FORWARD_NAMES[0], lambda: scores[shape[FORWARD_NAMES[0]], NT](q, k, S, L, ml, Nq, Nk, prob.G, scale, c0)),
         (FORWARD_NAMES[1], lambda: softmax[shape[FORWARD_NAMES[1]], NT](S, ml, P, Nq, Nk, c1)),
-        (FORWARD_NAMES[2], lambda: rowprod[shape[FORWARD_NAMES[2]], NT](P, v, O, Nq, Nk, prob.G, one, c2)),
+        (FORWARD_NAMES[2], lambda: rowprod[shape[FORWARD_NAMES[2]], NT](P, v, O, Nq, Nk, prob.G, one, c2,
+                                                                         *drop_args)),
     ]
     return steps, out
 
@@ -146,8 +148,10 @@ def backward(prob, ops, block, counters):
     D = _rowsum.rowsum(prob, o, do, counters)
     P = _inputs.empty((BH, Nq, Nk), dt)
     dS = _inputs.empty((BH, Nq, Nk), dt)
-    grad_scores_kernel(d, Br, Bc, dt.name, causal, count)[grid[1], NT](
-        q, k, v, do, lse, D, P, dS, Nq, Nk, prob.G, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
+    dropout, drop_args = _dropout.launch_args(prob)
+    grad_scores_kernel(d, Br, Bc, dt.name, causal, count, dropout)[grid[1], NT](  # P: Zs P with dropout
+        q, k, v, do, lse, D, P, dS, Nq, Nk, prob.G, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1]),
+        *drop_args
     )
     scale = acc.type(prob.scale)
     colprod = colprod_kernel(d, Br, Bc, dt.name, causal, count)
@@ -157,14 +161,15 @@ def backward(prob, ops, block, counters):
     colprod[grid[3], NT](dS, q, dK, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[3]))
     dQ = _inputs.empty((BH, Nq, d), dt)
     rowprod_kernel(d, Br, Bc, dt.name, causal, count)[grid[4], NT](
-        dS, k, dQ, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[4])
+        dS, k, dQ, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[4]), *drop_args  # (unused: no dropout)
     )
     return dQ, dK, dV
 
 
 def compile_all(ccs, dtypes, ds):
-    """PTX of every kernel at the chosen blocks for each d, causal or not, counting or not,
-    as ``[(label, ptx)]``; then lesson 4's 16 x 16 product (:mod:`.matmul16`)."""
+    """PTX of every kernel at the chosen blocks for each d, causal or not, counting or not (the dropout
+    variants of rowprod and grad_scores for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`
+    only), as ``[(label, ptx)]``; then lesson 4's 16 x 16 product (:mod:`.matmul16`)."""
     from ...compile_check import compile_ptx
     from .. import matmul16
 
@@ -175,6 +180,7 @@ def compile_all(ccs, dtypes, ds):
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
         XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
         A3 = array_type(_inputs.acc_dtype(dt), 3)
+        DROP = _dropout.arg_types(ACC)
         for d in ds:
             fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward")
             bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
@@ -188,15 +194,22 @@ def compile_all(ccs, dtypes, ds):
                         (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
                          (X3, A3, X3, I64, I64, COUNTER_TYPE)),
                         (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                         (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
                         (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
-                         (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                         (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
                         (f"colprod {b}", colprod_kernel(d, *bwd, dt.name, causal, count),
                          (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                     ]
                     if bwd != fwd:
                         specs.append((f"rowprod {b}", rowprod_kernel(d, *bwd, dt.name, causal, count),
-                                      (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE)))
+                                      (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)))
+                    if True in _dropout.compile_variants(dt, d, count):  # O = (Zs P) V and Algorithm 4's dS
+                        specs += [
+                            (f"rowprod {f} dropout", rowprod_kernel(d, *fwd, dt.name, causal, count, True),
+                             (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                            (f"grad_scores {b} dropout", grad_scores_kernel(d, *bwd, dt.name, causal, count, True),
+                             (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                        ]
                     for label, kernel, sig in specs:
                         for cc in ccs:
                             out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))

@@ -8,6 +8,7 @@ import numpy as np
 from numba import cuda
 
 from ... import _inputs
+from .. import _dropout
 from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type, rounded_mul
 from .._tile_ops import last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
@@ -89,11 +90,14 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
 
 
 @lru_cache(maxsize=None)
-def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
+def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool, dropout: bool = False):
     """``P = exp(S - L)`` and ``dS = P * (dP - D)``, ``dP = dO V^T``, for the visible tiles, one query block per
-    thread block; P and dS are written to HBM, dP never leaves the registers.
+    thread block; P and dS are written to HBM, dP never leaves the registers.  With ``dropout`` (the paper's
+    Algorithm 4, Zs: dropout's factor regenerated from the seed): dS = P * (Zs dP - D), and the P written
+    is Zs P, the matrix dV = P^T dO needs.
 
-    Launch ``kernel[Tr * BH, 128](q, k, v, do, lse, D, p, ds, Nq, Nk, G, scale, counter)`` (k, v: head bh // G).
+    Launch ``kernel[Tr * BH, 128](q, k, v, do, lse, D, p, ds, Nq, Nk, G, scale, counter, seed, threshold,
+    inv_keep)`` (k, v: head bh // G; the last three: dropout's, used iff ``dropout``).
     Q_i and dO_i stay in shared memory; V_j, then K_j pass through one buffer.  P is
     ``exp(S - L)`` of exactly the S the forward stored (the same products in the same
     order, the same scale, rounded to the storage dtype), so it differs from the
@@ -116,9 +120,10 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j, V_j -> (DP, KS) transposed
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
     store = tile_store(TM, TN, dtype.name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
-    def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, G, scale, counter):
+    def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, G, scale, counter, seed, threshold, inv_keep):
         QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T (DP, QS)
         dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
         XT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T, then K_j^T (DP, KS)
@@ -186,6 +191,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                 lim = Nk - 1 - ct  # keys ct + b with b <= lim exist and are visible
                 if CAUSAL:
                     lim = min(lim, rt + a + off - ct)
+                rk = drop_row(drop_head(seed, bh), rt + a)  # dropout's hash of the row
                 for b in range(TN):
                     x = MUL_RN(scale, s[a, b])  # S as the forward stored it (rounded_mul: not fused)
                     if ROUND:
@@ -194,7 +200,9 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                     ds = ZERO
                     if not (edge and b > lim):
                         pv = exp_ieee(x - Lr[a])  # the given L, unclamped
-                        ds = pv * (dp[a, b] - Dr[a])
+                        zs = drop(rk, ct + b, threshold, inv_keep)
+                        ds = pv * (zs * dp[a, b] - Dr[a])
+                        pv *= zs
                     s[a, b] = pv
                     dp[a, b] = ds
             n = store(p_out, bh, rt, ct, Nq - rt, Nk - ct, s)

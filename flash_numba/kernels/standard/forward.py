@@ -9,6 +9,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from ... import _inputs
+from .. import _dropout
 from .._common import acc_nb_type, add_counts, kv_head, nan_max, nb_type, rounded_mul
 from .._tile_ops import half_warp_max, half_warp_sum, last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
@@ -202,12 +203,15 @@ def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool)
 
 
 @lru_cache(maxsize=None)
-def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool):
+def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool, dropout: bool = False):
     """``C_i = alpha * sum_j A_ij B_j`` (``O = P V``; ``dQ = scale dS K``), one query block per thread block.
 
     ``a``: (BH, Nq, Nk) storage dtype, read in the visible tiles only; ``b``: (BH / G, Nk, d), head bh // G
-    for row head bh (grouped-query attention); ``c``: (BH, Nq, d).
-    Launch ``kernel[Tr * BH, 128](a, b, c, Nq, Nk, G, alpha, counter)``.
+    for row head bh (grouped-query attention); ``c``: (BH, Nq, d).  With ``dropout`` (O = P V only), each
+    A_ij tile is multiplied on chip by dropout's factor Zs (0 or 1 / (1 - p), regenerated from the seed):
+    O = (Zs P) V while P in HBM stays the softmax.
+    Launch ``kernel[Tr * BH, 128](a, b, c, Nq, Nk, G, alpha, counter, seed, threshold, inv_keep)``
+    (the last three: dropout's, used iff ``dropout``).
     Thread (ty, tx) owns rows ``ty*TM ..`` and columns ``tx*TD ..`` of C_i.
     """
     dtype = np.dtype(dtype_name)
@@ -223,9 +227,10 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     product = micro_product(TM, TD, Bc, AS, DP, acc_name)
     product_masked = micro_product(TM, TD, Bc, AS, DP, acc_name, True)  # a 0 in A_ij adds nothing
     store = tile_store(TM, TD, dtype.name)
+    DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
     AT_SIZE, B_SIZE = Bc * AS, Bc * DP  # shared-array sizes must be constants
-    def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, counter):
+    def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, counter, seed, threshold, inv_keep):
         AT = cuda.shared.array(AT_SIZE, ACC, alignment=ALIGN)  # A_ij^T (Bc, AS)
         Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_j (Bc, DP)
         acc = cuda.local.array((TM, TD), ACC)
@@ -254,6 +259,11 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()
+            if DROPOUT:  # A_ij = P_ij: dropout's mask, regenerated (zeros past Nq and Nk stay 0)
+                for e in range(tid, Br * Bc, NT):
+                    c, r = e // Br, e % Br
+                    AT[c * AS + r] *= drop(drop_row(drop_head(seed, bh), r0 + r), c0 + c, threshold, inv_keep)
+                cuda.syncthreads()
             if CAUSAL and c0 + Bc - 1 > r0 + (Nk - Nq):  # masked entries (A = 0) add nothing, even against Inf/NaN
                 product_masked(AT, ty * TM, Bs, tx * TD, acc)
             else:
