@@ -14,8 +14,8 @@ run checks them all::
 Full sizes: N = 17, 97, 1000 and d = 16, 80, 128, every combination with
 causal / not and plain / counting (float32), plus float16 and float64 and
 Nq != Nk cases and grouped-query attention (k and v with one head for the two
-query heads); B*H = 2 throughout.  ``--quick`` keeps seven cases per kernel
-that still cover every N, every d, both flags, Nq > Nk, Nq < Nk and GQA (racecheck
+query heads) with dropout; B*H = 2 throughout.  ``--quick`` keeps seven cases per kernel
+that still cover every N, every d, both flags, Nq > Nk, Nq < Nk, GQA and dropout (racecheck
 slows shared-memory code down by orders of magnitude).  Each case prints one
 ``ok`` line with its time; the exit status is 1 if a case raised or produced a
 non-finite value (uninitialised memory shows up that way).
@@ -67,10 +67,12 @@ class Case:
     causal: bool
     count: bool
     Hkv: int = LEAD[1]  # heads of k and v: 1 is grouped-query attention, both query heads on one
+    dropout: float = 0.0  # dropout_p (the paper's dropout, its mask regenerated in the backward)
 
     @property
     def label(self) -> str:
         flags = " causal" * self.causal + " count" * self.count + f" Hkv={self.Hkv}" * (self.Hkv != LEAD[1])
+        flags += f" dropout={self.dropout}" * (self.dropout > 0)
         return f"{self.kernel} {self.dtype} Nq={self.Nq} Nk={self.Nk} d={self.d}{flags}"
 
 
@@ -86,7 +88,7 @@ def cases(quick: bool = False, kernels=KERNELS) -> list[Case]:
                 Case(kernel, "float32", 17, 97, 80, False, True),
                 Case(kernel, "float32", 1000, 1000, 16, True, False),
                 Case(kernel, "float16", 17, 17, 80, True, False),
-                Case(kernel, "float32", 97, 97, 16, True, True, Hkv=1),  # grouped-query attention
+                Case(kernel, "float32", 97, 97, 16, True, True, Hkv=1, dropout=0.25),  # GQA and dropout
             ]
             continue
         for N in (17, 97, 1000):
@@ -100,7 +102,7 @@ def cases(quick: bool = False, kernels=KERNELS) -> list[Case]:
             Case(kernel, "float32", 97, 17, 80, True, True),
             Case(kernel, "float32", 17, 97, 80, True, False),
             Case(kernel, "float32", 97, 97, 16, True, True, Hkv=1),
-            Case(kernel, "float32", 17, 97, 80, False, False, Hkv=1),
+            Case(kernel, "float32", 17, 97, 80, False, False, Hkv=1, dropout=0.5),
         ]
     return out
 
@@ -114,7 +116,7 @@ def run_case(case: Case, seed: int = 0) -> str:
     q = rng.standard_normal(LEAD + (case.Nq, case.d)).astype(dt)
     k, v = (rng.standard_normal(LEAD[:-1] + (case.Hkv, case.Nk, case.d)).astype(dt) for _ in range(2))
     do = rng.standard_normal(q.shape).astype(dt)
-    kw = dict(causal=case.causal, count_hbm=case.count)
+    kw = dict(causal=case.causal, count_hbm=case.count, dropout_p=case.dropout, dropout_seed=seed + 1)
     kernel, atomic = case.kernel.removesuffix("-atomic"), case.kernel.endswith("-atomic")
     f = fn.attention_forward(q, k, v, kernel=kernel, **kw)
     b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, deterministic=not atomic, **kw)
