@@ -257,7 +257,7 @@ else:
 # %%
 for name, (ours_e, sdpa_e, bound) in swap_err.items():
     assert ours_e <= bound, (name, ours_e, bound)
-assert tuple(saved["L"]) == (B * H, N)
+assert tuple(saved["L"]) == (B, H, N)  # L per query row, shaped as the call
 assert max(causal_err.values()) < 1e-13, causal_err
 assert split_ok
 assert all(np.isfinite(r["final_loss"]) for r in toy_runs.values())
