@@ -16,7 +16,7 @@ NaN only (an infinite k_j with an ordinary q_i can make S_ij = -inf), v gets NaN
 when the scores are O(1) (no probability underflows), and an lse is edited only on rows that see
 no key or more than one (see ``problems``).
 
-Examples per kernel: ``FLASH_NUMBA_FUZZ_EXAMPLES`` (default 6, derandomized: the same examples
+Examples per kernel: ``FLASH_NUMBA_FUZZ_EXAMPLES`` (default 4, derandomized: the same examples
 on every machine; each costs a few seconds in the simulator).
 """
 
@@ -33,7 +33,7 @@ import test_reference as reference_tests
 import test_standard as standard_tests
 from flash_numba import _inputs, reference
 
-EXAMPLES = int(os.environ.get("FLASH_NUMBA_FUZZ_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("FLASH_NUMBA_FUZZ_EXAMPLES", "4"))
 #: (kernel, deterministic): every kernel, and flash2_fast's atomic backward
 VARIANTS = [(k, True) for k in rel.KERNELS] + [("flash2_fast", False)]
 #: regime -> (entries of q and k about this size, scale as a function of d and dtype); scores O(1)
