@@ -161,6 +161,13 @@ NEW_CASES = [
         _all3(lambda x: x.astype(np.longdouble)),
     ),
     (
+        "kv-heads-not-dividing-q-heads",
+        ALL,
+        ValueError,
+        r"^k: leading \(batch, head\) dims \(3,\) differ from q's \(2,\); only the head count may differ",
+        {name: (lambda a, name=name: np.concatenate([a[name], a[name][:1]])) for name in ("k", "v")},
+    ),
+    (
         "gpu-array-in-simulator",
         ALL,
         TypeError,
