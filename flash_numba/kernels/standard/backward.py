@@ -9,6 +9,7 @@ from numba import cuda
 
 from ... import _inputs
 from .. import _dropout
+from ..causal import crosses_diagonal_dev as crosses_diagonal
 from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type, rounded_mul
 from .._tile_ops import last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
@@ -73,7 +74,7 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()
-            if CAUSAL and c0 + Bc - 1 > r0 + (Nk - Nq):  # masked entries (A = 0) add nothing, even against Inf/NaN
+            if CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk):  # masked entries (A = 0) add nothing, Inf/NaN or not
                 product_masked(As, ty * TMc, Bs, tx * TD, acc)
             else:
                 product(As, ty * TMc, Bs, tx * TD, acc)
@@ -186,7 +187,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                 nr += n * SB
             cuda.syncthreads()
             product(QT, ty * TM, XT, tx * TN, s)  # S = Q_i K_j^T (unscaled)
-            edge = c0 + Bc > Nk or (CAUSAL and c0 + Bc - 1 > r0 + off)  # uniform over the block
+            edge = c0 + Bc > Nk or (CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk))  # uniform over the block
             for a in range(TM):
                 lim = Nk - 1 - ct  # keys ct + b with b <= lim exist and are visible
                 if CAUSAL:

@@ -13,6 +13,7 @@ from .. import _dropout
 from .._common import acc_nb_type, add_counts, kv_head, nan_max, nb_type, rounded_mul
 from .._tile_ops import half_warp_max, half_warp_sum, last_tile_first
 from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
+from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import sees_no_key_dev as sees_no_key
 from .layout import FULL_MASK, SOFTMAX_ROWS, _align, _consts, _n_visible, geometry
 
@@ -91,7 +92,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
                     x = MUL_RN(scale, s[a, b])  # rounded: the backward recomputes it so (rounded_mul)
                     s[a, b] = ACC(ST(x)) if ROUND else x
             ct = c0 + tx * TN  # this thread's first key
-            if c0 + Bc > Nk or (CAUSAL and c0 + Bc - 1 > r0 + off):  # uniform over the block
+            if c0 + Bc > Nk or (CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)):  # uniform over the block
                 for a in range(TM):
                     lim = Nk - 1 - ct  # keys ct + b with b <= lim exist and are visible
                     if CAUSAL:
@@ -264,7 +265,7 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
                     c, r = e // Br, e % Br
                     AT[c * AS + r] *= drop(drop_row(drop_head(seed, bh), r0 + r), c0 + c, threshold, inv_keep)
                 cuda.syncthreads()
-            if CAUSAL and c0 + Bc - 1 > r0 + (Nk - Nq):  # masked entries (A = 0) add nothing, even against Inf/NaN
+            if CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk):  # masked entries (A = 0) add nothing, Inf/NaN or not
                 product_masked(AT, ty * TM, Bs, tx * TD, acc)
             else:
                 product(AT, ty * TM, Bs, tx * TD, acc)
