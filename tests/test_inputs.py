@@ -293,7 +293,7 @@ def test_accepted_ranks_and_the_largest_head_dim(rng, lead):
 # the current GPU asked once, a torch buffer handed back as is).  The torch paths are
 # exercised here with small stand-ins for CUDA tensors; the real thing is the gpu test below.
 
-from flash_numba import _inputs  # noqa: E402
+from flash_numba import _inputs, _views  # noqa: E402
 
 
 class _FakeDevice:
@@ -359,9 +359,9 @@ def test_a_torch_tensor_is_reshaped_on_the_torch_side(as_on_gpu, monkeypatch):
 
     monkeypatch.setattr(numba_cuda, "as_cuda_array", lambda t, sync=True: ("numba", t), raising=False)
     t = _FakeCudaTensor(np.zeros((2, 3, 5, 4), np.float32))
-    assert _inputs._tensor_to_device(t, (6, 5, 4), "q") == ("numba", ("view", t, (6, 5, 4)))
+    assert _views._tensor_to_device(t, (6, 5, 4), "q") == ("numba", ("view", t, (6, 5, 4)))
     with pytest.raises(ValueError, match=r"^q: device array is not C-contiguous; make it contiguous first"):
-        _inputs._tensor_to_device(_FakeCudaTensor(np.zeros((5, 4), np.float32), contiguous=False), (1, 5, 4), "q")
+        _views._tensor_to_device(_FakeCudaTensor(np.zeros((5, 4), np.float32), contiguous=False), (1, 5, 4), "q")
 
 
 def test_finish_hands_back_the_buffer_tensor():

@@ -18,7 +18,7 @@ import pytest
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import _inputs, iomodel, kernels, reference
+from flash_numba import _inputs, _views, iomodel, kernels, reference
 from flash_numba.device import SIMULATOR
 
 from test_flash2 import err64
@@ -115,7 +115,7 @@ def test_strided_device_input_is_not_copied(monkeypatch, rng):
     def no_copy(arr):
         raise AssertionError("a strided device input with contiguous rows was copied")
 
-    monkeypatch.setattr(_inputs, "_contiguous_copy", no_copy)
+    monkeypatch.setattr(_views, "_contiguous_copy", no_copy)
     q, k, v = (rng.standard_normal((1, 2, 5, 8)) for _ in range(3))
     views = packed(q, k, v)
     prob, ops = _inputs.prepare(dict(zip("qkv", views)), causal=False, scale=None)
@@ -123,7 +123,7 @@ def test_strided_device_input_is_not_copied(monkeypatch, rng):
         dev = ops[name].dev
         assert address(dev) == address(view)  # the caller's memory ...
         assert tuple(dev.strides) == tuple(view.strides)  # ... with its strides, (B, H, N, d) already
-        flat, layout = _inputs.flat_input(dev)
+        flat, layout = _views.flat_input(dev)
         assert address(flat) == address(view)
         assert layout == (2, 5 * 3 * 2 * 8, 8, 3 * 2 * 8)  # (H, stride_B, stride_H, stride_N) in elements
     o = fn.attention(*views, kernel="flash2_fast")
@@ -133,8 +133,8 @@ def test_strided_device_input_is_not_copied(monkeypatch, rng):
 def test_strided_last_dim_is_copied(monkeypatch, rng):
     """An input whose last dim is strided (every other element) is copied to contiguous form, then used."""
     calls = []
-    copy = _inputs._contiguous_copy
-    monkeypatch.setattr(_inputs, "_contiguous_copy", lambda arr: calls.append(1) or copy(arr))
+    copy = _views._contiguous_copy
+    monkeypatch.setattr(_views, "_contiguous_copy", lambda arr: calls.append(1) or copy(arr))
     q, k, v = (rng.standard_normal((3, 17, 8)) for _ in range(3))
     wide = cuda.to_device(np.repeat(q, 2, axis=-1))  # (3, 17, 16): q's columns at 0, 2, 4, ...
     dev_q = wide[:, :, ::2]
@@ -147,8 +147,8 @@ def test_strided_last_dim_is_copied(monkeypatch, rng):
 def test_negative_strides_are_copied(monkeypatch, rng):
     """A device view with a negative stride (the sequence reversed) is copied to contiguous form, then used."""
     calls = []
-    copy = _inputs._contiguous_copy
-    monkeypatch.setattr(_inputs, "_contiguous_copy", lambda arr: calls.append(1) or copy(arr))
+    copy = _views._contiguous_copy
+    monkeypatch.setattr(_views, "_contiguous_copy", lambda arr: calls.append(1) or copy(arr))
     q, k, v = (rng.standard_normal((2, 17, 8)) for _ in range(3))
     dev_q = cuda.to_device(np.ascontiguousarray(q[:, ::-1]))[:, ::-1]  # q's rows, stored last to first
     assert dev_q.strides[1] < 0
@@ -163,14 +163,14 @@ def test_flash2_fast_head_span_over_32_bits(monkeypatch, rng):
     one that does not fit even then is refused, naming the argument."""
     q, k, v = (rng.standard_normal((1, 2, 17, 8)) for _ in range(3))
     views = packed(q, k, v)
-    monkeypatch.setattr(_inputs, "HEAD_SPAN_LIMIT", 17 * 8 + 1)  # contiguous rows fit, 3 H d-strided ones do not
+    monkeypatch.setattr(_views, "HEAD_SPAN_LIMIT", 17 * 8 + 1)  # contiguous rows fit, 3 H d-strided ones do not
     calls = []
-    copy = _inputs._contiguous_copy
-    monkeypatch.setattr(_inputs, "_contiguous_copy", lambda arr: calls.append(1) or copy(arr))
+    copy = _views._contiguous_copy
+    monkeypatch.setattr(_views, "_contiguous_copy", lambda arr: calls.append(1) or copy(arr))
     o = fn.attention(*views, kernel="flash2_fast", causal=True)
     assert len(calls) == 3
     assert err64(host(o), reference.attention_forward(q, k, v, causal=True)[0]) < 1e-13
-    monkeypatch.setattr(_inputs, "HEAD_SPAN_LIMIT", 17 * 8)
+    monkeypatch.setattr(_views, "HEAD_SPAN_LIMIT", 17 * 8)
     with pytest.raises(ValueError, match=r"^q: N \* d = 136 elements in one head, over flash2_fast's limit"):
         fn.attention(*views, kernel="flash2_fast")
 

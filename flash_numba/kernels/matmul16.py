@@ -26,7 +26,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from .. import _inputs
+from .. import _inputs, _views
 from ..device import jit
 from ..hbm import Counters
 from ._common import COUNTER_TYPE, GRID_LIMITS, acc_nb_type, add_counts, array_type
@@ -176,8 +176,8 @@ def matmul(a, b, *, trans_a=False, trans_b=False, alpha=1.0, count_hbm=False):
         raise ValueError(f"b: inner dimension {Kb} of op(b) differs from op(a)'s {K}")
     if min(M, N, K, a3[0]) < 1:
         raise ValueError(f"a, b: empty matrices {tuple(a.shape)} and {tuple(b.shape)}")
-    a_d = _inputs._to_device(a, a_dev, a3, "a")
-    b_d = _inputs._to_device(b, b_dev, b3, "b")
+    a_d = _views._to_device(a, a_dev, a3, "a")
+    b_d = _views._to_device(b, b_dev, b3, "b")
     c = _inputs.empty((a3[0], M, N), dtype)
     counters = Counters(count_hbm)
     counter = counters.array("C = alpha*op(A)@op(B)")

@@ -20,7 +20,7 @@ How the kernels spend their time on multiply-adds:
   (:mod:`flash_numba.kernels._tile_ops`); full K/V tiles loaded with unsigned indices,
   every load of a thread before its first shared store.
 * **Strided inputs, global loads.**  q, k, v, dO come as flat 1-D arrays with their
-  ``(H, stride_B, stride_H, stride_N)`` layouts (:func:`flash_numba._inputs.flat_input`):
+  ``(H, stride_B, stride_H, stride_N)`` layouts (:func:`flash_numba._views.flat_input`):
   any layout whose rows are contiguous is read in place (a transposed ``(B, N, H, d)``
   tensor, a packed qkv), with no compile-time specialisation per layout.  An index into a
   C-contiguous array compiles to arithmetic on its pointer, so the loads stay global
@@ -28,7 +28,7 @@ How the kernels spend their time on multiply-adds:
   arithmetic on the address: generic loads, and 38 more registers in the forward, which
   spilled under its cap of 128).  The head's start (one 32-bit division, shared by K and
   V) is computed once per tile load; offsets within a head are 32-bit (row strides as
-  uint32: ``_inputs.flat_input`` copies the rare input whose head spans 2^32 elements).
+  uint32: ``_views.flat_input`` copies the rare input whose head spans 2^32 elements).
 * **Typed constants** (``-inf``, 0, 1 in the accumulation dtype) and **exp2** with
   log2(e) folded into the scale; ``fastmath`` without the no-inf/no-NaN flags, so
   masked rows keep their -inf.
@@ -51,7 +51,7 @@ import itertools
 import numpy as np
 from numba import cuda, types
 
-from ... import _inputs
+from ... import _inputs, _views
 from ...compile_check import compile_kernel
 from ...device import SIMULATOR, STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
@@ -110,7 +110,7 @@ def forward(prob, ops, block, counters):
                                dropout=dropout)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
-    (q, q_lay), (k, k_lay), (v, v_lay) = (_inputs.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
+    (q, q_lay), (k, k_lay), (v, v_lay) = (_views.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
     kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.G,
                                                  prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
                                                  q_lay, k_lay, v_lay, *drop_args)
@@ -119,9 +119,9 @@ def forward(prob, ops, block, counters):
 
 def _backward_inputs(prob, ops, counters):
     """(q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts): D = rowsum(dO * O) launched, dk and dv
-    allocated; q, k, v, do flat and ``layouts`` their layouts (:func:`flash_numba._inputs.flat_input`)."""
+    allocated; q, k, v, do flat and ``layouts`` their layouts (:func:`flash_numba._views.flat_input`)."""
     D = _rowsum.rowsum(prob, ops["o"].dev, ops["do"].dev, counters)
-    (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_inputs.flat_input(ops[name].dev, name)
+    (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_views.flat_input(ops[name].dev, name)
                                                         for name in ("q", "k", "v", "do"))
     dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
     dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
@@ -205,7 +205,7 @@ def compile_all(ccs, dtypes, ds):
         dt = np.dtype(dtype)
         acc = _inputs.acc_dtype(dt)
         X3, A2, A3, ACC = array_type(dt, 3), array_type(acc, 2), array_type(acc, 3), acc_nb_type(dt)
-        X1, LAY = array_type(dt, 1), LAYOUT_TYPE  # q, k, v, do: flat, with their layouts (_inputs.flat_input)
+        X1, LAY = array_type(dt, 1), LAYOUT_TYPE  # q, k, v, do: flat, with their layouts (_views.flat_input)
         DROP = _dropout.arg_types(ACC)
         fwd_sig = (X1, X1, X1, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE, LAY, LAY, LAY, *DROP)
         kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY,

@@ -62,7 +62,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 
     Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
     do_lay, seed, threshold, inv_keep)``: q, k, v, do flat inputs and their layouts
-    (:func:`flash_numba._inputs.flat_input`), the last three dropout's (used iff ``dropout``); ``dq`` is
+    (:func:`flash_numba._views.flat_input`), the last three dropout's (used iff ``dropout``); ``dq`` is
     a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  A block of
     key/value head hkv walks over the query blocks of its G query heads in turn (grouped-query
     attention, G = Hq / Hkv; dk and dv have B*Hkv heads).  ``maxreg``:

@@ -37,7 +37,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     """``(kernel, geometry)``: the forward for head dim d, micro-tile TM x TN, storage ``dtype_name``.
 
     Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed,
-    threshold, inv_keep)``: q, k, v flat inputs and their layouts (:func:`flash_numba._inputs.flat_input`, any
+    threshold, inv_keep)``: q, k, v flat inputs and their layouts (:func:`flash_numba._views.flat_input`, any
     strides); query head bh reads key/value head bh // G (grouped-query attention, G = Hq / Hkv); the last
     three are dropout's (:mod:`flash_numba.kernels._dropout`; used iff ``dropout``).  ``maxreg``:
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
