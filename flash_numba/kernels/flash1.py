@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 from numba import cuda, types
@@ -105,6 +106,73 @@ def _constants(d, Br, Bc, dtype):
 
 
 @functools.lru_cache(maxsize=None)
+def _steps(d, Br, Bc, dtype, count):
+    """Device functions that Algorithms 1 and 4 (and their init kernels) share, for one shape, dtype and COUNT.
+
+    * ``zero_fill(X, bh, tid) -> nw``: X[bh] = 0 for an (N, d) accumulator in HBM, thread tid of T
+      taking every T-th element; nw: the bytes written when counting, else 0.
+    * ``sizes(q, k) -> (Nq, Nk, Tr, Tc)``: the sequence lengths and the paper's numbers of blocks.
+    * ``load_pair(A, a, B, b, h, r0, N, tid, nr) -> nr``: rows r0.. of head h of a and b loaded from HBM into
+      the SRAM tiles A and B (zeros past row N); nr plus the bytes read when counting.
+    * ``key_block(j, k, v, hkv, Nk, K_j, V_j, tid, nr) -> (c0, cols, nr)``: key block j's first key and
+      length (the last block may be partial), K_j and V_j loaded (``load_pair``).
+    * ``row_times_col(A, B, r, x, cols) -> sum_c A[r, c] B[c, x]``: a 0 in A adds nothing, even against
+      Inf or NaN in B (masked entries of P~_ij or dS_ij).
+    * ``convert(dst, src, bh, e, nr, nw) -> (nr, nw)``: element e of the float32 accumulator src[bh]
+      written to dst[bh] in the storage dtype (float16), and the bytes counted.
+
+    Inlined by Numba (``inline="always"``): the kernels compile as with these lines written out in them.
+    """
+    ACC, D, T, ISZ, ASZ, _ = _constants(d, Br, Bc, dtype)
+    COUNT, ZERO = count, ACC(0)
+
+    @jit(device=True, inline="always")
+    def zero_fill(X, bh, tid):
+        nw = 0
+        for idx in range(tid, X.shape[1] * D, T):
+            X[bh, idx // D, idx % D] = ZERO
+            if COUNT:
+                nw += ASZ
+        return nw
+
+    @jit(device=True, inline="always")
+    def sizes(q, k):
+        Nq = q.shape[2]  # q: (B, H, Nq, d)
+        Nk = k.shape[2]
+        return Nq, Nk, (Nq + Br - 1) // Br, (Nk + Bc - 1) // Bc
+
+    @jit(device=True, inline="always")
+    def load_pair(A, a, B, b, h, r0, N, tid, nr):
+        n = load_rows(A, a, h, r0, N, D, tid, T) + load_rows(B, b, h, r0, N, D, tid, T)
+        if COUNT:
+            nr += n * ISZ
+        return nr
+
+    @jit(device=True, inline="always")
+    def key_block(j, k, v, hkv, Nk, K_j, V_j, tid, nr):
+        c0 = j * Bc
+        return c0, min(Bc, Nk - c0), load_pair(K_j, k, V_j, v, hkv, c0, Nk, tid, nr)
+
+    @jit(device=True, inline="always")
+    def row_times_col(A, B, r, x, cols):
+        s = ZERO
+        for c in range(cols):
+            s = madd_unless_zero(s, A[r, c], B[c, x])
+        return s
+
+    @jit(device=True, inline="always")
+    def convert(dst, src, bh, e, nr, nw):
+        dst[bh, e // D, e % D] = src[bh, e // D, e % D]
+        if COUNT:
+            nr += ASZ
+            nw += ISZ
+        return nr, nw
+
+    return SimpleNamespace(zero_fill=zero_fill, sizes=sizes, load_pair=load_pair, key_block=key_block,
+                           row_times_col=row_times_col, convert=convert)
+
+
+@functools.lru_cache(maxsize=None)
 def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     """``(init_O_l_m, algorithm1)`` specialised for one shape, dtype, causal, COUNT and ``dropout``."""
     # ISZ: bytes of an element of q, k, v, o; ASZ: of O (the accumulator), l, m, L;
@@ -114,6 +182,9 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     ZERO, NEG_INF, NAN = ACC(0), ACC(-math.inf), ACC(math.nan)
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))  # scale * S rounded as the backward recomputes it
     drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    st = _steps(d, Br, Bc, dtype, count)
+    zero_fill, sizes, key_block, row_times_col, convert = (st.zero_fill, st.sizes, st.key_block, st.row_times_col,
+                                                           st.convert)
 
     @jit
     def init_O_l_m(O, l, m, counter):
@@ -121,11 +192,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
         bh = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         N = O.shape[1]
-        nw = 0
-        for idx in range(tid, N * D, T):
-            O[bh, idx // D, idx % D] = ZERO
-            if COUNT:
-                nw += ASZ
+        nw = zero_fill(O, bh, tid)
         for row in range(tid, N, T):
             l[bh, row] = ZERO
             m[bh, row] = NEG_INF
@@ -140,13 +207,10 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
 
         With dropout (Algorithm 2: seed, threshold, inv_keep), P~_ij is dropped after l~_ij, before P~_ij V_j.
         """
+        tid = cuda.threadIdx.x
         bh = cuda.blockIdx.x
         hkv = kv_head(bh, G)
-        tid = cuda.threadIdx.x
-        Nq = q.shape[2]  # q: (B, H, Nq, d)
-        Nk = k.shape[2]
-        Tr = (Nq + Br - 1) // Br
-        Tc = (Nk + Bc - 1) // Bc
+        Nq, Nk, Tr, Tc = sizes(q, k)
         K_j = cuda.shared.array((Bc, D), ACC)
         V_j = cuda.shared.array((Bc, D), ACC)
         Q_i = cuda.shared.array((Br, D), ACC)
@@ -156,12 +220,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
         nr = 0
         nw = 0
         for j in range(Tc):  # line 5
-            c0 = j * Bc
-            cols = min(Bc, Nk - c0)  # the last block may be partial
-            # line 6: load K_j, V_j from HBM to SRAM
-            n = load_rows(K_j, k, hkv, c0, Nk, D, tid, T) + load_rows(V_j, v, hkv, c0, Nk, D, tid, T)
-            if COUNT:
-                nr += n * ISZ
+            c0, cols, nr = key_block(j, k, v, hkv, Nk, K_j, V_j, tid, nr)  # line 6: load K_j, V_j to SRAM
             cuda.syncthreads()
             for i in range(Tr):  # line 7
                 r0 = i * Br
@@ -228,9 +287,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                 for idx in range(tid, rows * D, T):
                     r = idx // D
                     x = idx % D
-                    pv = ZERO
-                    for c in range(cols):  # a masked key's P~ is 0 and adds nothing, even against Inf or NaN in V
-                        pv = madd_unless_zero(pv, S_ij[r, c], V_j[c, x])
+                    pv = row_times_col(S_ij, V_j, r, x, cols)  # (P~_ij V_j)[r, x]; a masked key's P~ adds nothing
                     O[bh, r0 + r, x] = w_old[r] * O[bh, r0 + r, x] + w_new[r] * pv
                     if COUNT:
                         nr += ASZ
@@ -250,10 +307,7 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                 nw += ASZ
         if CONVERT:
             for idx in range(tid, Nq * D, T):
-                o[bh, idx // D, idx % D] = O[bh, idx // D, idx % D]
-                if COUNT:
-                    nr += ASZ
-                    nw += ISZ
+                nr, nw = convert(o, O, bh, idx, nr, nw)
         if COUNT:
             add_counts(counter, nr, nw)
 
@@ -269,18 +323,16 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     CAUSAL, COUNT, ZERO = causal, count, ACC(0)
     drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    st = _steps(d, Br, Bc, dtype, count)
+    zero_fill, sizes, load_pair, key_block = st.zero_fill, st.sizes, st.load_pair, st.key_block
+    row_times_col, convert = st.row_times_col, st.convert
 
     @jit
     def init_dQ(dQ, counter):
         """Algorithm 4, line 5: dQ = 0 in HBM; block bh does one (batch, head)."""
         bh = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        N = dQ.shape[1]
-        nw = 0
-        for idx in range(tid, N * D, T):
-            dQ[bh, idx // D, idx % D] = ZERO
-            if COUNT:
-                nw += ASZ
+        nw = zero_fill(dQ, bh, tid)
         if COUNT:
             cuda.atomic.add(counter, 1, nw)
 
@@ -294,10 +346,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
         """
         hkv = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        Nq = q.shape[2]  # q: (B, H, Nq, d)
-        Nk = k.shape[2]
-        Tr = (Nq + Br - 1) // Br
-        Tc = (Nk + Bc - 1) // Bc
+        Nq, Nk, Tr, Tc = sizes(q, k)
         K_j = cuda.shared.array((Bc, D), ACC)
         V_j = cuda.shared.array((Bc, D), ACC)
         dK_j = cuda.shared.array((Bc, D), ACC)
@@ -309,12 +358,8 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
         nr = 0
         nw = 0
         for j in range(Tc):  # line 6
-            c0 = j * Bc
-            cols = min(Bc, Nk - c0)  # the last block may be partial
-            # line 7: load K_j, V_j from HBM to SRAM; line 8: dK_j = dV_j = 0 on SRAM
-            n = load_rows(K_j, k, hkv, c0, Nk, D, tid, T) + load_rows(V_j, v, hkv, c0, Nk, D, tid, T)
-            if COUNT:
-                nr += n * ISZ
+            c0, cols, nr = key_block(j, k, v, hkv, Nk, K_j, V_j, tid, nr)  # line 7: load K_j, V_j to SRAM
+            # line 8: dK_j = dV_j = 0 on SRAM
             for idx in range(tid, Bc * D, T):
                 dK_j[idx // D, idx % D] = ZERO
                 dV_j[idx // D, idx % D] = ZERO
@@ -326,9 +371,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                 if j >= visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL):
                     continue  # block pair wholly above the diagonal: skipped, nothing loaded
                 # line 10: load Q_i, dO_i to SRAM (O_i, L_i and dQ_i are read where they are used)
-                n = load_rows(Q_i, q, bh, r0, Nq, D, tid, T) + load_rows(dO_i, do, bh, r0, Nq, D, tid, T)
-                if COUNT:
-                    nr += n * ISZ
+                nr = load_pair(Q_i, q, dO_i, do, bh, r0, Nq, tid, nr)
                 cuda.syncthreads()
                 if tid < rows:  # thread r owns query row r of the block
                     r = tid
@@ -373,9 +416,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                 for idx in range(tid, rows * D, T):
                     r = idx // D
                     x = idx % D
-                    dsk = ZERO
-                    for c in range(cols):  # masked entries (dS = 0) add nothing, even against Inf or NaN in K
-                        dsk = madd_unless_zero(dsk, dS_ij[r, c], K_j[c, x])
+                    dsk = row_times_col(dS_ij, K_j, r, x, cols)  # (dS_ij K_j)[r, x]; masked entries add nothing
                     dQ[bh, r0 + r, x] += scale * dsk
                     if COUNT:
                         nr += ASZ
@@ -393,10 +434,7 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
             for idx in range(tid, G * Nq * D, T):  # the group's G query heads
                 bh = hkv * G + idx // (Nq * D)
                 e = idx % (Nq * D)
-                dq[bh, e // D, e % D] = dQ[bh, e // D, e % D]
-                if COUNT:
-                    nr += ASZ
-                    nw += ISZ
+                nr, nw = convert(dq, dQ, bh, e, nr, nw)
         if COUNT:
             add_counts(counter, nr, nw)
 

@@ -10,10 +10,10 @@ from numba import cuda
 from ... import _inputs
 from .. import _dropout
 from ..causal import crosses_diagonal_dev as crosses_diagonal
-from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type, rounded_mul
-from .._tile_ops import last_tile_first
-from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
-from .layout import _align, _consts, _n_visible, geometry
+from .._common import acc_nb_type, add_counts, exp_ieee, group_step, nb_type, rounded_mul
+from .._tiles import fast_kernel, NT, micro_product, tile_loader, tile_store
+from .layout import _align, _consts, geometry
+from .steps import product_plan, query_block, thread_tile
 
 
 @lru_cache(maxsize=None)
@@ -25,28 +25,16 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     attention).  Launch ``kernel[Tc * BH / G, 128](a, b, c, Nq, Nk, G, alpha, counter)``.
     Thread (ty, tx) owns keys ``ty*TMc ..`` (TMc = Bc / 8) and columns ``tx*TD ..`` of C_j.
     """
-    dtype = np.dtype(dtype_name)
-    g = geometry(Br, Bc, d, dtype)
-    TMc, TD, DP, AS = g["TMc"], g["TD"], g["DP"], g["KS"]
-    ACC = acc_nb_type(dtype)
-    acc_name = str(ACC)
-    SB = dtype.itemsize
-    _, _, ZERO = _consts(dtype)
-    CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
-    load_a = tile_loader(Br, Bc, AS, 1, acc_name)  # A_ij -> As[r * AS + c]
-    load_b = tile_loader(Br, d, DP, 1, acc_name)  # B_i -> Bs[r * DP + x]
-    product = micro_product(TMc, TD, Br, AS, DP, acc_name)
-    product_masked = micro_product(TMc, TD, Br, AS, DP, acc_name, True)  # a 0 in A_ij adds nothing
-    store = tile_store(TMc, TD, dtype.name)
+    p = product_plan(d, Br, Bc, dtype_name, causal, count, by_rows=False)
+    TMc, TD, ACC, SB, ALIGN, A_SIZE, B_SIZE = p.TM, p.TD, p.ACC, p.SB, p.ALIGN, p.A_SIZE, p.B_SIZE
+    start, load, accumulate, finish = p.start, p.load, p.accumulate, p.finish
+    CAUSAL, COUNT = causal, count
 
-    A_SIZE, B_SIZE = Br * AS, Br * DP  # shared-array sizes must be constants
     def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, counter):
         As = cuda.shared.array(A_SIZE, ACC, alignment=ALIGN)  # A_ij (Br, AS)
         Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_i (Br, DP)
         acc = cuda.local.array((TMc, TD), ACC)
-        tid = cuda.threadIdx.x
-        ty = tid // TX
-        tx = tid % TX
+        tid, ty, tx = thread_tile()
         # 1-D grid, key block after key block for every head; the first key blocks are
         # the longest when causal (every query block sees them), so they start first
         Tc = (Nk + Bc - 1) // Bc
@@ -60,32 +48,15 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
         if CAUSAL:  # the first query row that sees key c0 is c0 - (Nk - Nq)
             first = c0 - (Nk - Nq)
             i0 = 0 if first <= 0 else min(first // Br, Tr)
-        for e in range(tid, PAD * Br, NT):  # padding columns d..DP of B_i stay 0
-            Bs[(e // PAD) * DP + d + e % PAD] = ZERO
-        for u in range(TMc):
-            for x in range(TD):
-                acc[u, x] = ZERO
+        start(Bs, acc, tid)
         for step in range(G * (Tr - i0)):  # the query blocks of each row head bh of the group in turn
             bh, i = group_step(step, Tr - i0, i0, hkv, G)
             r0 = i * Br
-            cuda.syncthreads()
-            n = load_a(a_in, bh, r0, c0, Nq - r0, Nk - c0, As, tid)
-            n += load_b(b_in, bh, r0, 0, Nq - r0, d, Bs, tid)
+            n = load(a_in, b_in, bh, bh, r0, c0, Nq, Nk, As, Bs, tid)  # A_ij (P_ij, dS_ij), B_i (dO_i, Q_i)
             if COUNT:
                 nr += n * SB
-            cuda.syncthreads()
-            if CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk):  # masked entries (A = 0) add nothing, Inf/NaN or not
-                product_masked(As, ty * TMc, Bs, tx * TD, acc)
-            else:
-                product(As, ty * TMc, Bs, tx * TD, acc)
-        for u in range(TMc):
-            for x in range(TD):
-                acc[u, x] *= alpha
-        ct = c0 + ty * TMc
-        n = store(c_out, hkv, ct, tx * TD, Nk - ct, d - tx * TD, acc)
-        if COUNT:
-            nw += n * SB
-            add_counts(counter, nr, nw)
+            accumulate(As, Bs, acc, ty, tx, r0, c0, Nq, Nk)
+        finish(c_out, hkv, c0, Nk, ty, tx, alpha, acc, counter, nr, nw)
 
     return fast_kernel(kernel)
 
@@ -117,6 +88,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     ROUND = SB < AB
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
+    block_start = query_block(Br, Bc, causal)
     load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i, dO_i -> (DP, QS) transposed
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j, V_j -> (DP, KS) transposed
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
@@ -134,17 +106,11 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
         dp = cuda.local.array((TM, TN), ACC)  # dP, then dS
         Lr = cuda.local.array(TM, ACC)
         Dr = cuda.local.array(TM, ACC)
-        tid = cuda.threadIdx.x
-        ty = tid // TX
-        tx = tid % TX
-        r0, bh = last_tile_first(Nq, Br)
-        hkv = kv_head(bh, G)
+        tid, ty, tx = thread_tile()
+        r0, bh, hkv, n_j = block_start(Nq, Nk, G)
         off = Nk - Nq
         nr = 0
         nw = 0
-        n_j = (Nk + Bc - 1) // Bc
-        if CAUSAL:
-            n_j = _n_visible(r0, Br, Bc, Nq, Nk)
 
         n = load_q(q, bh, r0, 0, Nq - r0, d, QT, tid)
         n += load_q(do, bh, r0, 0, Nq - r0, d, dOT, tid)

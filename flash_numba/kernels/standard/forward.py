@@ -10,12 +10,13 @@ from numba import cuda, uint32
 
 from ... import _inputs
 from .. import _dropout
-from .._common import acc_nb_type, add_counts, kv_head, nan_max, nb_type, rounded_mul
-from .._tile_ops import half_warp_max, half_warp_sum, last_tile_first
-from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
+from .._common import acc_nb_type, add_counts, nan_max, nb_type, rounded_mul
+from .._tile_ops import half_warp_max, half_warp_sum
+from .._tiles import NT, fast_kernel, micro_product, tile_loader, tile_store
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import sees_no_key_dev as sees_no_key
 from .layout import FULL_MASK, SOFTMAX_ROWS, _align, _consts, _n_visible, geometry
+from .steps import product_plan, query_block, thread_tile
 
 
 @lru_cache(maxsize=None)
@@ -41,6 +42,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
     NAN = _inputs.acc_dtype(dtype).type(np.nan)
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
+    block_start = query_block(Br, Bc, causal)
     load_q = tile_loader(Br, d, 1, QS, acc_name)  # Q_i -> QT[x * QS + r]
     load_k = tile_loader(Bc, d, 1, KS, acc_name)  # K_j -> KT[x * KS + c]
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
@@ -53,17 +55,11 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
         s = cuda.local.array((TM, TN), ACC)
         m = cuda.local.array(TM, ACC)
         l = cuda.local.array(TM, ACC)
-        tid = cuda.threadIdx.x
-        ty = tid // TX
-        tx = tid % TX
-        r0, bh = last_tile_first(Nq, Br)  # 1-D grid, the last (longest when causal) query block of every head first
-        hkv = kv_head(bh, G)  # the key/value head of query head bh
+        tid, ty, tx = thread_tile()
+        r0, bh, hkv, n_j = block_start(Nq, Nk, G)  # the last (longest when causal) query block of every head first
         off = Nk - Nq
         nr = 0
         nw = 0
-        n_j = (Nk + Bc - 1) // Bc
-        if CAUSAL:
-            n_j = _n_visible(r0, Br, Bc, Nq, Nk)
 
         n = load_q(q, bh, r0, 0, Nq - r0, d, QT, tid)
         if COUNT:
@@ -216,66 +212,34 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     Thread (ty, tx) owns rows ``ty*TM ..`` and columns ``tx*TD ..`` of C_i.
     """
     dtype = np.dtype(dtype_name)
-    g = geometry(Br, Bc, d, dtype)
-    TM, TD, DP, AS = g["TM"], g["TD"], g["DP"], g["QS"]
-    ACC = acc_nb_type(dtype)
-    acc_name = str(ACC)
-    SB = dtype.itemsize
-    _, _, ZERO = _consts(dtype)
-    CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
-    load_a = tile_loader(Br, Bc, 1, AS, acc_name)  # A_ij -> AT[c * AS + r]
-    load_b = tile_loader(Bc, d, DP, 1, acc_name)  # B_j -> Bs[c * DP + x]
-    product = micro_product(TM, TD, Bc, AS, DP, acc_name)
-    product_masked = micro_product(TM, TD, Bc, AS, DP, acc_name, True)  # a 0 in A_ij adds nothing
-    store = tile_store(TM, TD, dtype.name)
-    DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    p = product_plan(d, Br, Bc, dtype_name, causal, count, by_rows=True)
+    TM, TD, AS, ACC, SB, ALIGN = p.TM, p.TD, p.AS, p.ACC, p.SB, p.ALIGN
+    start, load, accumulate, finish = p.start, p.load, p.accumulate, p.finish
+    block_start = query_block(Br, Bc, causal)
+    COUNT, DROPOUT = count, dropout
+    drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
 
-    AT_SIZE, B_SIZE = Bc * AS, Bc * DP  # shared-array sizes must be constants
+    AT_SIZE, B_SIZE = p.A_SIZE, p.B_SIZE  # shared-array sizes must be constants
     def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, counter, seed, threshold, inv_keep):
         AT = cuda.shared.array(AT_SIZE, ACC, alignment=ALIGN)  # A_ij^T (Bc, AS)
         Bs = cuda.shared.array(B_SIZE, ACC, alignment=ALIGN)  # B_j (Bc, DP)
         acc = cuda.local.array((TM, TD), ACC)
-        tid = cuda.threadIdx.x
-        ty = tid // TX
-        tx = tid % TX
-        Tr = (Nq + Br - 1) // Br
-        BH = cuda.gridDim.x // Tr
-        r0 = (Tr - 1 - cuda.blockIdx.x // BH) * Br
-        bh = cuda.blockIdx.x % BH
+        tid, ty, tx = thread_tile()
+        r0, bh, hkv, n_j = block_start(Nq, Nk, G)
         nr = 0
         nw = 0
-        n_j = (Nk + Bc - 1) // Bc
-        if CAUSAL:
-            n_j = _n_visible(r0, Br, Bc, Nq, Nk)
-        for e in range(tid, PAD * Bc, NT):  # padding columns d..DP of B_j stay 0
-            Bs[(e // PAD) * DP + d + e % PAD] = ZERO
-        for u in range(TM):
-            for x in range(TD):
-                acc[u, x] = ZERO
+        start(Bs, acc, tid)
         for j in range(n_j):
             c0 = j * Bc
-            cuda.syncthreads()  # everyone is done with the previous tiles
-            n = load_a(a_in, bh, r0, c0, Nq - r0, Nk - c0, AT, tid)
-            n += load_b(b_in, kv_head(bh, G), c0, 0, Nk - c0, d, Bs, tid)
+            n = load(a_in, b_in, bh, hkv, r0, c0, Nq, Nk, AT, Bs, tid)  # A_ij (P_ij, dS_ij), B_j (V_j, K_j)
             if COUNT:
                 nr += n * SB
-            cuda.syncthreads()
             if DROPOUT:  # A_ij = P_ij: dropout's mask, regenerated (zeros past Nq and Nk stay 0)
                 for e in range(tid, Br * Bc, NT):
                     c, r = e // Br, e % Br
                     AT[c * AS + r] *= drop(drop_row(drop_head(seed, bh), r0 + r), c0 + c, threshold, inv_keep)
                 cuda.syncthreads()
-            if CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk):  # masked entries (A = 0) add nothing, Inf/NaN or not
-                product_masked(AT, ty * TM, Bs, tx * TD, acc)
-            else:
-                product(AT, ty * TM, Bs, tx * TD, acc)
-        for u in range(TM):
-            for x in range(TD):
-                acc[u, x] *= alpha
-        rt = r0 + ty * TM
-        n = store(c_out, bh, rt, tx * TD, Nq - rt, d - tx * TD, acc)
-        if COUNT:
-            nw += n * SB
-            add_counts(counter, nr, nw)
+            accumulate(AT, Bs, acc, ty, tx, r0, c0, Nq, Nk)
+        finish(c_out, bh, r0, Nq, ty, tx, alpha, acc, counter, nr, nw)
 
     return fast_kernel(kernel)
