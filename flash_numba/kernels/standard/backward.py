@@ -12,7 +12,7 @@ from .. import _dropout
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from .._common import acc_nb_type, add_counts, exp_ieee, group_step, kv_head, nb_type, rounded_mul
 from .._tile_ops import last_tile_first
-from .._tiles import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
+from .._tile_ops import fast_kernel, NT, TX, micro_product, tile_loader, tile_store
 from .layout import _align, _consts, _n_visible, geometry
 
 
