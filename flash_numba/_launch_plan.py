@@ -79,11 +79,15 @@ def key(pass_: str, kernel: str, tensors: tuple, options: tuple):
         return None
     parts = [pass_, kernel, typed]
     ptrs = []
+    tensor = torch.Tensor
     for t in tensors:
-        if type(t) is not torch.Tensor or not t.is_cuda:
+        if type(t) is not tensor:
+            return None
+        gpu = t.get_device()  # -1 on the CPU (an int: cheaper than t.device, a new object per call)
+        if gpu < 0:
             return None
         p = t.data_ptr()
-        parts.append((t.shape, t.stride(), t.dtype, t.device, ptrs.index(p) if p in ptrs else -1))
+        parts += (t.shape, t.stride(), t.dtype, gpu, ptrs.index(p) if p in ptrs else -1)
         ptrs.append(p)
     return tuple(parts)
 
