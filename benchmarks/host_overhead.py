@@ -9,7 +9,9 @@ work (argument checks, output allocation, Numba's dispatch of each launch).  For
 * ``gpu us``: the median time of the same call between CUDA events on the stream (kernel time plus
   any gaps the host leaves);
 
-and writes them as CSV.  Run on a GPU: ``python benchmarks/host_overhead.py --csv OUT.csv``.
+and writes them as CSV.  Run on a GPU: ``python benchmarks/host_overhead.py --csv OUT.csv``.  Calls on PyTorch
+tensors replay a launch plan after the first (``flash_numba._launch_plan``); the column ``plans`` says
+whether plans were on: ``FLASH_NUMBA_LAUNCH_PLANS=0 python benchmarks/host_overhead.py`` times the normal path.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 import numpy as np
 
 import flash_numba as fn
-from flash_numba import device
+from flash_numba import _launch_plan, device
 
 
 def _host_us(call, repeats=200):
@@ -100,8 +102,8 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     rows = []
-    print(f"{'inputs':<7} {'kernel':<12} {'pass':<8} {'host us':>8} {'gpu us':>8}   (B*H = {args.bh}, N = {args.n}, "
-          f"d = {args.d}, float32, {device.info().name})")
+    print(f"{'inputs':<7} {'kernel':<12} {'pass':<8} {'host us':>8} {'gpu us':>8} {'plans':>6}   (B*H = {args.bh}, "
+          f"N = {args.n}, d = {args.d}, float32, {device.info().name})")
     for kind, (q, k, v, do) in kinds.items():
         for kernel in args.kernels:
             f = fn.attention_forward(q, k, v, kernel=kernel)
@@ -111,9 +113,11 @@ def main(argv=None) -> int:
             }
             for pass_, call in calls.items():
                 row = {"inputs": kind, "kernel": kernel, "pass": pass_, "N": args.n, "BH": args.bh, "d": args.d,
-                       "host_us": round(_host_us(call), 1), "gpu_us": round(_gpu_us(call), 1)}
+                       "host_us": round(_host_us(call), 1), "gpu_us": round(_gpu_us(call), 1),
+                       "plans": _launch_plan.ENABLED and kind == "torch"}
                 rows.append(row)
-                print(f"{kind:<7} {kernel:<12} {pass_:<8} {row['host_us']:>8} {row['gpu_us']:>8}", flush=True)
+                print(f"{kind:<7} {kernel:<12} {pass_:<8} {row['host_us']:>8} {row['gpu_us']:>8} {row['plans']!s:>6}",
+                      flush=True)
     if args.profile:
         _profile(kinds, args.kernels[0], args.profile)
     if args.csv:

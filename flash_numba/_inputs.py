@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _views
+from . import _launch_plan, _views
 from .device import SIMULATOR
 
 MAX_HEAD_DIM = 128
@@ -437,6 +437,7 @@ def _torch_buffer(shape, dtype, value):
     tdt = getattr(torch, np.dtype(dtype).name)
     dev = _TORCH_DEVICE.get()
     t = torch.empty(shape, dtype=tdt, device=dev) if value is None else torch.full(shape, value, dtype=tdt, device=dev)
+    _launch_plan.note_buffer(shape, tdt, value, t)  # a call being recorded replays this allocation
     arr = cuda.as_cuda_array(t, sync=False)  # keeps t alive as its owner; nothing to wait for
     # finish() returns t itself (a view in the caller's shape) instead of converting the
     # Numba array back with torch.as_tensor (host overhead per call).

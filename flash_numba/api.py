@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _inputs, device, kernels
+from . import _inputs, _launch_plan, device, kernels
 from .hbm import Counters, HBMCount
 from .kernels import _dropout
 
@@ -86,7 +86,26 @@ def _set_dropout(prob, dropout_p, dropout_seed, draw: bool):
     return prob.dropout_seed
 
 
+def _plan_key(pass_, kernel, tensors, count_hbm, dropout_p, dropout_seed, *options):
+    """The launch-plan key of a call (None: the call takes the normal path; see flash_numba._launch_plan)."""
+    if count_hbm is not False or dropout_seed is not None or type(dropout_p) is not float or dropout_p != 0.0:
+        return None
+    return _launch_plan.key(pass_, kernel, tensors, (*options, _inputs.POISON_OUTPUTS))
+
+
 def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None) -> ForwardResult:
+    plan_key = _plan_key("forward", kernel, (q, k, v), count_hbm, dropout_p, dropout_seed, causal, scale, block)
+    plan = _launch_plan.lookup(plan_key)
+    if plan:
+        o, lse = plan.replay((q, k, v))
+        return ForwardResult(o, lse, None, kernel, plan.block)
+    with _launch_plan.recording(plan_key if plan is None else None, (q, k, v)) as recording:
+        result = _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p, dropout_seed)
+        recording.finish((result.o, result.lse), result.block)
+    return result
+
+
+def _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p, dropout_seed) -> ForwardResult:
     spec = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
@@ -108,6 +127,22 @@ def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dr
 
 def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic=True, dropout_p=0.0,
               dropout_seed=None) -> BackwardResult:
+    tensors = (q, k, v, o, lse, do)
+    plan_key = _plan_key("backward", kernel, tensors, count_hbm, dropout_p, dropout_seed, causal, scale, block,
+                         deterministic)
+    plan = _launch_plan.lookup(plan_key)
+    if plan:
+        dq, dk, dv = plan.replay(tensors)
+        return BackwardResult(dq, dk, dv, None, kernel, plan.block)
+    with _launch_plan.recording(plan_key if plan is None else None, tensors) as recording:
+        result = _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic,
+                                  dropout_p, dropout_seed)
+        recording.finish((result.dq, result.dk, result.dv), result.block)
+    return result
+
+
+def _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic, dropout_p,
+                     dropout_seed) -> BackwardResult:
     spec = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
     if not isinstance(deterministic, (bool, np.bool_)):

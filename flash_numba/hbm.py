@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _launch_plan
+
 
 @dataclass(frozen=True)
 class KernelBytes:
@@ -111,7 +113,7 @@ def _dummy_counter():
 
     key = id(cuda.current_context()) if not _simulator() else 0
     if key not in _DUMMY:
-        _DUMMY[key] = cuda.to_device(np.zeros(2, dtype=np.int64))
+        _DUMMY[key] = _launch_plan.persistent(cuda.to_device(np.zeros(2, dtype=np.int64)))
     return _DUMMY[key]
 
 

@@ -90,7 +90,7 @@ class _Watched:
         self._ary[idx] = val
 
     def _touch(self, idx, write: bool) -> None:
-        me = threading.current_thread()
+        me = _simwarp.current_thread()
         tid = getattr(me, "thread_id", -1)
         when = (tuple(getattr(me, "blockIdx", (0, 0, 0))), getattr(me, _simwarp.BARRIERS, 0))
         log = self._log

@@ -24,11 +24,11 @@ slice is taken.  ``x[i] += y`` is a read and a write, as on the GPU.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _simwarp
 from .device import SIMULATOR
 
 
@@ -71,7 +71,7 @@ class AccessLog:
 
 
 def _record(log: AccessLog, name: str, kind: str, flat) -> None:
-    me = threading.current_thread()
+    me = _simwarp.current_thread()
     block = tuple(getattr(me, "blockIdx", (0, 0, 0)))
     thread = getattr(me, "thread_id", -1)
     for f in np.atleast_1d(flat).ravel():

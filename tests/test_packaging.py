@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIME = ("numba-cuda", "numpy", "numba", "matplotlib")
+RUNTIME = ("numba-cuda", "numpy", "numba", "matplotlib", "greenlet")
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ and register caps); :func:`get` returns it.  Adding a kernel: write its module w
 a ``SPEC`` and its IO model, and add its name to :data:`NAMES` (docs/DEVELOPING.md,
 "The kernel-module protocol").
 
-Shared pieces: :mod:`.causal` (which key blocks a query block sees), :mod:`._tiles`
-(tile loads as device functions), :mod:`._rowsum` (D = rowsum(dO * O)).
+Shared pieces: :mod:`.causal` (which key blocks a query block sees), :mod:`._tile_ops`
+(tile loads and block products as device functions), :mod:`._rowsum` (D = rowsum(dO * O)).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from numba import cuda, types
 
 from .. import _inputs
 from ..device import jit
-from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, head_block, head_grid, input_type
+from ._common import COUNTER_TYPE, acc_nb_type, add_counts, array_type, batch_head, head_block, head_grid, input_type
 
 NAME = "D = rowsum(dO*O)"
 TY, TX = 8, 16
@@ -37,6 +37,7 @@ def rowsum_kernel(d: int, dtype, count: bool):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
         bh, r0 = head_block(Nq, TY)  # B*H is folded into grid axis x
+        b, h = batch_head(do, bh)  # once per thread, for o and do (shaped alike)
         r = r0 + ty
         nr = 0
         nw = 0
@@ -44,7 +45,7 @@ def rowsum_kernel(d: int, dtype, count: bool):
         D_part = ZERO
         if r < Nq:
             for x in range(tx, d, TX):
-                D_part += ACC(element(do, bh, r, x)) * ACC(element(o, bh, r, x))
+                D_part += ACC(do[b, h, r, x]) * ACC(o[b, h, r, x])
                 if COUNT:
                     nr += 2 * IN_BYTES
         part[ty, tx] = D_part

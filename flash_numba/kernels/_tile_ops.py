@@ -1,9 +1,6 @@
-"""Tile loads and block products that flash1, flash2 and flash2_fast share, as device functions.
+"""Tile loads and block products that the kernels share, as device functions (128 threads, an 8 x 16 grid).
 
-(:mod:`flash_numba.kernels._tiles` holds the equivalent pieces the rebuilt ``standard`` kernels are
-made of; the two sets were written at the same time in different branches and can become one.)
-
-Two families:
+Three families:
 
 * For the readable kernels (flash1, flash2): :func:`load_rows` copies rows of head
   bh of a ``(B, H, N, d)`` input (any strides, :func:`._common.batch_head`) and
@@ -16,6 +13,13 @@ Two families:
   They are compiled with ``forceinline``: inlined at the NVVM IR level, their
   local arrays become registers of the caller.  docs/PERFORMANCE.md records the
   SASS of the kernels before and after they moved here.
+* For the rebuilt ``standard`` kernels: :func:`tile_loader` copies a ``R x C`` tile of head bh of a
+  global input ``(B, H, rows, cols)`` or ``(BH, rows, cols)`` array into a flat shared buffer, element
+  ``(r, c)`` at ``r * RS + c * CS`` (so ``RS = 1`` stores it transposed), zeros past the array's edge;
+  :func:`micro_product` adds a thread's ``TM x TN`` register tile ``acc += A^T B`` summed over ``K`` rows
+  of two shared buffers; :func:`tile_store` writes such a tile into a global array.  Each is specialised
+  on its tile shape and strides (closure constants), so that every shared-memory access has a constant
+  offset, and kernels built from them are compiled with :data:`FASTMATH` (:func:`fast_kernel`).
 
 Shared tiles of the register-tiled kernels are flat arrays: a tile stored
 *transposed* with row stride S holds element (r, x) of the source at ``x * S + r``.
@@ -29,13 +33,40 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, uint32, uint64
+from numba import cuda, types, uint32, uint64
 
 from ..device import jit
-from ._common import acc_nb_type, batch_head, madd_unless_zero, nan_max
+from ._common import acc_nb_type, batch_head, element, madd_unless_zero, nan_max
 
-NT = 128  # threads of a flash2 / flash2_fast block (8 x 16)
+#: Threads per block: TY rows of TX threads (a half warp each).
 TY, TX = 8, 16
+NT = TY * TX
+#: fast math without 'ninf'/'nnan': the kernels compare against -inf on purpose
+FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}
+
+
+def fast_kernel(kernel):
+    """``kernel`` compiled as a CUDA kernel with :data:`FASTMATH` (also kept on it as ``_fastmath``)."""
+    kernel._fastmath = FASTMATH
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+def check_micro_tile_block(block, what: str) -> None:
+    """Refuse, by name, a block (Br, Bc) that is not a multiple of the TY x TX thread grid.
+
+    ``what`` names the kernel in the message ("standard", "flash2_fast's forward").
+    Anything that is not a pair of ints is left to blocks.validate, which names the problem.
+    """
+    try:
+        Br, Bc = block
+    except (TypeError, ValueError):
+        return
+    if isinstance(Br, int) and isinstance(Bc, int) and (Br % TY or Bc % TX or Br < 1 or Bc < 1):
+        raise ValueError(
+            f"block: {what} needs Br a multiple of {TY} and Bc a multiple of {TX} "
+            f"(its {TY} x {TX} thread grid), got ({Br}, {Bc})"
+        )
+
 
 # ------------------------------------------------------------------ readable kernels
 
@@ -75,7 +106,7 @@ def load_vector(tile, src, bh, row0, n_rows, t, nt):
     return n
 
 
-# ------------------------------------------------------------- register-tiled kernels
+# ------------------------------------------------------- register-tiled kernels: flash2_fast
 
 
 def _zero(acc_name: str):
@@ -261,7 +292,36 @@ def stats_loader(rows: int, acc_name: str, count: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def micro_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: int, b_step: int, pair: bool,
+def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
+    """Device function ``store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx)``: accumulators to HBM.
+
+    Row r0 + ty*TM + a (if < n), columns tx + 16 u (if < d) of ``out1[bh]`` get
+    ``acc1[a, u] * scale1`` (and, with ``pair``, of ``out2[bh]`` ``acc2[a, u] * scale2``,
+    in the same loop).  With ``count``, returns the number of elements written.
+    """
+    PAIR, COUNT = pair, count
+
+    @jit(device=True, forceinline=True)
+    def store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx):
+        put = 0
+        for a in range(TM):
+            row = r0 + ty * TM + a
+            if row < n:
+                for u in range(TD):
+                    x = tx + u * TX
+                    if x < d:
+                        out1[bh, row, x] = acc1[a, u] * scale1
+                        if PAIR:
+                            out2[bh, row, x] = acc2[a, u] * scale2
+                        if COUNT:
+                            put += 1 + PAIR
+        return put
+
+    return store
+
+
+@functools.lru_cache(maxsize=None)
+def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: int, b_step: int, pair: bool,
                   zero_first: bool, acc_name: str, skip_zero: bool = False):
     """Device function ``(c1, c2, A1, A2, B1, B2, ty, tx)``: c1 += A1^T B1 (and c2 += A2^T B2 with ``pair``).
 
@@ -325,35 +385,6 @@ def micro_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: i
     return product
 
 
-@functools.lru_cache(maxsize=None)
-def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
-    """Device function ``store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx)``: accumulators to HBM.
-
-    Row r0 + ty*TM + a (if < n), columns tx + 16 u (if < d) of ``out1[bh]`` get
-    ``acc1[a, u] * scale1`` (and, with ``pair``, of ``out2[bh]`` ``acc2[a, u] * scale2``,
-    in the same loop).  With ``count``, returns the number of elements written.
-    """
-    PAIR, COUNT = pair, count
-
-    @jit(device=True, forceinline=True)
-    def store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx):
-        put = 0
-        for a in range(TM):
-            row = r0 + ty * TM + a
-            if row < n:
-                for u in range(TD):
-                    x = tx + u * TX
-                    if x < d:
-                        out1[bh, row, x] = acc1[a, u] * scale1
-                        if PAIR:
-                            out2[bh, row, x] = acc2[a, u] * scale2
-                        if COUNT:
-                            put += 1 + PAIR
-        return put
-
-    return store
-
-
 FULL_MASK = 0xFFFFFFFF
 
 
@@ -394,3 +425,122 @@ def last_tile_first(n_rows, rows):
     Tr = (n_rows + rows - 1) // rows
     tile, bh = grid_tile(Tr)
     return (Tr - 1 - tile) * rows, bh
+
+
+# ---------------------------------------------------------- register-tiled kernels: standard
+
+
+@functools.lru_cache(maxsize=None)
+def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
+    """``load(x, bh, r0, c0, n_r, n_c, buf, tid) -> elements read``.
+
+    Copies element ``(r0 + r, c0 + c)`` of head bh of ``x`` (a ``(B, H, N, d)`` input, any
+    strides, or a ``(B*H, rows, cols)`` array of the kernels', :func:`._common.element`) for ``r < R``, ``c < C`` into
+    ``buf[r * RS + c * CS]`` (accumulation dtype), where rows ``r >= n_r`` and
+    columns ``c >= n_c`` (past the array's edge) become 0.  A whole tile whose
+    C columns divide the 128 threads takes the fast path: each thread loads one
+    fixed column, ``R * C / 128`` rows apart, all loads issued before the first
+    shared store, with unsigned indices.  Call it from all 128 threads.
+    """
+    ACC = getattr(types, acc_name)
+    ZERO = np.float64(0) if acc_name == "float64" else np.float32(0)
+    FAST = NT % C == 0 and (R * C) % NT == 0
+    ROWSTEP = NT // C if FAST else 1
+    NLOAD = (R * C) // NT if FAST else 1
+    C_U, RS_U, CS_U = np.uint32(C), np.uint32(RS), np.uint32(CS)
+
+    @jit(device=True)
+    def load(x, bh, r0, c0, n_r, n_c, buf, tid):
+        if FAST and n_r >= R and n_c >= C:
+            reg = cuda.local.array(NLOAD, ACC)
+            c = uint32(tid) % C_U
+            r = uint32(tid) // C_U
+            gr = uint32(r0) + r
+            gc = uint32(c0) + c
+            bh_u = uint32(bh)
+            for t in range(NLOAD):
+                reg[t] = ACC(element(x, bh_u, gr + uint32(t * ROWSTEP), gc))
+            for t in range(NLOAD):
+                buf[(r + uint32(t * ROWSTEP)) * RS_U + c * CS_U] = reg[t]
+            return NLOAD
+        n = 0
+        for e in range(tid, R * C, NT):
+            r = e // C
+            c = e % C
+            val = ZERO
+            if r < n_r and c < n_c:
+                val = ACC(element(x, bh, r0 + r, c0 + c))
+                n += 1
+            buf[r * RS + c * CS] = val
+        return n
+
+    return load
+
+
+@functools.lru_cache(maxsize=None)
+def micro_product(TM: int, TN: int, K: int, AS: int, BS: int, acc_name: str, skip_zero: bool = False):
+    """``product(A, a0, B, b0, acc)``: ``acc[a, b] += sum_k A[a0 + k AS + a] * B[b0 + k BS + b]``.
+
+    ``A`` and ``B`` are flat shared buffers holding ``K`` rows of stride ``AS``
+    and ``BS``; the thread's ``TM`` (``TN``) values of row k are adjacent, so
+    with 16-byte aligned buffers and offsets they come in vector loads.  With
+    ``skip_zero`` a 0 in A adds nothing, even against Inf or NaN in B (a select per
+    multiply-add, for tiles that hold masked entries: :func:`~._common.madd_unless_zero`).
+    """
+    ACC = getattr(types, acc_name)
+    SKIP_ZERO = skip_zero
+    K_U, AS_U, BS_U, ONE_U = np.uint32(K), np.uint32(AS), np.uint32(BS), np.uint32(1)
+
+    @jit(device=True, fastmath=FASTMATH)
+    def product(A, a0, B, b0, acc):
+        av = cuda.local.array(TM, ACC)
+        bv = cuda.local.array(TN, ACC)
+        ai = uint32(a0)
+        bi = uint32(b0)
+        k = uint32(0)
+        while k < K_U:
+            for a in range(TM):
+                av[a] = A[ai + uint32(a)]
+            for b in range(TN):
+                bv[b] = B[bi + uint32(b)]
+            for a in range(TM):
+                for b in range(TN):
+                    if SKIP_ZERO:
+                        acc[a, b] = madd_unless_zero(acc[a, b], av[a], bv[b])
+                    else:
+                        acc[a, b] += av[a] * bv[b]
+            ai += AS_U
+            bi += BS_U
+            k += ONE_U
+
+    return product
+
+
+@functools.lru_cache(maxsize=None)
+def tile_store(TM: int, TN: int, store_name: str):
+    """``store(x, bh, r0, c0, n_r, n_c, vals) -> elements written``.
+
+    Writes ``x[bh, r0 + a, c0 + b] = vals[a, b]`` for ``a < min(TM, n_r)``,
+    ``b < min(TN, n_c)`` (the part of the thread's tile inside the array),
+    converting to the storage dtype; unsigned indices when the whole tile is in.
+    """
+    ST = getattr(types, store_name)
+
+    @jit(device=True)
+    def store(x, bh, r0, c0, n_r, n_c, vals):
+        if n_r >= TM and n_c >= TN:
+            bh_u = uint32(bh)
+            for a in range(TM):
+                for b in range(TN):
+                    x[bh_u, uint32(r0) + uint32(a), uint32(c0) + uint32(b)] = ST(vals[a, b])
+            return TM * TN
+        n = 0
+        for a in range(TM):
+            if a < n_r:
+                for b in range(TN):
+                    if b < n_c:
+                        x[bh, r0 + a, c0 + b] = ST(vals[a, b])
+                        n += 1
+        return n
+
+    return store

@@ -116,16 +116,17 @@ assert ex.check_solution("causal_skip")
 # %% [markdown]
 # In the kernels this test decides how far a loop runs. flash2's forward pass, for example, stops its loop
 # over key blocks at the last block its query block can see; flash1 `continue`s past the skipped tiles
-# of its inner loop. Look for it in `flash_numba/kernels/flash2.py`:
+# of its inner loop. Look for it in flash2's forward kernel, `flash_numba/kernels/flash2/forward.py`:
 
 # %%
 import inspect
 
 from flash_numba.kernels import flash2
 
-for n_line, line in enumerate(inspect.getsource(flash2).splitlines(), 1):
+lines, first = inspect.getsourcelines(flash2._forward_kernel)
+for n_line, line in enumerate(lines, first):
     if "CAUSAL" in line:
-        print(f"flash2.py:{n_line:<4} {line.strip()}")
+        print(f"flash2/forward.py:{n_line:<4} {line.strip()}")
 
 # %% [markdown]
 # ## Your turn: the loop bound, in a kernel

@@ -119,7 +119,8 @@ print(f"max difference from the reference (O and L): {err_np:.1e}")
 # %% [markdown]
 # ## flash2 in Numba
 #
-# `flash_numba/kernels/flash2.py` launches a grid of $(T_r, B \cdot H)$ thread blocks of 128 threads.
+# flash2 (the package `flash_numba/kernels/flash2/`, its kernels in `forward.py` and `backward.py`) launches a
+# grid of $(T_r, B \cdot H)$ thread blocks of 128 threads.
 # Unlike flash1, where one thread owns a whole row, several threads share each row here: every thread
 # holds a small register tile of $S_{ij}$ and of $\tilde O_i$, and the 16 threads of a row combine their
 # partial row maxima and sums. Here is its forward kernel; the margin gives the line of FlashAttention-2's

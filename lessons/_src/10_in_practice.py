@@ -235,7 +235,7 @@ if recorded.available():
 #
 # ## Where to go next
 #
-# * Read `flash_numba/kernels/flash2_fast.py`: the same algorithm as flash2, rearranged for speed, with
+# * Read `flash_numba/kernels/flash2_fast/`: the same algorithm as flash2, rearranged for speed, with
 #   each step measured.
 # * Regenerate the article's figures on your GPU: `python figures/make_all.py`.
 # * Compare every implementation on your GPU, PyTorch's included: `python -m flash_numba.bench`.

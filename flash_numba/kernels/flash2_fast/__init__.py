@@ -51,7 +51,7 @@ import itertools
 import numpy as np
 from numba import cuda, types
 
-from ... import _inputs, _views
+from ... import _inputs, _launch_plan, _views
 from ...compile_check import compile_kernel
 from ...device import SIMULATOR, STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
@@ -187,7 +187,7 @@ def _unused_dq(acc):
     """The ``dq`` argument of the deterministic dK/dV kernel, which never touches it (one per context)."""
     key = (0 if SIMULATOR else id(cuda.current_context()), np.dtype(acc).name)
     if key not in _UNUSED:
-        _UNUSED[key] = cuda.device_array((1, 1, 1), dtype=acc)
+        _UNUSED[key] = _launch_plan.persistent(cuda.device_array((1, 1, 1), dtype=acc))
     return _UNUSED[key]
 
 

@@ -83,9 +83,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     load_kv = _tile_ops.padded_loader(Bc, d, DP, KS, True, acc, count)
     load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, True, acc, count)  # Q_i^T, dO_i^T
     load_stats = _tile_ops.stats_loader(Br, acc, count)
-    s_dp_product = _tile_ops.micro_product(TM, TN, DP, KS, TN, 1, QS, True, True, acc)  # S^T = K Q^T, dP^T = V dO^T
-    dv_dk_product = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
-    dv_dk_masked = _tile_ops.micro_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
+    s_dp_product = _tile_ops.strided_product(TM, TN, DP, KS, TN, 1, QS, True, True, acc)  # S^T = K Q^T, dP^T = V dO^T
+    dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
+    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, True, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
@@ -232,9 +232,9 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     load_q = _tile_ops.padded_loader(Br, d, DP, QS, True, acc, count)
     load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, KS, True, acc, count)  # K_j^T, V_j^T
     load_stats = _tile_ops.stats_loader(Br, acc, count)
-    s_dp_product = _tile_ops.micro_product(TM, TN, DP, QS, TN, 1, KS, True, True, acc)  # S = Q K^T, dP = dO V^T
-    dq_product = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
-    dq_masked = _tile_ops.micro_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
+    s_dp_product = _tile_ops.strided_product(TM, TN, DP, QS, TN, 1, KS, True, True, acc)  # S = Q K^T, dP = dO V^T
+    dq_product = _tile_ops.strided_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
+    dq_masked = _tile_ops.strided_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, False, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 

@@ -24,7 +24,7 @@ from ... import _inputs, device
 from ...device import STATIC_SHARED_LIMIT
 from .. import flash2 as _flash2
 from .._spec import check_pass
-from .._tiles import check_micro_tile_block
+from .._tile_ops import check_micro_tile_block
 
 TY, TX = 8, 16
 NT = TY * TX

@@ -32,7 +32,7 @@ How it is fast.  Every kernel is register-tiled like :mod:`flash2_fast`: 128
 threads as an 8 x 16 grid, each owning a TM x TN (or TM x TD) micro-tile, tiles
 stored in shared memory so that a thread's values are adjacent (vector loads),
 uint32 indices on whole tiles and fastmath; the pieces are the device functions
-of :mod:`flash_numba.kernels._tiles`.  Blocks are multiples of (8, 16):
+of :mod:`flash_numba.kernels._tile_ops`.  Blocks are multiples of (8, 16):
 Br = 8 TM query rows, Bc = 16 TN keys.
 
 What the counters count.  Each launch adds to ``counters.array(name)`` the bytes
@@ -52,7 +52,7 @@ from ...device import STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
 from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_type
 from .._spec import KernelSpec
-from .._tiles import NT
+from .._tile_ops import NT
 from ..matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
 from .backward import colprod_kernel, grad_scores_kernel
 from .forward import rowprod_kernel, scores_kernel, softmax_kernel

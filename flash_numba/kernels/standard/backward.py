@@ -11,7 +11,7 @@ from ... import _inputs
 from .. import _dropout
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from .._common import acc_nb_type, add_counts, exp_ieee, group_step, nb_type, rounded_mul
-from .._tiles import fast_kernel, NT, micro_product, tile_loader, tile_store
+from .._tile_ops import fast_kernel, NT, micro_product, tile_loader, tile_store
 from .layout import _align, _consts, geometry
 from .steps import product_plan, query_block, thread_tile
 

@@ -12,7 +12,7 @@ from ... import _inputs
 from .. import _dropout
 from .._common import acc_nb_type, add_counts, nan_max, nb_type, rounded_mul
 from .._tile_ops import half_warp_max, half_warp_sum
-from .._tiles import NT, fast_kernel, micro_product, tile_loader, tile_store
+from .._tile_ops import NT, fast_kernel, micro_product, tile_loader, tile_store
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import sees_no_key_dev as sees_no_key
 from .layout import FULL_MASK, SOFTMAX_ROWS, _align, _consts, _n_visible, geometry

@@ -7,7 +7,7 @@ import numpy as np
 from ... import _inputs
 from ...device import SIMULATOR, jit
 from .. import _rowsum
-from .._tiles import NT, TX, TY, check_micro_tile_block
+from .._tile_ops import NT, TX, TY, check_micro_tile_block
 
 USES_BLOCKS = True
 FULL_MASK = 0xFFFFFFFF

@@ -25,8 +25,7 @@ from numba import cuda
 
 from ...device import jit
 from .._common import acc_nb_type, add_counts, kv_head
-from .._tile_ops import last_tile_first
-from .._tiles import NT, TX, micro_product, tile_loader, tile_store
+from .._tile_ops import NT, TX, last_tile_first, micro_product, tile_loader, tile_store
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from .layout import _align, _consts, _n_visible, geometry
 

@@ -1,0 +1,298 @@
+"""Launch plans: a call's kernel launches on PyTorch CUDA tensors, recorded once, replayed without Numba's dispatcher.
+
+Why.  A call's host work is the same every time for tensors of the same shapes,
+strides and dtype: check the arguments, view them as Numba arrays, pick the
+blocks, let Numba's dispatcher type every argument and flatten it into kernel
+parameters, allocate the outputs.  At N = 128 that is 0.4 ms of Python for a
+forward whose kernel takes 0.02 ms.  What changes from call to call is only the
+data pointers of the inputs and of the new buffers.
+
+How.  The first call of a signature (:func:`key`) runs the normal path with a
+recorder on: it notes each buffer the call allocates (shape, dtype, fill) and each
+kernel launch as Numba makes it (the compiled function, grid, block, stream and
+the flattened parameters).  Each array parameter's data pointer is matched to an
+input tensor (the same pointer), a buffer of the call (a pointer inside it), or a
+buffer that lives as long as the CUDA context (:func:`persistent`).  If every
+pointer is accounted for, the call becomes a :class:`Plan`; a later call with the
+same key allocates the buffers, puts the new pointers into the recorded
+parameters and launches the same functions through ``cuda.core`` (what Numba's
+dispatcher calls last).  A pointer that matches nothing (a copy made inside the
+call) makes the key uncacheable: those calls keep the normal path.
+
+Which calls: PyTorch CUDA tensors only (q, k, v and, for the backward, o, lse, do),
+without ``count_hbm`` and without dropout.  The key holds everything the normal
+path's choices depend on: the kernel, the pass, every tensor's shape, strides,
+dtype and device, which inputs share a data pointer, causal, scale, block and the
+backward's ``deterministic``.  Errors are the normal path's: a call whose
+arguments are bad never gets a plan (its first run raised), and the key of a good
+call cannot match a bad one.  Replay runs on a GPU only (the simulator has no
+compiled functions); ``FLASH_NUMBA_LAUNCH_PLANS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from .device import SIMULATOR
+
+#: Replay recorded launches (GPU only; set FLASH_NUMBA_LAUNCH_PLANS=0 to always take the normal path).
+ENABLED = not SIMULATOR and os.environ.get("FLASH_NUMBA_LAUNCH_PLANS", "1") != "0"
+
+#: Plans kept at most (all are dropped when the table is full: shapes in a real model repeat).
+MAX_PLANS = 256
+
+_PLANS: dict = {}  # key -> Plan, or None for a key that cannot be replayed
+_PERSISTENT: dict = {}  # data pointer -> array, for buffers that live as long as the CUDA context
+_RECORDER = contextvars.ContextVar("flash_numba_launch_recorder", default=None)
+
+
+def persistent(arr):
+    """Mark a device array that lives as long as its CUDA context (a dummy argument): plans may pass it as is."""
+    if ENABLED:
+        _PERSISTENT[_pointer(arr)] = arr
+    return arr
+
+
+def _pointer(arr) -> int:
+    return int(arr.__cuda_array_interface__["data"][0])
+
+
+def key(pass_: str, kernel: str, tensors: tuple, options: tuple):
+    """The plan key of a call, or None if the call is not one plans serve (see the module's docstring).
+
+    ``options``: the call's other arguments; each enters the key with its type (True and 1
+    are equal keys of a dict, but only one of them is a valid ``causal``).
+    """
+    if not ENABLED:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    typed = tuple((type(o), o) for o in options)
+    try:
+        hash(typed)
+    except TypeError:  # a list for block, say: the normal path takes it or says why not
+        return None
+    parts = [pass_, kernel, typed]
+    ptrs = []
+    tensor = torch.Tensor
+    for t in tensors:
+        if type(t) is not tensor:
+            return None
+        gpu = t.get_device()  # -1 on the CPU (an int: cheaper than t.device, a new object per call)
+        if gpu < 0:
+            return None
+        p = t.data_ptr()
+        parts += (t.shape, t.stride(), t.dtype, gpu, ptrs.index(p) if p in ptrs else -1)
+        ptrs.append(p)
+    return tuple(parts)
+
+
+class _Launch:
+    """One recorded launch, its parameters packed once for ``cuLaunchKernel``.
+
+    Each parameter lives in its own ctypes value; an array of their addresses is the
+    ``kernelParams`` the driver copies from at launch.  Replay writes the new data
+    pointers into the values named by ``slots`` and calls the driver: no Python object
+    per parameter is built or converted per call (``cuda.core``'s ``launch``, which
+    Numba calls, converts all of them every time: 20-25 microseconds for 67 parameters).
+    """
+
+    def __init__(self, function, griddim, blockdim, sharedmem, stream, params, slots):
+        import ctypes
+
+        from cuda.bindings import driver
+
+        values = [ctypes.c_int64(p) if isinstance(p, int) else type(p)(p.value) for p in params]
+        self._values = values  # keeps the memory the addresses below point to
+        self._addresses = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        self.slots = [(values[i], src, off) for i, src, off in slots]  # (value, source, byte offset)
+        grid, block = (tuple(dims) + (1,) * (3 - len(dims)) for dims in (_dims(griddim), _dims(blockdim)))
+        self.args = (function.handle, *grid, *block, int(sharedmem), _stream_handle(stream),
+                     ctypes.addressof(self._addresses), 0)
+        self._launch, self._ok = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+
+    def run(self, bases, buffer_bases) -> None:
+        for value, src, off in self.slots:
+            value.value = (bases[src] if src >= 0 else buffer_bases[~src]) + off
+        err, = self._launch(*self.args)
+        if err != self._ok:
+            raise RuntimeError(f"flash_numba: cuLaunchKernel failed ({err.name}) replaying a launch plan")
+
+
+def _dims(dims) -> tuple:
+    return (int(dims),) if isinstance(dims, int) else tuple(int(x) for x in dims)
+
+
+def _stream_handle(stream):
+    """The driver's handle of the stream Numba launched on (0, its default stream, when it gave none)."""
+    return stream.handle if hasattr(stream, "handle") else int(stream or 0)
+
+
+@dataclass
+class Plan:
+    """A recorded call: the buffers it allocates (shape, torch dtype, fill or None), its launches, and which
+    buffers it returns (allocated in the shape returned)."""
+
+    device: object
+    buffers: list
+    launches: list
+    results: list  # index in buffers of each result, in order
+    block: object = None  # the (Br, Bc) the recorded call used
+    lock: object = field(default_factory=threading.Lock)  # replays share the packed parameters
+
+    def replay(self, tensors: tuple) -> list:
+        """Run the recorded launches on ``tensors`` (those of the key); the results as tensors."""
+        import torch
+
+        dev = self.device
+        bufs = [torch.empty(shape, dtype=dt, device=dev) if fill is None else
+                torch.full(shape, fill, dtype=dt, device=dev) for shape, dt, fill in self.buffers]
+        bases = [t.data_ptr() for t in tensors]
+        buffer_bases = [b.data_ptr() for b in bufs]
+        with self.lock:
+            for launch in self.launches:
+                launch.run(bases, buffer_bases)
+        return [bufs[i] for i in self.results]
+
+
+@dataclass
+class _Recorder:
+    buffers: list = field(default_factory=list)  # (shape, torch dtype, fill, tensor)
+    # (function, griddim, blockdim, sharedmem, stream, params, [(index in params, data pointer)])
+    launches: list = field(default_factory=list)
+
+
+def lookup(k):
+    """The plan of key ``k``: a Plan, None (record it: run the normal path under :func:`recording`), or False
+    (a key that cannot be replayed)."""
+    if k is None:
+        return False
+    plan = _PLANS.get(k, None)
+    if plan is None and k in _PLANS:
+        return False
+    return plan
+
+
+class recording:
+    """``with recording(k, tensors) as rec: results = normal_path(...); rec.finish(results)`` stores k's plan."""
+
+    def __init__(self, k, tensors):
+        self.key, self.tensors = k, tensors
+        self.rec = None
+
+    def __enter__(self):
+        if self.key is not None:
+            _install()
+            self.rec = _Recorder()
+            self._token = _RECORDER.set(self.rec)
+        return self
+
+    def __exit__(self, *exc):
+        if self.rec is not None:
+            _RECORDER.reset(self._token)
+        return False
+
+    def finish(self, results, block) -> None:
+        """Store the key's plan (None: not replayable): ``results`` the tensors returned, ``block`` the blocks."""
+        if self.rec is None:
+            return
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        plan = _build(self.rec, self.tensors, results)
+        if plan is not None:
+            plan.block = block
+        _PLANS[self.key] = plan
+
+
+def _build(rec: _Recorder, tensors, results):
+    inputs = [t.data_ptr() for t in tensors]
+    spans = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for *_, b in rec.buffers]
+
+    def source(ptr):
+        if ptr in inputs:
+            return inputs.index(ptr), 0
+        for j, (lo, hi) in enumerate(spans):
+            if lo <= ptr < hi or ptr == lo:  # (== lo: an empty buffer)
+                return ~j, ptr - lo
+        return None
+
+    buffers = [[shape, dt, fill] for shape, dt, fill, _ in rec.buffers]
+    outs = []
+    for r in results:
+        src = source(r.data_ptr())
+        j = None if src is None or src[0] >= 0 or src[1] != 0 else ~src[0]
+        if j is None or not r.is_contiguous() or r.numel() != rec.buffers[j][3].numel():
+            return None  # a result that is not a whole fresh buffer
+        buffers[j][0] = tuple(r.shape)  # allocated in the shape returned: no view per call
+        outs.append(j)
+    launches = []
+    for function, griddim, blockdim, sharedmem, stream, params, arrays in rec.launches:
+        slots = []
+        for i, ptr in arrays:
+            src = source(ptr)
+            if src is None:
+                if ptr in _PERSISTENT:
+                    continue  # a context-long buffer: its pointer stays in params
+                return None  # a buffer we did not see allocated (a copy): not replayable
+            slots.append((i, *src))
+        launches.append(_Launch(function, griddim, blockdim, sharedmem, stream, params, slots))
+    device = rec.buffers[0][3].device if rec.buffers else tensors[0].device
+    return Plan(device, [tuple(b) for b in buffers], launches, outs)
+
+
+def note_buffer(shape, dtype, fill, tensor) -> None:
+    """Called by :func:`flash_numba._inputs.empty` and friends for each torch buffer of a call."""
+    rec = _RECORDER.get()
+    if rec is not None:
+        rec.buffers.append((tuple(shape), dtype, fill, tensor))
+
+
+_INSTALLED = False
+_LAUNCH = None  # cuda.core's launch(stream, config, kernel, *params): what Numba's _Kernel.launch calls last
+
+
+def _config(griddim, blockdim, sharedmem, cooperative):
+    """cuda.core's LaunchConfig as numba-cuda 0.30.4 builds it (its keyword changed in cuda.core 1.0)."""
+    from cuda.core import LaunchConfig
+    from numba.cuda._compat import CUDA_CORE_GE_1_0
+
+    flag = "is_cooperative" if CUDA_CORE_GE_1_0 else "cooperative_launch"
+    return LaunchConfig(grid=griddim, block=blockdim, shmem_size=sharedmem, **{flag: cooperative})
+
+
+def _install() -> None:
+    """Wrap Numba's kernel launch (``_Kernel.launch``) so that a recording call notes each launch."""
+    global _INSTALLED, _LAUNCH
+    if _INSTALLED:
+        return
+    from cuda.core import launch
+    from numba.cuda import dispatcher, types
+
+    _LAUNCH = launch
+
+    original = dispatcher._Kernel.launch
+
+    def recorded_launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
+        rec = _RECORDER.get()
+        if rec is None or self.debug:
+            return original(self, args, griddim, blockdim, stream, sharedmem)
+        cufunc = self._codelibrary.get_cufunc()
+        retr, params, arrays = [], [], []
+        for ty, val in zip(self.argument_types, args):
+            start = len(params)
+            self._prepare_args(ty, val, stream, retr, params)
+            if isinstance(ty, types.Array):
+                arrays.append((start + 4, int(params[start + 4])))  # meminfo, parent, size, itemsize, data, ...
+        config = _config(griddim, blockdim, sharedmem, self.cooperative)
+        _LAUNCH(stream, config, cufunc.kernel, *params)
+        for writeback in retr:
+            writeback()
+        rec.launches.append((cufunc.kernel, griddim, blockdim, sharedmem, stream, params, arrays))
+
+    dispatcher._Kernel.launch = recorded_launch
+    _INSTALLED = True

@@ -1,0 +1,152 @@
+"""Launch plans (flash_numba._launch_plan): a replayed call computes what the normal path computes.
+
+On a GPU with PyTorch: the second call of a signature replays the first one's launches
+with new pointers.  Each test runs the normal path (plans off) and the replay on the
+same fresh inputs: the deterministic kernels must agree bitwise, the atomic backward
+within float32 rounding of its sums.  In the simulator plans are off; one test checks that.
+"""
+
+import numpy as np
+import pytest
+
+from flash_numba import _launch_plan, api
+from flash_numba.device import SIMULATOR
+
+torch = pytest.importorskip("torch")
+
+gpu = pytest.mark.gpu
+
+
+def test_plans_are_off_in_the_simulator():
+    assert _launch_plan.ENABLED is (not SIMULATOR)
+    if SIMULATOR:
+        assert _launch_plan.key("forward", "flash2_fast", (), ()) is None
+
+
+def _tensors(rng, shapes, dtype=torch.float32):
+    return [torch.tensor(rng.standard_normal(s), dtype=dtype, device="cuda") for s in shapes]
+
+
+def _normal(monkeypatch, fn, *args, **kw):
+    with monkeypatch.context() as m:
+        m.setattr(_launch_plan, "ENABLED", False)
+        return fn(*args, **kw)
+
+
+def _same(a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+    assert torch.equal(a, b) or torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
+        torch.nan_to_num(a), torch.nan_to_num(b))
+
+
+def _forward_backward(kernel, q, k, v, do, causal, deterministic=True):
+    f = api.attention_forward(q, k, v, kernel=kernel, causal=causal)
+    b = api.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, causal=causal, deterministic=deterministic)
+    return f, b
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["flash2_fast", "flash2", "flash1", "standard"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_replay_equals_the_normal_path(rng, monkeypatch, kernel, causal):
+    shapes = [(2, 4, 97, 64), (2, 4, 83, 64), (2, 4, 83, 64), (2, 4, 97, 64)]
+    _forward_backward(kernel, *_tensors(rng, shapes), causal)  # records (or finds) the plans
+    q, k, v, do = _tensors(rng, shapes)  # new inputs: new pointers, new values
+    f, b = _forward_backward(kernel, q, k, v, do, causal)
+    key = api._plan_key("forward", kernel, (q, k, v), False, 0.0, None, causal, None, None)
+    assert isinstance(_launch_plan.lookup(key), _launch_plan.Plan), "the forward was not replayable"
+    f0, b0 = _normal(monkeypatch, _forward_backward, kernel, q, k, v, do, causal)
+    for got, want in ((f.o, f0.o), (f.lse, f0.lse), (b.dq, b0.dq), (b.dk, b0.dk), (b.dv, b0.dv)):
+        _same(got, want)
+    assert (f.kernel, f.block, b.block) == (f0.kernel, f0.block, b0.block)
+
+
+def _dq_sum_of_magnitudes(q, k, v, o, lse, do, causal):
+    """scale * sum_j |dS_ij| |K_j| in float64: the size of the terms each entry of dq adds up."""
+    G = q.shape[1] // k.shape[1]
+    q, k, v, o, lse, do = (t.double() for t in (q, k, v, o, lse, do))
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    scale = q.shape[-1] ** -0.5
+    p = torch.exp(scale * q @ k.transpose(-1, -2) - lse[..., None])
+    if causal:  # bottom-right aligned; here Nq == Nk
+        n = q.shape[2]
+        p = p.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), 0.0)
+    ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    return scale * ds.abs() @ k.abs()
+
+
+@gpu
+def test_replay_of_the_atomic_backward_and_grouped_query_heads(rng, monkeypatch):
+    shapes = [(1, 8, 130, 64), (1, 2, 130, 64), (1, 2, 130, 64), (1, 8, 130, 64)]
+    _forward_backward("flash2_fast", *_tensors(rng, shapes), True, deterministic=False)
+    q, k, v, do = _tensors(rng, shapes)
+    f, b = _forward_backward("flash2_fast", q, k, v, do, True, deterministic=False)
+    f0, b0 = _normal(monkeypatch, _forward_backward, "flash2_fast", q, k, v, do, True, deterministic=False)
+    for got, want in ((f.o, f0.o), (f.lse, f0.lse), (b.dk, b0.dk), (b.dv, b0.dv)):
+        _same(got, want)  # one block writes each, in a fixed order
+    # dq: float32 atomic adds in another order; two such sums of n terms differ by at most
+    # 2 n u sum|terms| (u = 2^-24), n = 130 keys (plus the rounding of each term, inside the bound)
+    terms = _dq_sum_of_magnitudes(q, k, v, f0.o, f0.lse, do, True)
+    bound = 2 * 131 * 2.0**-24 * terms
+    assert torch.all((b.dq.double() - b0.dq.double()).abs() <= bound)
+
+
+@gpu
+def test_packed_qkv_and_aliased_inputs_keep_their_pointers(rng, monkeypatch):
+    """q, k, v as slices of one (B, N, 3, H, d) tensor, then q is k: each replay reads the right rows."""
+    for _ in range(2):  # record, then replay with a new buffer
+        qkv = _tensors(rng, [(2, 65, 3, 4, 32)])[0]
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        got = api.attention_forward(q, k, v, kernel="flash2_fast").o
+        _same(got, _normal(monkeypatch, api.attention_forward, q, k, v, kernel="flash2_fast").o)
+    for _ in range(2):
+        x, v = _tensors(rng, [(2, 4, 33, 16), (2, 4, 33, 16)])
+        got = api.attention_forward(x, x, v, kernel="flash2_fast").o
+        _same(got, _normal(monkeypatch, api.attention_forward, x, x, v, kernel="flash2_fast").o)
+    # the same shapes with q and k apart: another key (the pattern of shared pointers is part of it)
+    q, k, v = _tensors(rng, [(2, 4, 33, 16)] * 3)
+    _same(api.attention_forward(q, k, v, kernel="flash2_fast").o,
+          _normal(monkeypatch, api.attention_forward, q, k, v, kernel="flash2_fast").o)
+
+
+@gpu
+def test_a_call_that_copies_is_not_replayed(rng):
+    """A last dim with stride 2 is copied inside the call: that copy is not a buffer a plan knows, so no plan."""
+    q, k, v = (t[..., ::2] for t in _tensors(rng, [(1, 2, 40, 32)] * 3))
+    for _ in range(2):
+        o = api.attention_forward(q, k, v, kernel="flash2_fast").o
+    key = api._plan_key("forward", "flash2_fast", (q, k, v), False, 0.0, None, False, None, None)
+    assert _launch_plan.lookup(key) is False
+    ref = api.attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), kernel="flash2_fast").o
+    _same(o, ref)
+
+
+@gpu
+def test_bad_arguments_are_refused_the_same_after_a_plan_exists(rng):
+    q, k, v = _tensors(rng, [(1, 2, 40, 16)] * 3)
+    for _ in range(2):
+        api.attention_forward(q, k, v, kernel="flash2_fast", causal=True)
+    with pytest.raises(TypeError, match="causal"):
+        api.attention_forward(q, k, v, kernel="flash2_fast", causal=1)
+    with pytest.raises(ValueError, match="scale"):
+        api.attention_forward(q, k, v, kernel="flash2_fast", causal=True, scale=float("inf"))
+
+
+@gpu
+def test_the_torch_drop_in_replays_forward_and_backward(rng, monkeypatch):
+    import flash_numba.torch as fnt
+
+    def step(q, k, v):
+        o = fnt.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o.square().sum().backward()
+        return o.detach(), q.grad, k.grad, v.grad
+
+    def inputs():
+        return [t.requires_grad_() for t in _tensors(rng, [(2, 4, 64, 64)] * 3)]
+
+    step(*inputs())
+    q, k, v = inputs()
+    got = step(q, k, v)
+    want = _normal(monkeypatch, step, *(t.detach().clone().requires_grad_() for t in (q, k, v)))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a.cpu().numpy(), b.cpu().numpy())
