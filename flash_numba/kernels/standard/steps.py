@@ -11,7 +11,7 @@ steps of the two product kernels.
 Each is inlined into its kernel by Numba (``inline="always"``, in Numba's IR), so a kernel compiles as if
 the steps were written out in it, with its own fastmath flags.  ptxas then gives scores, grad_scores and
 colprod the registers they had with the steps written out; rowprod's count depends on what the process
-compiled before it (the same in a process that compiles rowprod alone, +-17 in the compile tier's run;
+compiled before it (unchanged in a process that compiles rowprod alone, +17 / -30 in the compile tier;
 LLVM-level ``forceinline`` moved rowprod, colprod and scores).
 """
 
