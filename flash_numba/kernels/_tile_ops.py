@@ -8,7 +8,7 @@ Three families:
   block taking consecutive elements in turn.
 * For the register-tiled kernels (flash2_fast): factories that return device
   functions specialised on the tile's shape, reading flat inputs with their layouts
-  (:func:`flash_numba._inputs.flat_input`, :func:`head_starts`) (closure constants, so that NVVM
+  (:func:`flash_numba._views.flat_input`, :func:`head_starts`) (closure constants, so that NVVM
   unrolls their loops exactly as it did when the code stood inside each kernel).
   They are compiled with ``forceinline``: inlined at the NVVM IR level, their
   local arrays become registers of the caller.  docs/PERFORMANCE.md records the
@@ -127,7 +127,7 @@ def fixed_columns(rows: int, d: int) -> tuple[bool, int, int]:
 @jit(device=True, forceinline=True)
 def head_starts(a_lay, b_lay, bh):
     """Flat indices of row 0 of head ``bh = b*H + h`` in two inputs of H heads, with layouts ``(H, stride_B,
-    stride_H, stride_N)`` (:func:`flash_numba._inputs.flat_input`): ``b*stride_B + h*stride_H`` in each, unsigned.
+    stride_H, stride_N)`` (:func:`flash_numba._views.flat_input`): ``b*stride_B + h*stride_H`` in each, unsigned.
 
     One 32-bit division for both (K and V, or Q and dO, have the same heads).
     """
@@ -145,7 +145,7 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
     ``load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid)`` copies those rows of head bh of
     ``a`` into A (transposed, stride S_A) and of ``b`` into B (transposed with stride S_B,
     or row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  ``a`` and ``b`` are
-    flat inputs with layouts ``a_lay``, ``b_lay`` (:func:`flash_numba._inputs.flat_input`:
+    flat inputs with layouts ``a_lay``, ``b_lay`` (:func:`flash_numba._views.flat_input`:
     any strides, rows contiguous) and the same head count.  Unsigned indices (a signed index
     costs the code of Python's negative-index wraparound at every access), 32-bit within a
     head.  When d divides 128 each thread loads one fixed column, ROWSTEP rows apart, all
