@@ -46,8 +46,28 @@ def test_every_launch_grid_fits_cuda_limits_at_70000_heads(name, N):
 
 
 def test_rowsum_grid_covers_every_row_of_every_head():
-    prob = problem(BIG_BH, 17, 16)
-    assert _rowsum.grid(prob) == -(-17 // _rowsum.TY) * BIG_BH
+    assert _rowsum.grid(problem(BIG_BH, 17, 16)) == (BIG_BH, -(-17 // _rowsum.TY), 1)
+    long = problem(3, _rowsum.TY * GRID_LIMITS[1] + 1, 16)  # more row blocks than axis y holds
+    assert _rowsum.grid(long) == (3, GRID_LIMITS[1], 2)
+
+
+def test_rowsum_covers_rows_past_axis_y_with_axis_z(rng):
+    """Row block blockIdx.z * gridDim.y + blockIdx.y: a grid (B*H, 2, 3) covers 6 row blocks of 8 rows (as a
+    long sequence's grid (B*H, 65535, Z) does), the last one partial."""
+    from numba import cuda
+
+    from flash_numba.hbm import Counters
+
+    B, H, Nq, d = 1, 2, 45, 16
+    o, do = (rng.standard_normal((B, H, Nq, d)).astype(np.float32) for _ in range(2))
+    D = cuda.to_device(np.full((B * H, Nq), np.nan, dtype=np.float32))
+    kernel = _rowsum.rowsum_kernel(d, np.dtype(np.float32), False)
+    kernel[(B * H, 2, 3), _rowsum.NT](cuda.to_device(o), cuda.to_device(do), D, Counters(False).array(_rowsum.NAME),
+                                      Nq)
+    want = np.einsum("bhnd,bhnd->bhn", o.astype(np.float64), do.astype(np.float64)).reshape(B * H, Nq)
+    # a float32 sum of d products (each rounded, then d additions): at most (d + 1) u sum |o do| off, u = 2^-24
+    bound = (d + 1) * 2.0**-24 * np.einsum("bhnd->bhn", np.abs(o.astype(np.float64) * do)).reshape(B * H, Nq)
+    assert np.all(np.abs(D.copy_to_host() - want) <= bound)
 
 
 def test_head_grid_refuses_more_blocks_than_axis_x_holds():
