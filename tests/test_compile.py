@@ -50,7 +50,8 @@ def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(name, tmp_path):
         launch = next((n for n in spec.max_registers if r["label"].startswith(n + " ")), None)
         if launch is not None:
             cc = tuple(int(x) for x in r["cc"].split("."))
-            want = spec.register_cap(launch, cc, int(re.search(r" d=(\d+) ", r["label"]).group(1)))
+            d = int(re.search(r" d=(\d+) ", r["label"]).group(1))
+            want = spec.register_cap(launch, cc, d, re.search(r" (float16|float32|float64)\b", r["label"]).group(1))
             assert r["max_registers"] == ("" if want is None else str(want)), (r["label"], r["max_registers"])
     assert not spec.max_registers or any(r["max_registers"] for r in rows), "no launch was assembled with its cap"
 

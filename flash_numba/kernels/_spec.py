@@ -64,7 +64,7 @@ class KernelSpec:
         check_block(block, d, dtype, pass_) -> None         # optional: shape rules of its own
 
     ``compile_all(ccs, dtypes, ds)`` returns the compile tier's ``[(label, ptx, ...)]``.
-    ``max_registers`` maps a launch name to its register cap; ``register_rule(launch, cc, d)``,
+    ``max_registers`` maps a launch name to its register cap; ``register_rule(launch, cc, d, dtype)``,
     where given, says where the cap applies (:meth:`register_cap`).
     """
 
@@ -147,10 +147,11 @@ class KernelSpec:
             return blocks.choose(d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc, budget=budget)
         return blocks.validate(block, d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
 
-    def register_cap(self, launch: str, cc, d: int) -> int | None:
-        """The register cap of ``launch`` at head dim ``d`` on a device of compute capability ``cc`` (None: none)."""
+    def register_cap(self, launch: str, cc, d: int, dtype) -> int | None:
+        """The register cap of ``launch`` at head dim ``d`` and storage ``dtype`` on a device of compute capability
+        ``cc`` (None: none)."""
         if self.register_rule is not None:
-            return self.register_rule(launch, cc, d)
+            return self.register_rule(launch, cc, d, dtype)
         return self.max_registers.get(launch)
 
     def run_backward(self, deterministic: bool) -> Callable:

@@ -239,7 +239,7 @@ def compile_all(ccs, dtypes, ds):
                     if dt != acc:
                         specs.append((CAST_DQ_NAME, f"{CAST_DQ_NAME} {dt}{c}", cast_kernel(acc.name, dt.name, count),
                                       (A1, X1, I64, COUNTER_TYPE)))
-                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d))
+                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d, dt))
                         for launch, label, kernel, sig in specs for cc in ccs]
     return out
 

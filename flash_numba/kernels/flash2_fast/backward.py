@@ -210,7 +210,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         if COUNT:
             add_counts(counter, nr, nw + n * SB)
 
-    maxreg = device_register_cap(BACKWARD_KVQ_NAME if atomic_dq else BACKWARD_KV_NAME, d) if maxreg == -1 else maxreg
+    launch = BACKWARD_KVQ_NAME if atomic_dq else BACKWARD_KV_NAME
+    maxreg = device_register_cap(launch, d, dtype_name) if maxreg == -1 else maxreg
     opts = {} if maxreg is None else {"max_registers": maxreg}
     return jit(fastmath=FASTMATH, **opts)(kernel), g
 

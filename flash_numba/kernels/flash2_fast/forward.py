@@ -168,5 +168,5 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         if COUNT:
             add_counts(counter, nr, nw)
 
-    maxreg = device_register_cap(FORWARD_NAME, d) if maxreg == -1 else maxreg
+    maxreg = device_register_cap(FORWARD_NAME, d, dtype_name) if maxreg == -1 else maxreg
     return jit(fastmath=FASTMATH, **({} if maxreg is None else {"max_registers": maxreg}))(kernel), g

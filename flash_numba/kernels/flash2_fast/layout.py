@@ -48,14 +48,18 @@ FORWARD_MAX_REGISTERS = 128
 #: d = 64 (2 blocks per SM); capped at 128 it fit 3 blocks: 12.6 ms instead of 13.3 ms
 #: at N = 4096 non-causal on the H200 (same causal).
 DKDV_MAX_REGISTERS = 128
-#: The kernel that also adds dQ with atomics (``deterministic=False``) runs uncapped: 128 / none / 96
-#: gave 12.3 / 11.9 / 12.1 ms in one run (``probe_sweep.txt``), within the run-to-run spread (about 3%),
-#: and at 128 ptxas spills its dQ partial sums above d = 64 (8-20 bytes at d = 80 and 128) and, since
-#: the non-finite rule's selects (session 5), in float64 at d = 64 (12-16 bytes).
-#: Launch name -> register cap (launches not named run uncapped).
+#: Register cap of the kernel that also adds dQ with atomics (``deterministic=False``), where
+#: :func:`register_cap` applies it: float32 and float16 storage at d <= 64 on cc 9.0 and up.  There
+#: ptxas builds it in 125-127 registers without spills, and faster code than uncapped (122 registers):
+#: fwd+bwd 17.05-17.40 ms against 18.51-18.61 ms at N = 4096 on the H200 (s6/A), the speed it had
+#: with this cap before session 5.  Elsewhere the cap spills: float64 at d = 64 (12-16 bytes), d = 80
+#: and 128 (8-20 bytes), cc 8.0 causal (24-36 bytes); there the kernel runs uncapped.
+ATOMIC_MAX_REGISTERS = 128
+#: Launch name -> register cap (where :func:`register_cap` applies one).
 MAX_REGISTERS = {
     FORWARD_NAME: FORWARD_MAX_REGISTERS,
     BACKWARD_KV_NAME: DKDV_MAX_REGISTERS,
+    BACKWARD_KVQ_NAME: ATOMIC_MAX_REGISTERS,
 }
 #: The caps apply from this compute capability up.  Below it (a T4 is cc 7.5: 64 KB of shared
 #: memory per SM) one block of these kernels (40-45 KB of tiles) fills an SM's shared memory,
@@ -63,16 +67,19 @@ MAX_REGISTERS = {
 CAPPED_FROM_CC = (8, 0)
 
 
-def register_cap(launch: str, cc, d: int) -> int | None:
-    """The register cap of ``launch`` at head dim ``d`` compiled for compute capability ``cc`` (None: uncapped)."""
+def register_cap(launch: str, cc, d: int, dtype) -> int | None:
+    """The register cap of ``launch`` at head dim ``d`` and storage ``dtype`` compiled for compute capability
+    ``cc`` (None: uncapped)."""
     if tuple(cc) < CAPPED_FROM_CC:
+        return None
+    if launch == BACKWARD_KVQ_NAME and (tuple(cc) < (9, 0) or np.dtype(dtype) == np.float64 or d > 64):
         return None
     return MAX_REGISTERS.get(launch)
 
 
-def device_register_cap(launch: str, d: int) -> int | None:
+def device_register_cap(launch: str, d: int, dtype) -> int | None:
     """:func:`register_cap` for the device present (the one the kernel launches on)."""
-    return register_cap(launch, device.info().compute_capability, d)
+    return register_cap(launch, device.info().compute_capability, d, dtype)
 
 # (TM, TN) micro-tile shapes in order of preference (fastest first on the H200
 # at d = 64, fp32: 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s, docs/PERFORMANCE.md).
