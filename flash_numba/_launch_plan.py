@@ -14,19 +14,21 @@ the flattened parameters).  Each array parameter's data pointer is matched to an
 input tensor (the same pointer), a buffer of the call (a pointer inside it), or a
 buffer that lives as long as the CUDA context (:func:`persistent`).  If every
 pointer is accounted for, the call becomes a :class:`Plan`; a later call with the
-same key allocates the buffers, puts the new pointers into the recorded
-parameters and launches the same functions through ``cuda.core`` (what Numba's
-dispatcher calls last).  A pointer that matches nothing (a copy made inside the
+same key allocates the buffers, writes the new pointers into the recorded
+parameters (packed once, :class:`_Launch`) and launches the same functions with
+the driver's ``cuLaunchKernel``.  A pointer that matches nothing (a copy made inside the
 call) makes the key uncacheable: those calls keep the normal path.
 
 Which calls: PyTorch CUDA tensors only (q, k, v and, for the backward, o, lse, do),
 without ``count_hbm`` and without dropout.  The key holds everything the normal
 path's choices depend on: the kernel, the pass, every tensor's shape, strides,
 dtype and device, which inputs share a data pointer, causal, scale, block and the
-backward's ``deterministic``.  Errors are the normal path's: a call whose
+backward's ``deterministic``, the output poisoning of the tests.  Errors are the normal path's: a call whose
 arguments are bad never gets a plan (its first run raised), and the key of a good
-call cannot match a bad one.  Replay runs on a GPU only (the simulator has no
-compiled functions); ``FLASH_NUMBA_LAUNCH_PLANS=0`` turns it off.
+call cannot match a bad one.  Kernels run on Numba's default stream, as on the
+normal path; replays of one plan take a lock (they share the packed parameters).
+Replay runs on a GPU only (the simulator has no compiled functions);
+``FLASH_NUMBA_LAUNCH_PLANS=0`` turns it off.
 """
 
 from __future__ import annotations
