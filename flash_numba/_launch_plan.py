@@ -74,12 +74,7 @@ def key(pass_: str, kernel: str, tensors: tuple, options: tuple):
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    typed = tuple((type(o), o) for o in options)
-    try:
-        hash(typed)
-    except TypeError:  # a list for block, say: the normal path takes it or says why not
-        return None
-    parts = [pass_, kernel, typed]
+    parts = [pass_, kernel]
     ptrs = []
     tensor = torch.Tensor
     for t in tensors:
@@ -91,6 +86,12 @@ def key(pass_: str, kernel: str, tensors: tuple, options: tuple):
         p = t.data_ptr()
         parts += (t.shape, t.stride(), t.dtype, gpu, ptrs.index(p) if p in ptrs else -1)
         ptrs.append(p)
+    typed = tuple((type(o), o) for o in options)
+    try:
+        hash(typed)
+    except TypeError:  # a list for block, say: the normal path takes it or says why not
+        return None
+    parts.append(typed)
     return tuple(parts)
 
 

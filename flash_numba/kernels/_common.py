@@ -195,18 +195,6 @@ def add_counts(counter, nr, nw):
 
 
 @jit(device=True, forceinline=True)
-def head_block(n_rows, rows):
-    """``(bh, row0)`` of this block in a :func:`head_grid` of ceil(n_rows / rows) blocks per head.
-
-    Block ``bh * T + i`` (T blocks per head) holds rows ``i * rows ..`` of head ``bh``;
-    the division is 32-bit (a 64-bit one costs registers).
-    """
-    T = uint32((n_rows + rows - 1) // rows)
-    block = uint32(cuda.blockIdx.x)
-    return block // T, int64(block % T) * rows
-
-
-@jit(device=True, forceinline=True)
 def kv_head(bh, G):
     """The key/value head of query head ``bh`` (of B*Hq) with ``G`` query heads per key/value head.
 
@@ -234,8 +222,8 @@ GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest grid (x, y, z)
 def head_grid_2d(blocks_per_head: int, BH: int) -> tuple[int, int]:
     """A grid ``(B*H, blocks_per_head)``: the head on axis x (up to 2^31 - 1), the block of a head on axis y.
 
-    The kernel reads its head and block from ``blockIdx`` without a division (the
-    division of :func:`head_block` costs a readable kernel 15-30 registers); axis y
+    The kernel reads its head and block from ``blockIdx`` without a division (decoding a
+    1-D grid, ``bh = block // T``, cost a readable kernel 15-30 registers); axis y
     holds at most 65,535 blocks per head, a million query rows at Br = 16.
     """
     if BH > GRID_LIMITS[0]:
