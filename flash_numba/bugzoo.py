@@ -7,10 +7,11 @@ exactly its :func:`diff`.  The learner runs an exhibit through the exercise's
 checker (``ex.check(exhibit.exercise, build(name))``) and reads the verdict:
 which case fails, which output, the hint, the bytes.
 
-What the simulator can show.  It runs each CUDA thread as a Python thread, so
-whether a missing ``cuda.syncthreads()`` makes a thread read a tile its
-neighbours have not loaded yet (NaN: :mod:`flash_numba._simwarp` fills shared
-memory with NaN) depends on how Python switches between them.  The checkers
+What the simulator can show.  It runs the CUDA threads of a block in turn, each
+to its next barrier (:mod:`flash_numba._simwarp`), so whether a missing
+``cuda.syncthreads()`` makes a thread read a tile its neighbours have not loaded
+yet (NaN: ``_simwarp`` fills shared memory with NaN) depends on that one order,
+not on a GPU's.  The checkers
 therefore run kernels under the race detector of :mod:`flash_numba.simrace`,
 which names the missing barrier on every run, whatever the order.  (The
 solutions write ``max(s, m)``, score first, so that a NaN score wins in the

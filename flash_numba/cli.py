@@ -158,7 +158,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
     else:
         print(f"all results match the float64 reference (relative error <= {tol:g})")
     if device.SIMULATOR:
-        print("times are not measured in the simulator (it runs each CUDA thread as a Python thread)")
+        print("times are not measured in the simulator (it runs each CUDA thread as Python code)")
     else:
         print("time: median of 10 calls on device arrays, counting off (after 3 warm-up calls)")
     for r in rows:

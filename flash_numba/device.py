@@ -59,7 +59,7 @@ from . import _compat  # noqa: E402,F401  (must precede numba.cuda)
 import numba  # noqa: E402
 from numba import cuda  # noqa: E402
 
-#: True when kernels run in Numba's CUDA simulator (Python threads on the CPU).
+#: True when kernels run in Numba's CUDA simulator (Python code on the CPU).
 SIMULATOR: bool = bool(numba.config.ENABLE_CUDASIM)
 
 if SIMULATOR:  # the simulator lacks warp shuffles; add them (see _simwarp)
@@ -152,7 +152,7 @@ def describe() -> str:
     if d.simulated:
         why = f" ({AUTO_SIMULATOR_REASON})" if AUTO_SIMULATOR_REASON else ""
         return (
-            f"simulator{why}: kernels run as Python threads on the CPU; use tiny sizes, "
+            f"simulator{why}: kernels run as Python code on the CPU; use tiny sizes, "
             f"times are not measured; stand-in budget {d.shared_mem_per_block // 1024} KB "
             f"shared memory per block"
         )

@@ -12,7 +12,7 @@
 #
 # **Where it runs.** On a machine with an NVIDIA GPU (Colab's free T4 is enough) the kernels run for
 # real, at real sizes, and are timed. On a laptop without a GPU, `flash_numba` switches to Numba's
-# *CUDA simulator*, which runs every CUDA thread as a Python thread on the CPU: the same kernel code, the
+# *CUDA simulator*, which runs every CUDA thread as Python code on the CPU: the same kernel code, the
 # same results and the same byte counts, but only at tiny sizes (a few dozen tokens), with no timings
 # (the simulator has no clock for kernels), no detection of races, and no check that the code would
 # compile for a GPU. Every lesson picks its sizes from the mode it finds and says which one it ran in.

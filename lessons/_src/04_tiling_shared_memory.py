@@ -96,9 +96,10 @@ print("formula:", f"{tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4):,} bytes")
 #    element a slow thread is still reading (write after read).
 #
 # A missing barrier is a *race*: on a GPU the result is wrong only sometimes, depending on timing. In the
-# simulator each thread is a Python thread, and whether one reads a tile element before another has
-# stored it depends on how Python switches between them, so the values alone would catch a missing
-# barrier only sometimes. The checker below therefore runs your kernel with the package's race detector
+# simulator the threads of a block take turns, each running to its next barrier, so whether one reads a
+# tile element before another has stored it depends on that fixed order, not on the GPU's (where a warp
+# of 32 runs in lockstep and warps interleave by timing): the values alone catch a missing barrier only
+# for some orders. The checker below therefore runs your kernel with the package's race detector
 # (`flash_numba.simrace`): each shared element remembers which thread wrote it and which threads read it
 # since the last barrier, so without barrier 1 it sees a thread read an element another thread stored
 # (read after write), and without barrier 2 a thread store an element another thread read (write after
@@ -120,7 +121,7 @@ print("formula:", f"{tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4):,} bytes")
 # and the byte counts.
 
 # %%
-TILE = 8 if SIM else 16  # threads per block: TILE x TILE (the simulator runs each one as a Python thread)
+TILE = 8 if SIM else 16  # threads per block: TILE x TILE (the simulator runs each one as Python code)
 E = 4  # bytes per float32
 
 

@@ -58,11 +58,12 @@ print(bugzoo.diff("missing_barrier"))
 caught["missing_barrier"] = not ex.check("flash2_loop", bugzoo.build("missing_barrier"))
 
 # %% [markdown]
-# What the simulator can and cannot show. It runs every CUDA thread as a Python thread, and whether a
-# thread reads $K_j$ before its neighbours have loaded it depends on how Python happens to switch between
-# them: a verdict built on the values alone would depend on the machine. So the checker runs the kernel
-# with the package's race detector on (`flash_numba.simrace`): every element of a shared array remembers
-# which thread wrote it and which threads read it since the block's last `cuda.syncthreads()`, and a read
+# What the simulator can and cannot show. It runs the CUDA threads of a block in turn, each to its next
+# barrier, and whether a thread reads $K_j$ before its neighbours have loaded it depends on that order,
+# which is not a GPU's: a verdict built on the values alone would hold for one order of threads only. So
+# the checker runs the kernel with the package's race detector on (`flash_numba.simrace`): every element
+# of a shared array remembers which thread wrote it and which threads read it since the block's last
+# `cuda.syncthreads()`, and a read
 # of an element another thread wrote, or a write to an element another thread touched, before the next
 # barrier is a race, whatever order the threads ran in. The verdict names the array, the element and the
 # two threads. A GPU interleaves threads differently (a warp of 32 runs in lockstep), and the same bug may

@@ -48,7 +48,7 @@ from flash_numba.examples import gpt
 SIM = device.SIMULATOR
 print(device.describe())
 DEV = "cpu" if SIM or not torch.cuda.is_available() else "cuda"
-# the simulator runs each CUDA thread as a Python thread: flash1 is its cheapest kernel; on a GPU, the default
+# the simulator runs each CUDA thread as Python code: flash1 is its cheapest kernel; on a GPU, the default
 KERNEL = "flash1" if SIM else None
 print(f"PyTorch {torch.__version__}, tensors on {DEV}, kernel {KERNEL or fnt.DEFAULT_KERNEL}")
 
