@@ -184,4 +184,4 @@ def test_one_specialisation_for_every_layout(rng):
     f = fn.attention_forward(*(cuda.to_device(q) for _ in range(3)), kernel="flash2")
     fn.attention_forward(*packed(q, q, q), kernel="flash2", block=f.block)
     # the factory's arguments as the launcher passes them (an lru_cache key: a default left out is another key)
-    assert len(flash2._forward_kernel(64, *f.block, np.dtype(np.float32), False, False, False).overloads) == 1
+    assert len(flash2._forward_kernel(64, *f.block, np.dtype(np.float32), False, False, False, False).overloads) == 1

@@ -24,6 +24,8 @@ Backward (FA2's Algorithm 2, split in three kernels, no atomics on floats):
 Grouped-query attention (G = Hq / Hkv query heads per key/value head): query head bh
 reads K and V of head bh // G; the "dK, dV" grid has (B*Hkv, Tc) blocks, each walking
 over the query blocks of the G query heads of its group in turn (one sum, fixed order).
+The forward and dQ kernels are compiled apart for G = 1 (``grouped`` False), where the key/value
+head is the query head and no register holds it across the loop over key blocks.
 
 Why it is deterministic: every output element is written once, by one thread,
 from a sum taken in a fixed order, so repeated calls give bitwise identical
@@ -115,7 +117,7 @@ def forward(prob, ops, block, counters):
     """O and L = m + log(l): one launch of Tr * B*H blocks."""
     Br, Bc = block
     dropout, drop_args = _dropout.launch_args(prob)
-    kernel = _forward_kernel(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled, dropout)
+    kernel = _forward_kernel(prob.d, Br, Bc, prob.dtype, prob.causal, counters.enabled, dropout, prob.G > 1)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
@@ -140,18 +142,19 @@ def backward(prob, ops, block, counters):
     grid = grids(prob, block)
     dkdv[grid[BACKWARD_NAMES[1]], NT](q, k, v, do, lse, D, dk, dv, counters.array(BACKWARD_NAMES[1]), Nq, Nk, prob.G,
                                       scale, *drop_args)
-    dq_kernel = _dq_kernel(d, Br, Bc, dt, prob.causal, count, dropout)
+    dq_kernel = _dq_kernel(d, Br, Bc, dt, prob.causal, count, dropout, prob.G > 1)
     dq_kernel[grid[BACKWARD_NAMES[2]], NT](q, k, v, do, lse, D, dq, counters.array(BACKWARD_NAMES[2]), Nq, Nk, prob.G,
                                            scale, *drop_args)
     return dq, dk, dv
 
 
 def compile_all(ccs, dtypes, ds):
-    """PTX of every specialisation: default blocks for each d, causal or not, counting or not;
-    with dropout only for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT` (not counting).
+    """PTX of every specialisation: default blocks for each d, causal or not, counting or not, the forward and dQ
+    kernels for G = 1 and for grouped-query attention (G > 1, "grouped"); with dropout only for
+    :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT` (not counting).
 
     Returns ``[(label, ptx)]``; the label names the kernel, d, dtype, (Br, Bc),
-    causal, count and ``sm_XY``.  Needs ``NUMBA_ENABLE_CUDASIM=0``.
+    causal, count, dropout, grouped and ``sm_XY``.  Needs ``NUMBA_ENABLE_CUDASIM=0``.
     """
     out = []
     I64 = types.int64
@@ -168,14 +171,17 @@ def compile_all(ccs, dtypes, ds):
             for count in (False, True):
                 tail = f"d={d} {dt}{' count' * count}"
                 specs = [(f"{BACKWARD_NAMES[0]} {tail}", _rowsum.rowsum_kernel(d, dt, count), _rowsum.signature(dt))]
-                for causal, drop in itertools.product((False, True), _dropout.compile_variants(dt, d, count)):
-                    tag = f"{tail}{' causal' * causal}{' dropout' * drop}"
+                variants = itertools.product((False, True), _dropout.compile_variants(dt, d, count), (False, True))
+                for causal, drop, grouped in variants:
+                    tag = f"{tail}{' causal' * causal}{' dropout' * drop}{' grouped' * grouped}"
                     fwd_tag, bwd_tag = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
-                    specs += [
-                        (f"forward {fwd_tag}", _forward_kernel(d, *fwd, dt, causal, count, drop), fwd_sig),
-                        (f"{BACKWARD_NAMES[1]} {bwd_tag}", _dkdv_kernel(d, *bwd, dt, causal, count, drop), dkdv_sig),
-                        (f"{BACKWARD_NAMES[2]} {bwd_tag}", _dq_kernel(d, *bwd, dt, causal, count, drop), dq_sig),
-                    ]
+                    fwd_kernel = _forward_kernel(d, *fwd, dt, causal, count, drop, grouped)
+                    dq_kernel = _dq_kernel(d, *bwd, dt, causal, count, drop, grouped)
+                    specs.append((f"forward {fwd_tag}", fwd_kernel, fwd_sig))
+                    if not grouped:  # one dK, dV kernel serves every G
+                        dkdv = _dkdv_kernel(d, *bwd, dt, causal, count, drop)
+                        specs.append((f"{BACKWARD_NAMES[1]} {bwd_tag}", dkdv, dkdv_sig))
+                    specs.append((f"{BACKWARD_NAMES[2]} {bwd_tag}", dq_kernel, dq_sig))
                 out += [compile_kernel(f"flash2 {name}", kernel, sig, cc) for name, kernel, sig in specs for cc in ccs]
     return out
 

@@ -26,8 +26,9 @@ from .thread_tiles import load_pair
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
-    """The forward kernel for head dim d, blocks (Br, Bc), storage ``dtype`` (``dropout``: with attention dropout)."""
+def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False, grouped=False):
+    """The forward kernel for head dim d, blocks (Br, Bc), storage ``dtype`` (``dropout``: with attention dropout;
+    ``grouped``: grouped-query attention, G > 1)."""
     ACC, acc, IN_BYTES, L_BYTES = kernel_constants(dtype)
     NEG_INF, ZERO, ONE, NAN = acc(-math.inf), acc(0), acc(1), acc(math.nan)
     MUL_RN = rounded_mul(acc)
@@ -35,7 +36,7 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
     KS = d | 1  # odd row stride of K_j: the 16 threads of a row read 16 banks
     Q_TILE, K_TILE, V_TILE, P_TILE, PART = (Br, d), (Bc, KS), (Bc, d), (Br, Bc), (Br, TX)
     S_REGS, O_REGS = (RA, CB), (RA, XB)
-    CAUSAL, COUNT = causal, count
+    CAUSAL, COUNT, GROUPED = causal, count, grouped
     drop_head, drop_row, drop = _dropout.factor(dropout, np.dtype(acc).name)
 
     @jit
@@ -43,7 +44,8 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False):
         t = cuda.threadIdx.x
         ty, tx = t // TX, t % TX
         bh, i0 = cuda.blockIdx.x, heavy_first_block(Br)  # (batch, head) and the first query row of Q_i
-        hkv = kv_head(bh, G)  # its key/value head
+        # its key/value head; G = 1 compiled apart: kv_head's result would stay live across the loop (+3 registers)
+        hkv = kv_head(bh, G) if GROUPED else bh
         nr = 0
         nw = 0
 
