@@ -93,6 +93,35 @@ def test_three_dim_inputs_group_the_heads(rng):
         assert g.shape == g_ref.shape and err64(g, g_ref) < 1e-12
 
 
+@pytest.mark.parametrize("G", [1, 2])
+def test_flash2_launches_the_kernels_compiled_for_its_group(rng, monkeypatch, G):
+    """flash2 compiles its forward and dQ kernels apart for G = 1 (``grouped`` False: the key/value head is
+    the query head, no register holds it) and for G > 1; a call launches the ones for its G, and they agree
+    with the float64 reference."""
+    from flash_numba.kernels import flash2
+
+    calls = []
+
+    def spy(name):
+        factory = getattr(flash2, name)
+
+        def traced(d, Br, Bc, dtype, causal, count, dropout, grouped):
+            calls.append((name, grouped))
+            return factory(d, Br, Bc, dtype, causal, count, dropout, grouped)
+        return traced
+
+    for name in ("_forward_kernel", "_dq_kernel"):
+        monkeypatch.setattr(flash2, name, spy(name))
+    q, k, v, do = make(rng, (1, 2), 2 // G, 17, 17, 8, np.float64)
+    f = fn.attention_forward(q, k, v, kernel="flash2", causal=True)
+    b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel="flash2", causal=True)
+    assert calls == [("_forward_kernel", G > 1), ("_dq_kernel", G > 1)]
+    o_ref, lse_ref = reference.attention_forward(q, k, v, causal=True)
+    assert err64(f.o, o_ref) < 1e-13 and err64(f.lse, lse_ref) < 1e-13
+    for g, g_ref in zip((b.dq, b.dk, b.dv), reference.attention_backward(q, k, v, o_ref, lse_ref, do, causal=True)):
+        assert err64(g, g_ref) < 1e-12
+
+
 # ----------------------------------------------------------------------------- IO model with G
 
 
