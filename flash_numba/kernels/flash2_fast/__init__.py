@@ -112,8 +112,9 @@ def forward(prob, ops, block, counters):
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     (q, q_lay), (k, k_lay), (v, v_lay) = (_views.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
-    _smem.configure(kernel, grids(prob, block)[FORWARD_NAME], NT, dyn)(q, k, v, o, lse, prob.Nq, prob.Nk, prob.G, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
-           q_lay, k_lay, v_lay, *drop_args)
+    _smem.configure(kernel, grids(prob, block)[FORWARD_NAME], NT, dyn)(
+        q, k, v, o, lse, prob.Nq, prob.Nk, prob.G, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
+        q_lay, k_lay, v_lay, *drop_args)
     return o, lse
 
 

@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, uint32
 
-from ...device import SIMULATOR, jit
+from ...device import jit
 from .. import _dropout, _smem, _tile_ops
 from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_unless_zero, nb_type
 from .._common import rounded_mul
