@@ -38,6 +38,11 @@ def shared_budget() -> int:
     return min(device.info().shared_mem_per_block, device.STATIC_SHARED_LIMIT)
 
 
+def dynamic_budget() -> int:
+    """Bytes of shared memory one block may use on this device with dynamic shared memory (opted in)."""
+    return max(device.info().shared_mem_per_block_optin, shared_budget())
+
+
 def _round8(x: int) -> int:
     return x if x < 8 else (x // 8) * 8
 

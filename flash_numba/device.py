@@ -69,6 +69,11 @@ if SIMULATOR:  # the simulator lacks warp shuffles; add them (see _simwarp)
 
 #: Static shared memory a kernel may declare, on every GPU we target (T4 .. H200).
 STATIC_SHARED_LIMIT = 48 * 1024
+#: Shared memory one block may use with dynamic shared memory, opted in, by compute capability
+#: (the CUDA C++ Programming Guide's table; the device reports its own as
+#: ``MAX_SHARED_MEMORY_PER_BLOCK_OPTIN``): the compile tier builds each cc's blocks with it.
+SHARED_OPTIN_BY_CC = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
+                      (9, 0): 227 * 1024}
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class DeviceInfo:
     sm_count: int
     shared_mem_per_block: int  # bytes a block may use (static limit applied)
     shared_mem_per_sm: int  # bytes per multiprocessor
+    shared_mem_per_block_optin: int  # bytes a block may use with dynamic shared memory, opted in
     total_memory: int | None  # bytes of device memory (HBM / GDDR); None if unknown
     warp_size: int
     simulated: bool
@@ -122,6 +128,7 @@ def info() -> DeviceInfo:
             sm_count=1,
             shared_mem_per_block=STATIC_SHARED_LIMIT,
             shared_mem_per_sm=64 * 1024,
+            shared_mem_per_block_optin=STATIC_SHARED_LIMIT,  # block choices as with static memory
             total_memory=None,
             warp_size=32,
             simulated=True,
@@ -139,6 +146,7 @@ def info() -> DeviceInfo:
         sm_count=int(dev.MULTIPROCESSOR_COUNT),
         shared_mem_per_block=min(int(dev.MAX_SHARED_MEMORY_PER_BLOCK), STATIC_SHARED_LIMIT),
         shared_mem_per_sm=int(dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+        shared_mem_per_block_optin=int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
         total_memory=total,
         warp_size=int(dev.WARP_SIZE),
         simulated=False,

@@ -86,6 +86,7 @@ class KernelSpec:
     io_backward_atomic: Callable | None = None
     max_registers: Mapping[str, int] = field(default_factory=dict)
     register_rule: Callable | None = None
+    dynamic_shared: bool = False  # its blocks may use dynamic shared memory: budget blocks.dynamic_budget()
     doc: str = ""  # what the kernel is: its module's docstring (``spec.__doc__`` returns it)
 
     def __post_init__(self):
@@ -140,18 +141,19 @@ class KernelSpec:
         def fp(Br, Bc, d_, dt):
             return self.shared_bytes(Br, Bc, d_, dt, pass_)
 
+        if budget is None:
+            budget = blocks.dynamic_budget() if self.dynamic_shared else blocks.shared_budget()
         if block is None:
-            budget = blocks.shared_budget() if budget is None else budget
             if self.choose_block is not None:
                 return self.choose_block(d, dtype, budget, pass_)
             return blocks.choose(d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc, budget=budget)
-        return blocks.validate(block, d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc)
+        return blocks.validate(block, d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc, budget=budget)
 
-    def register_cap(self, launch: str, cc, d: int, dtype) -> int | None:
+    def register_cap(self, launch: str, cc, d: int, dtype, dynamic: bool = False) -> int | None:
         """The register cap of ``launch`` at head dim ``d`` and storage ``dtype`` on a device of compute capability
         ``cc`` (None: none)."""
         if self.register_rule is not None:
-            return self.register_rule(launch, cc, d, dtype)
+            return self.register_rule(launch, cc, d, dtype, dynamic)
         return self.max_registers.get(launch)
 
     def run_backward(self, deterministic: bool) -> Callable:

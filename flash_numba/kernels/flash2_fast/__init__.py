@@ -53,8 +53,8 @@ from numba import cuda, types
 
 from ... import _inputs, _launch_plan, _views
 from ...compile_check import compile_kernel
-from ...device import SIMULATOR, STATIC_SHARED_LIMIT
-from .. import _dropout, _rowsum
+from ...device import SHARED_OPTIN_BY_CC, SIMULATOR, STATIC_SHARED_LIMIT
+from .. import _dropout, _rowsum, _smem
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
@@ -106,15 +106,22 @@ def forward(prob, ops, block, counters):
     """O and L: one launch, a 1-D grid of Tr * B*H blocks, 128 threads."""
     Br, Bc = block
     dropout, drop_args = _dropout.launch_args(prob)
+    dyn = _dynamic_bytes(geometry, prob.d, Br // TY, Bc // TX, prob.dtype)
     kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled,
-                               dropout=dropout)
+                               dropout=dropout, dynamic=bool(dyn))
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     (q, q_lay), (k, k_lay), (v, v_lay) = (_views.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
-    kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, prob.Nq, prob.Nk, prob.G,
-                                                 prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
-                                                 q_lay, k_lay, v_lay, *drop_args)
+    _smem.configure(kernel, grids(prob, block)[FORWARD_NAME], NT, dyn)(
+        q, k, v, o, lse, prob.Nq, prob.Nk, prob.G, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
+        q_lay, k_lay, v_lay, *drop_args)
     return o, lse
+
+
+def _dynamic_bytes(geometry_of, d: int, TM: int, TN: int, dtype) -> int:
+    """Bytes of dynamic shared memory a kernel of that geometry launches with (0: its tiles are static)."""
+    nbytes = geometry_of(d, TM, TN, dtype)["smem"]
+    return nbytes if _smem.is_dynamic(nbytes) else 0
 
 
 def _backward_inputs(prob, ops, counters):
@@ -141,14 +148,18 @@ def backward(prob, ops, block, counters):
     count = counters.enabled
     q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     dropout, drop_args = _dropout.launch_args(prob)
-    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout)
+    kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout, dynamic=bool(kv_dyn))
     grid = grids(prob, block)
-    kv[grid[BACKWARD_KV_NAME], NT](q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, scale,
-                                   scale_log2, counters.array(BACKWARD_KV_NAME), *layouts, *drop_args)
+    _smem.configure(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
+        q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, scale, scale_log2,
+        counters.array(BACKWARD_KV_NAME), *layouts, *drop_args)
     dq = _inputs.empty((BH, Nq, d), dt)
-    qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count, dropout)
-    qk[grid[BACKWARD_Q_NAME], NT](q, k, v, do, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2,
-                                  counters.array(BACKWARD_Q_NAME), *layouts, *drop_args)
+    q_dyn = _dynamic_bytes(geometry_q, d, Br // TY, Bc // TX, dt)
+    qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count, dropout, dynamic=bool(q_dyn))
+    _smem.configure(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
+        q, k, v, do, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2, counters.array(BACKWARD_Q_NAME), *layouts,
+        *drop_args)
     return dq, dk, dv
 
 
@@ -172,9 +183,12 @@ def backward_atomic(prob, ops, block, counters):
     zero_kernel(acc.name, count)[elementwise_grid, ELEMWISE_THREADS](dq_acc.reshape(n), n,
                                                                      counters.array(ZERO_DQ_NAME))
     dropout, drop_args = _dropout.launch_args(prob)
-    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout)
-    kv[grid[BACKWARD_KVQ_NAME], NT](q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, scale, scale_log2,
-                                    counters.array(BACKWARD_KVQ_NAME), *layouts, *drop_args)
+    kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout,
+                        dynamic=bool(kv_dyn))
+    _smem.configure(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
+        q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, scale, scale_log2, counters.array(BACKWARD_KVQ_NAME),
+        *layouts, *drop_args)
     if dt == acc:
         return dq_acc, dk, dv
     dq = _inputs.empty((BH, Nq, d), dt)
@@ -197,8 +211,21 @@ _UNUSED: dict = {}
 def compile_all(ccs, dtypes, ds):
     """The compile tier's :class:`~flash_numba.compile_check.Compiled` list: the forward and, where its
     blocks are micro-tile shapes, the dK/dV, dQ and atomic dK/dV/dQ kernels (else the backward is
-    flash2's, compiled by that module), at the chosen blocks for each d, causal or not, counting or not; with
-    dropout for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`."""
+    flash2's, compiled by that module), at the blocks chosen for each d, causal or not, counting or not; with
+    dropout for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`.  Blocks are chosen for each cc
+    twice: within 48 KB of static shared memory, and within the cc's opt-in limit of dynamic shared memory
+    (:data:`flash_numba.device.SHARED_OPTIN_BY_CC`); a kernel whose tiles are dynamic is labelled
+    ``dynamic=<bytes>``."""
+    return [item for cc in ccs for budget in sorted({STATIC_SHARED_LIMIT, SHARED_OPTIN_BY_CC[tuple(cc)]})
+            for item in _compile_for_budget(cc, budget, dtypes, ds)]
+
+
+def _dynamic_tag(nbytes: int) -> str:
+    return f" dynamic={nbytes}" if nbytes else ""
+
+
+def _compile_for_budget(cc, budget, dtypes, ds):
+    """compile_all's list for one cc, with the blocks chosen for ``budget`` bytes of shared memory."""
     out = []
     I64 = types.int64
     for dtype in dtypes:
@@ -212,25 +239,31 @@ def compile_all(ccs, dtypes, ds):
                   *DROP)
         q_sig = (X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY, *DROP)
         for d in ds:
-            Br, Bc = choose_block(d, dt, STATIC_SHARED_LIMIT)
-            bBr, bBc = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
-            fast_bwd = uses_fast_backward(bBr, bBc, d, dt)
+            Br, Bc = choose_block(d, dt, budget)
+            bBr, bBc = choose_block(d, dt, budget, "backward")
+            fast_bwd = uses_fast_backward(bBr, bBc, d, dt, budget)
+            fwd_dyn = _dynamic_bytes(geometry, d, Br // TY, Bc // TX, dt)
+            kv_dyn = _dynamic_bytes(geometry_kv, d, bBc // TY, bBr // TX, dt)
+            q_dyn = _dynamic_bytes(geometry_q, d, bBr // TY, bBc // TX, dt)
             variants = ((count, causal, drop) for count, causal in itertools.product((False, True), (False, True))
                         for drop in _dropout.compile_variants(dt, d, count))
             for count, causal, drop in variants:
                 tag = f"{' causal' * causal} {dt}{' count' * count}{' dropout' * drop}"
                 fwd, bwd = f"d={d} Br={Br} Bc={Bc}{tag}", f"d={d} Br={bBr} Bc={bBc}{tag}"
                 # (launch, label, kernel, signature); built uncapped, assembled with each cc's cap below
-                specs = [(FORWARD_NAME, f"{FORWARD_NAME} {fwd}",
-                          forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count, None, drop)[0], fwd_sig)]
+                specs = [(FORWARD_NAME, f"{FORWARD_NAME} {fwd}{_dynamic_tag(fwd_dyn)}",
+                          forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count, None, drop, bool(fwd_dyn))[0],
+                          fwd_sig)]
                 if fast_bwd:
                     kv_args = (d, bBc // TY, bBr // TX, dt.name, causal, count, None)
+                    kv_tag, q_tag = _dynamic_tag(kv_dyn), _dynamic_tag(q_dyn)
                     specs += [
-                        (BACKWARD_KV_NAME, f"{BACKWARD_KV_NAME} {bwd}", dkdv_kernel(*kv_args, dropout=drop)[0], kv_sig),
-                        (BACKWARD_Q_NAME, f"{BACKWARD_Q_NAME} {bwd}",
-                         dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count, drop)[0], q_sig),
-                        (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}",
-                         dkdv_kernel(*kv_args, atomic_dq=True, dropout=drop)[0], kv_sig),
+                        (BACKWARD_KV_NAME, f"{BACKWARD_KV_NAME} {bwd}{kv_tag}",
+                         dkdv_kernel(*kv_args, dropout=drop, dynamic=bool(kv_dyn))[0], kv_sig),
+                        (BACKWARD_Q_NAME, f"{BACKWARD_Q_NAME} {bwd}{q_tag}",
+                         dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count, drop, bool(q_dyn))[0], q_sig),
+                        (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}{kv_tag}",
+                         dkdv_kernel(*kv_args, atomic_dq=True, dropout=drop, dynamic=bool(kv_dyn))[0], kv_sig),
                     ]
                 if fast_bwd and causal and d == ds[0] and not drop:  # the atomic path's element-wise kernels, once
                     A1, c = array_type(acc, 1), " count" * count
@@ -239,8 +272,8 @@ def compile_all(ccs, dtypes, ds):
                     if dt != acc:
                         specs.append((CAST_DQ_NAME, f"{CAST_DQ_NAME} {dt}{c}", cast_kernel(acc.name, dt.name, count),
                                       (A1, X1, I64, COUNTER_TYPE)))
-                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d, dt))
-                        for launch, label, kernel, sig in specs for cc in ccs]
+                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d, dt, 'dynamic=' in label))
+                        for launch, label, kernel, sig in specs]
     return out
 
 
@@ -251,5 +284,5 @@ SPEC = KernelSpec(
     backward_launches=(_rowsum.NAME, BACKWARD_KV_NAME, BACKWARD_Q_NAME),
     atomic_backward_launches=(_rowsum.NAME, ZERO_DQ_NAME, BACKWARD_KVQ_NAME, CAST_DQ_NAME),
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
-    max_registers=MAX_REGISTERS, register_rule=register_cap,
+    max_registers=MAX_REGISTERS, register_rule=register_cap, dynamic_shared=True,
 )

@@ -25,8 +25,8 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, uint32
 
-from ...device import SIMULATOR, jit
-from .. import _dropout, _tile_ops
+from ...device import jit
+from .. import _dropout, _smem, _tile_ops
 from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_unless_zero, nb_type
 from .._common import rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
@@ -49,15 +49,15 @@ ELEMWISE_THREADS = 256
 
 
 def _kernel_constants(dtype_name: str):
-    """(accumulation dtype name, Numba ACC type, storage bytes, accumulation bytes, alignment of tiles)."""
+    """(accumulation dtype name, Numba ACC type, storage bytes, accumulation bytes)."""
     dtype = np.dtype(dtype_name)
     acc = "float64" if dtype == np.float64 else "float32"
-    return acc, acc_nb_type(dtype), dtype.itemsize, np.dtype(acc).itemsize, None if SIMULATOR else 16
+    return acc, acc_nb_type(dtype), dtype.itemsize, np.dtype(acc).itemsize
 
 
 @lru_cache(maxsize=None)
 def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
-                atomic_dq: bool = False, dropout: bool = False):
+                atomic_dq: bool = False, dropout: bool = False, dynamic: bool = False):
     """``(kernel, geometry)``: dK_j, dV_j for one key block of Bc = 8 TM rows (and dQ by atomics).
 
     Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
@@ -66,15 +66,16 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  A block of
     key/value head hkv walks over the query blocks of its G query heads in turn (grouped-query
     attention, G = Hq / Hkv; dk and dv have B*Hkv heads).  ``maxreg``:
-    register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
+    register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).  ``dynamic``: the
+    tiles live in dynamic shared memory (``geometry["smem"]`` bytes at launch, see :mod:`.._smem`).
     """
-    acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
+    acc, ACC, SB, AB = _kernel_constants(dtype_name)
     MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
     g = geometry_kv(d, TM, TN, dtype_name)
     Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
     CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
     _, _, ZERO, ONE, _, _ = scalars(dtype_name)
-    KT_SIZE, QT_SIZE, P_SIZE = DP * KS, DP * QS, Br * PS
+    block_tiles = _smem.tiles(g["tiles"], acc, dynamic)  # in dynamic shared memory iff ``dynamic``
     # atomic dQ: warp w owns query rows w*RW .. of the block, lane owns dQ columns lane + 32 u
     RW = Br // (NT // 32)
     NX = -(-DP // 32)
@@ -91,14 +92,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
                seed, threshold, inv_keep):
-        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS)
-        VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
-        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS), QS odd
-        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
-        Ps = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # P_ij    (Br, PS)
-        dSs = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # dS_ij  (Br, PS)
-        Ls = cuda.shared.array(Br, ACC)  # L_i in log2 units (+inf past Nq)
-        Ds = cuda.shared.array(Br, ACC)  # D_i
+        # K_j^T, V_j^T (DP, KS); Q_i^T, dO_i^T (DP, QS), QS odd; P_ij, dS_ij (Br, PS); L_i in log2 units
+        # (+inf past Nq), D_i (Br)
+        KT, VT, QT, dOT, Ps, dSs, Ls, Ds = block_tiles()
         sT = cuda.local.array((TM, TN), ACC)  # S^T micro-tile, then P^T
         dpT = cuda.local.array((TM, TN), ACC)  # dP^T micro-tile, then dS^T
         dk_acc = cuda.local.array((TM, TD), ACC)
@@ -211,25 +207,26 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             add_counts(counter, nr, nw + n * SB)
 
     launch = BACKWARD_KVQ_NAME if atomic_dq else BACKWARD_KV_NAME
-    maxreg = device_register_cap(launch, d, dtype_name) if maxreg == -1 else maxreg
+    maxreg = device_register_cap(launch, d, dtype_name, dynamic) if maxreg == -1 else maxreg
     opts = {} if maxreg is None else {"max_registers": maxreg}
     return jit(fastmath=FASTMATH, **opts)(kernel), g
 
 
 @lru_cache(maxsize=None)
-def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, dropout: bool = False):
+def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, dropout: bool = False,
+              dynamic: bool = False):
     """``(kernel, geometry)``: dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j.
 
     Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
-    seed, threshold, inv_keep)`` (as for :func:`dkdv_kernel`).
+    seed, threshold, inv_keep)`` (as for :func:`dkdv_kernel`, and ``dynamic``).
     """
-    acc, ACC, SB, AB, ALIGN = _kernel_constants(dtype_name)
+    acc, ACC, SB, AB = _kernel_constants(dtype_name)
     MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
     g = geometry_q(d, TM, TN, dtype_name)
     Br, Bc, TD, DP, KS, QS, PS = (g[x] for x in ("Br", "Bc", "TD", "DP", "KS", "QS", "PS"))
     CAUSAL, COUNT = causal, count
     _, _, ZERO, _, _, _ = scalars(dtype_name)
-    QT_SIZE, KT_SIZE, P_SIZE = DP * QS, DP * KS, Bc * PS
+    block_tiles = _smem.tiles(g["tiles"], acc, dynamic)
     load_q = _tile_ops.padded_loader(Br, d, DP, QS, True, acc, count)
     load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, KS, True, acc, count)  # K_j^T, V_j^T
     load_stats = _tile_ops.stats_loader(Br, acc, count)
@@ -241,13 +238,8 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
 
     def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay, seed,
                threshold, inv_keep):
-        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T   (DP, QS)
-        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
-        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T   (DP, KS), KS odd
-        VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T   (DP, KS)
-        dST = cuda.shared.array(P_SIZE, ACC, alignment=ALIGN)  # dS_ij^T (Bc, PS)
-        Ls = cuda.shared.array(Br, ACC)
-        Ds = cuda.shared.array(Br, ACC)
+        # Q_i^T, dO_i^T (DP, QS); K_j^T, V_j^T (DP, KS), KS odd; dS_ij^T (Bc, PS); L_i, D_i (Br)
+        QT, dOT, KT, VT, dST, Ls, Ds = block_tiles()
         s = cuda.local.array((TM, TN), ACC)
         dp = cuda.local.array((TM, TN), ACC)
         dq_acc = cuda.local.array((TM, TD), ACC)

@@ -20,8 +20,8 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ...device import SIMULATOR, jit
-from .. import _dropout, _tile_ops
+from ...device import jit
+from .. import _dropout, _smem, _tile_ops
 from .._tile_ops import half_warp_max, half_warp_sum
 from .._common import acc_nb_type, add_counts, kv_head, nan_max, rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
@@ -33,14 +33,15 @@ from .layout import FASTMATH, FORWARD_NAME, TX, device_register_cap, geometry, s
 
 @lru_cache(maxsize=None)
 def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
-                   dropout: bool = False):
+                   dropout: bool = False, dynamic: bool = False):
     """``(kernel, geometry)``: the forward for head dim d, micro-tile TM x TN, storage ``dtype_name``.
 
     Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed,
     threshold, inv_keep)``: q, k, v flat inputs and their layouts (:func:`flash_numba._views.flat_input`, any
     strides); query head bh reads key/value head bh // G (grouped-query attention, G = Hq / Hkv); the last
     three are dropout's (:mod:`flash_numba.kernels._dropout`; used iff ``dropout``).  ``maxreg``:
-    register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).
+    register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).  ``dynamic``:
+    the tiles live in dynamic shared memory (``geometry["smem"]`` bytes at launch, see :mod:`.._smem`).
     """
     dtype = np.dtype(dtype_name)
     acc = "float64" if dtype == np.float64 else "float32"
@@ -49,12 +50,11 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     ACC = acc_nb_type(dtype)
     STORE_BYTES = dtype.itemsize
     ACC_BYTES = np.dtype(acc).itemsize
-    ALIGN = None if SIMULATOR else 16
     CAUSAL, COUNT = causal, count
     NEG_INF, _, ZERO, ONE, _, LN2_ACC = scalars(dtype)
     NAN = np.dtype(acc).type(np.nan)
     MUL_RN = rounded_mul(acc)
-    QT_SIZE, KT_SIZE, V_SIZE, PT_SIZE = DP * QS, DP * KS, Bc * DP, Bc * PS
+    block_tiles = _smem.tiles(g["tiles"], acc, dynamic)  # in dynamic shared memory iff ``dynamic``
     load_q = _tile_ops.padded_loader(Br, d, DP, QS, False, acc, count)
     load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count)  # K_j^T, V_j row-major
     s_product = _tile_ops.strided_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
@@ -63,10 +63,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed, threshold, inv_keep):
-        QT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # Q_i^T  (DP, QS) flattened
-        KT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # K_j^T  (DP, KS)
-        Vs = cuda.shared.array(V_SIZE, ACC, alignment=ALIGN)  # V_j    (Bc, DP)
-        PT = cuda.shared.array(PT_SIZE, ACC, alignment=ALIGN)  # P_ij^T (Bc, PS)
+        QT, KT, Vs, PT = block_tiles()  # Q_i^T (DP, QS), K_j^T (DP, KS), V_j (Bc, DP), P_ij^T (Bc, PS), flattened
         s = cuda.local.array((TM, TN), ACC)
         acc = cuda.local.array((TM, TD), ACC)
         m = cuda.local.array(TM, ACC)
@@ -168,5 +165,5 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         if COUNT:
             add_counts(counter, nr, nw)
 
-    maxreg = device_register_cap(FORWARD_NAME, d, dtype_name) if maxreg == -1 else maxreg
+    maxreg = device_register_cap(FORWARD_NAME, d, dtype_name, dynamic) if maxreg == -1 else maxreg
     return jit(fastmath=FASTMATH, **({} if maxreg is None else {"max_registers": maxreg}))(kernel), g

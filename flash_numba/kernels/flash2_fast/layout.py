@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import _inputs, device
+from ... import _inputs, blocks, device
 from ...device import STATIC_SHARED_LIMIT
 from .. import flash2 as _flash2
+from .. import _smem
 from .._spec import check_pass
 from .._tile_ops import check_micro_tile_block
 
@@ -67,19 +68,21 @@ MAX_REGISTERS = {
 CAPPED_FROM_CC = (8, 0)
 
 
-def register_cap(launch: str, cc, d: int, dtype) -> int | None:
+def register_cap(launch: str, cc, d: int, dtype, dynamic: bool = False) -> int | None:
     """The register cap of ``launch`` at head dim ``d`` and storage ``dtype`` compiled for compute capability
-    ``cc`` (None: uncapped)."""
+    ``cc`` (None: uncapped); ``dynamic``: its tiles are in dynamic shared memory (larger than 48 KB)."""
     if tuple(cc) < CAPPED_FROM_CC:
         return None
     if launch == BACKWARD_KVQ_NAME and (tuple(cc) < (9, 0) or np.dtype(dtype) == np.float64 or d > 64):
         return None
+    if launch == FORWARD_NAME and dynamic:  # tiles above 48 KB: more accumulators than 128 registers hold
+        return None
     return MAX_REGISTERS.get(launch)
 
 
-def device_register_cap(launch: str, d: int, dtype) -> int | None:
+def device_register_cap(launch: str, d: int, dtype, dynamic: bool = False) -> int | None:
     """:func:`register_cap` for the device present (the one the kernel launches on)."""
-    return register_cap(launch, device.info().compute_capability, d, dtype)
+    return register_cap(launch, device.info().compute_capability, d, dtype, dynamic)
 
 # (TM, TN) micro-tile shapes in order of preference (fastest first on the H200
 # at d = 64, fp32: 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s, docs/PERFORMANCE.md).
@@ -110,16 +113,16 @@ def geometry(d: int, TM: int, TN: int, dtype) -> dict:
     acc_item, vec, TD, DP = _columns(d, dtype)  # rows padded by one 16-byte vector
     Br, Bc = TY * TM, TX * TN
     QS, KS, PS = Br + vec, Bc + vec, Br + vec
-    smem = acc_item * (DP * QS + DP * KS + Bc * DP + Bc * PS)
-    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, QS=QS, KS=KS, PS=PS, smem=smem)
+    tiles = (DP * QS, DP * KS, Bc * DP, Bc * PS)  # Q_i^T, K_j^T, V_j, P_ij^T
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, QS=QS, KS=KS, PS=PS, tiles=tiles, smem=_smem.total_bytes(tiles, acc_item))
 
 
 def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int:
-    """Static shared memory of the forward kernel; the backward is flash2's."""
+    """Shared memory of a block of the forward kernel, or of the larger backward kernel (flash2's where this
+    module's backward does not run the block on this device: :func:`uses_fast_backward`)."""
     if pass_ == "backward":
-        fast = backward_smem(Br, Bc, d, dtype)
-        if fast is not None and fast <= STATIC_SHARED_LIMIT:
-            return fast
+        if uses_fast_backward(Br, Bc, d, dtype):
+            return backward_smem(Br, Bc, d, dtype)
         return _flash2.shared_bytes(Br, Bc, d, dtype, pass_)  # falls back to flash2's backward
     check_pass(pass_)
     if Br % TY or Bc % TX:
@@ -139,10 +142,12 @@ def check_block(block, d: int, dtype, pass_: str = "forward") -> None:
         check_micro_tile_block(block, "flash2_fast's forward")
 
 
-def uses_fast_backward(Br: int, Bc: int, d: int, dtype) -> bool:
-    """True when block (Br, Bc) runs this module's backward kernels (else flash2's)."""
+def uses_fast_backward(Br: int, Bc: int, d: int, dtype, budget: int | None = None) -> bool:
+    """True when block (Br, Bc) runs this module's backward kernels (else flash2's): a micro-tile shape whose
+    tiles fit ``budget`` bytes (default: what a block may use on this device, dynamic shared memory included)."""
     fast = backward_smem(Br, Bc, d, dtype)
-    return fast is not None and fast <= STATIC_SHARED_LIMIT
+    budget = blocks.dynamic_budget() if budget is None else budget
+    return fast is not None and fast <= budget
 
 
 def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[int, int]:
@@ -156,7 +161,7 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
         for Br, Bc in _BACKWARD_BLOCKS:
             if backward_smem(Br, Bc, d, dtype) <= budget:
                 return Br, Bc
-        return _flash2.SPEC.block(d, dtype, pass_, budget=budget)  # nothing fits: flash2's backward
+        return _flash2.SPEC.block(d, dtype, pass_, budget=min(budget, STATIC_SHARED_LIMIT))  # flash2's backward
     for TM, TN in _PREFERENCE:
         if geometry(d, TM, TN, dtype)["smem"] <= budget:
             return TY * TM, TX * TN
@@ -168,8 +173,8 @@ def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
     a, vec, TD, DP = _columns(d, dtype)
     Bc, Br = TY * TM, TX * TN
     KS, QS, PS = Bc + vec, Br + 1, Bc + vec
-    smem = a * (2 * DP * KS + 2 * DP * QS + 2 * Br * PS + 2 * Br)
-    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, smem=smem)
+    tiles = (DP * KS, DP * KS, DP * QS, DP * QS, Br * PS, Br * PS, Br, Br)  # K_j^T, V_j^T, Q_i^T, dO_i^T, P, dS, L, D
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, tiles=tiles, smem=_smem.total_bytes(tiles, a))
 
 
 def geometry_q(d: int, TM: int, TN: int, dtype) -> dict:
@@ -177,8 +182,8 @@ def geometry_q(d: int, TM: int, TN: int, dtype) -> dict:
     a, vec, TD, DP = _columns(d, dtype)
     Br, Bc = TY * TM, TX * TN
     QS, KS, PS = Br + vec, Bc + 1, Br + vec
-    smem = a * (2 * DP * QS + 2 * DP * KS + Bc * PS)
-    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, smem=smem)
+    tiles = (DP * QS, DP * QS, DP * KS, DP * KS, Bc * PS, Br, Br)  # Q_i^T, dO_i^T, K_j^T, V_j^T, dS^T, L_i, D_i
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, tiles=tiles, smem=_smem.total_bytes(tiles, a))
 
 
 def backward_smem(Br: int, Bc: int, d: int, dtype) -> int | None:
