@@ -71,11 +71,9 @@ CAPPED_FROM_CC = (8, 0)
 def register_cap(launch: str, cc, d: int, dtype, dynamic: bool = False) -> int | None:
     """The register cap of ``launch`` at head dim ``d`` and storage ``dtype`` compiled for compute capability
     ``cc`` (None: uncapped); ``dynamic``: its tiles are in dynamic shared memory (larger than 48 KB)."""
-    if tuple(cc) < CAPPED_FROM_CC:
+    if tuple(cc) < CAPPED_FROM_CC or dynamic:  # tiles above 48 KB hold more accumulators than 128 registers do
         return None
     if launch == BACKWARD_KVQ_NAME and (tuple(cc) < (9, 0) or np.dtype(dtype) == np.float64 or d > 64):
-        return None
-    if launch == FORWARD_NAME and dynamic:  # tiles above 48 KB: more accumulators than 128 registers hold
         return None
     return MAX_REGISTERS.get(launch)
 
