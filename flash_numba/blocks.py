@@ -39,8 +39,10 @@ def shared_budget() -> int:
 
 
 def dynamic_budget() -> int:
-    """Bytes of shared memory one block may use on this device with dynamic shared memory (opted in)."""
-    return max(device.info().shared_mem_per_block_optin, shared_budget())
+    """Bytes of shared memory one block of a kernel that can use dynamic shared memory may use on this device:
+    its opt-in limit from :data:`flash_numba.device.DYNAMIC_SHARED_FROM_CC` up, else :func:`shared_budget`."""
+    info = device.info()
+    return max(device.dynamic_shared_limit(info.compute_capability, info.shared_mem_per_block_optin), shared_budget())
 
 
 def _round8(x: int) -> int:

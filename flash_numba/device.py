@@ -74,6 +74,17 @@ STATIC_SHARED_LIMIT = 48 * 1024
 #: ``MAX_SHARED_MEMORY_PER_BLOCK_OPTIN``): the compile tier builds each cc's blocks with it.
 SHARED_OPTIN_BY_CC = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
                       (9, 0): 227 * 1024}
+#: Kernels that can use dynamic shared memory use it from this compute capability up, where it was measured
+#: to pay (an H200: docs/PERFORMANCE.md, session 7); below, their blocks stay within 48 KB of static memory.
+DYNAMIC_SHARED_FROM_CC = (9, 0)
+
+
+def dynamic_shared_limit(cc, optin: int | None = None) -> int:
+    """Bytes of shared memory a block of a kernel that can use dynamic shared memory gets on compute capability
+    ``cc`` (``optin``: the device's opt-in limit; default :data:`SHARED_OPTIN_BY_CC`)."""
+    if tuple(cc) < DYNAMIC_SHARED_FROM_CC:
+        return STATIC_SHARED_LIMIT
+    return SHARED_OPTIN_BY_CC.get(tuple(cc), STATIC_SHARED_LIMIT) if optin is None else optin
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from numba import cuda, types
 
 from ... import _inputs, _launch_plan, _views
 from ...compile_check import compile_kernel
-from ...device import SHARED_OPTIN_BY_CC, SIMULATOR, STATIC_SHARED_LIMIT
+from ...device import SIMULATOR, STATIC_SHARED_LIMIT, dynamic_shared_limit
 from .. import _dropout, _rowsum, _smem
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
@@ -213,10 +213,10 @@ def compile_all(ccs, dtypes, ds):
     blocks are micro-tile shapes, the dK/dV, dQ and atomic dK/dV/dQ kernels (else the backward is
     flash2's, compiled by that module), at the blocks chosen for each d, causal or not, counting or not; with
     dropout for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`.  Blocks are chosen for each cc
-    twice: within 48 KB of static shared memory, and within the cc's opt-in limit of dynamic shared memory
-    (:data:`flash_numba.device.SHARED_OPTIN_BY_CC`); a kernel whose tiles are dynamic is labelled
+    twice: within 48 KB of static shared memory, and within what a block gets with dynamic shared memory there
+    (:func:`flash_numba.device.dynamic_shared_limit`); a kernel whose tiles are dynamic is labelled
     ``dynamic=<bytes>``."""
-    return [item for cc in ccs for budget in sorted({STATIC_SHARED_LIMIT, SHARED_OPTIN_BY_CC[tuple(cc)]})
+    return [item for cc in ccs for budget in sorted({STATIC_SHARED_LIMIT, dynamic_shared_limit(cc)})
             for item in _compile_for_budget(cc, budget, dtypes, ds)]
 
 

@@ -82,9 +82,20 @@ def device_register_cap(launch: str, d: int, dtype, dynamic: bool = False) -> in
     """:func:`register_cap` for the device present (the one the kernel launches on)."""
     return register_cap(launch, device.info().compute_capability, d, dtype, dynamic)
 
-# (TM, TN) micro-tile shapes in order of preference (fastest first on the H200
-# at d = 64, fp32: 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s, docs/PERFORMANCE.md).
-_PREFERENCE = ((8, 2), (8, 1), (4, 2), (4, 1), (2, 1), (1, 1))
+# (TM, TN) micro-tile shapes in order of preference, fastest first, by TD = ceil(d / 16), the columns of O a
+# thread owns.  Within 48 KB (session 3, d = 64): 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s.  With dynamic
+# shared memory (session 7, N = 4096, forward, ms; docs/PERFORMANCE.md):
+#   d = 32: 8x2 2.79, 8x3 2.50, 8x4 2.53    d = 64: 8x2 4.51, 8x3 4.32, 8x4 4.27    d = 80: 8x2 6.83, 8x3 9.37, 8x4 11.1
+#   d = 96: 8x2 11.0, 8x3 14.0, 8x4 13.3    d = 128: 8x2 9.76, 8x3 9.20, 8x4 11.6
+# Where a shape does not fit the budget, the next one that does.
+_FALLBACK = ((8, 2), (8, 1), (4, 2), (4, 1), (2, 1), (1, 1))
+_PREFERENCE = {4: ((8, 4), (8, 3)) + _FALLBACK, 6: _FALLBACK, 8: ((8, 3),) + _FALLBACK}  # TD up to the key
+
+
+def _preference(d: int) -> tuple:
+    """The micro-tile shapes to try for head dim ``d``, fastest first (measured at the keys' TD; see above)."""
+    TD = -(-d // TX)
+    return next(shapes for td, shapes in sorted(_PREFERENCE.items()) if TD <= td)
 # (Br, Bc) preferences for the two backward kernels, fastest first
 _BACKWARD_BLOCKS = ((32, 32), (32, 16), (16, 32), (16, 16))
 
@@ -144,8 +155,13 @@ def uses_fast_backward(Br: int, Bc: int, d: int, dtype, budget: int | None = Non
     """True when block (Br, Bc) runs this module's backward kernels (else flash2's): a micro-tile shape whose
     tiles fit ``budget`` bytes (default: what a block may use on this device, dynamic shared memory included)."""
     fast = backward_smem(Br, Bc, d, dtype)
-    budget = blocks.dynamic_budget() if budget is None else budget
-    return fast is not None and fast <= budget
+    return fast is not None and fast <= _usable(blocks.dynamic_budget() if budget is None else budget, dtype)
+
+
+def _usable(budget: int, dtype) -> int:
+    """The part of ``budget`` this module's blocks use: float64 (accumulated in float64, two registers a value)
+    stays within 48 KB, where its blocks were measured; its larger tiles took 230 registers (one block per SM)."""
+    return min(budget, STATIC_SHARED_LIMIT) if _inputs.acc_dtype(dtype) == np.float64 else budget
 
 
 def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[int, int]:
@@ -155,12 +171,13 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
     this kernel's blocks are set by its register micro-tiles: the paper's rule
     ignores registers, and here registers, not shared memory, bound the tile.
     """
+    budget = _usable(budget, dtype)
     if pass_ == "backward":
         for Br, Bc in _BACKWARD_BLOCKS:
             if backward_smem(Br, Bc, d, dtype) <= budget:
                 return Br, Bc
         return _flash2.SPEC.block(d, dtype, pass_, budget=min(budget, STATIC_SHARED_LIMIT))  # flash2's backward
-    for TM, TN in _PREFERENCE:
+    for TM, TN in _preference(d):
         if geometry(d, TM, TN, dtype)["smem"] <= budget:
             return TY * TM, TX * TN
     raise ValueError(f"no micro-tile fits d = {d} ({np.dtype(dtype)}) in {budget} bytes of shared memory")
