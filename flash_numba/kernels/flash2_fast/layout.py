@@ -86,18 +86,22 @@ def device_register_cap(launch: str, d: int, dtype, dynamic: bool = False) -> in
 # thread owns.  Within 48 KB (session 3, d = 64): 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s.  With dynamic
 # shared memory (session 7, N = 4096, forward, ms; docs/PERFORMANCE.md):
 #   d = 32: 8x2 2.79, 8x3 2.50, 8x4 2.53    d = 64: 8x2 4.51, 8x3 4.32, 8x4 4.27    d = 80: 8x2 6.83, 8x3 9.37, 8x4 11.1
-#   d = 96: 8x2 11.0, 8x3 14.0, 8x4 13.3    d = 128: 8x2 9.76, 8x3 9.20, 8x4 11.6
+#   d = 96: 8x1 8.72, 8x2 11.0, 8x3 14.0, 8x4 13.3, 4x2 12.6, 4x1 13.6    d = 128: 8x2 9.76, 8x3 9.20, 8x4 11.6
 # Where a shape does not fit the budget, the next one that does.
 _FALLBACK = ((8, 2), (8, 1), (4, 2), (4, 1), (2, 1), (1, 1))
-_PREFERENCE = {4: ((8, 4), (8, 3)) + _FALLBACK, 6: _FALLBACK, 8: ((8, 3),) + _FALLBACK}  # TD up to the key
-
-
-def _preference(d: int) -> tuple:
-    """The micro-tile shapes to try for head dim ``d``, fastest first (measured at the keys' TD; see above)."""
-    TD = -(-d // TX)
-    return next(shapes for td, shapes in sorted(_PREFERENCE.items()) if TD <= td)
-# (Br, Bc) preferences for the two backward kernels, fastest first
+_PREFERENCE = {4: ((8, 4), (8, 3)) + _FALLBACK, 5: _FALLBACK, 6: ((8, 1),) + _FALLBACK, 8: ((8, 3),) + _FALLBACK}
+# (Br, Bc) for the two backward kernels, fastest first, by TD as above.  Deterministic / atomic backward, N = 4096, ms:
+#   d = 64: 32x32 16.6 / 12.0, 32x64 16.5 / 12.2, 64x32 15.9 / 12.5   (so 32x32, which fits 48 KB, stays first)
+#   d = 96: 16x16 50.3 / 29.8, 32x16 44.0 / 30.7, 16x32 41.0 / 23.9, 32x32 43.3 / 25.1
+#   d = 128: 16x16 55.7 / 35.6, 32x16 44.4 / 31.9, 16x32 42.8 / 27.2, 32x32 37.4 / 25.3
 _BACKWARD_BLOCKS = ((32, 32), (32, 16), (16, 32), (16, 16))
+_BACKWARD_PREFERENCE = {5: _BACKWARD_BLOCKS, 6: ((16, 32),) + _BACKWARD_BLOCKS, 8: _BACKWARD_BLOCKS}
+
+
+def _by_head_dim(table: dict, d: int) -> tuple:
+    """The entry of ``table`` (keyed by TD, measured there) that serves head dim ``d``: the first key >= its TD."""
+    TD = -(-d // TX)
+    return next(shapes for td, shapes in sorted(table.items()) if TD <= td)
 
 
 def scalars(dtype):
@@ -173,11 +177,11 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
     """
     budget = _usable(budget, dtype)
     if pass_ == "backward":
-        for Br, Bc in _BACKWARD_BLOCKS:
+        for Br, Bc in _by_head_dim(_BACKWARD_PREFERENCE, d):
             if backward_smem(Br, Bc, d, dtype) <= budget:
                 return Br, Bc
         return _flash2.SPEC.block(d, dtype, pass_, budget=min(budget, STATIC_SHARED_LIMIT))  # flash2's backward
-    for TM, TN in _preference(d):
+    for TM, TN in _by_head_dim(_PREFERENCE, d):
         if geometry(d, TM, TN, dtype)["smem"] <= budget:
             return TY * TM, TX * TN
     raise ValueError(f"no micro-tile fits d = {d} ({np.dtype(dtype)}) in {budget} bytes of shared memory")
