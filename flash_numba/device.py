@@ -179,7 +179,8 @@ def describe() -> str:
     return (
         f"gpu: {d.name} (sm_{d.compute_capability[0]}{d.compute_capability[1]}), "
         f"{d.sm_count} SMs{mem}, shared memory {d.shared_mem_per_block // 1024} KB per block "
-        f"(static), {d.shared_mem_per_sm // 1024} KB per SM"
+        f"(static), {d.shared_mem_per_block_optin // 1024} KB (dynamic, opted in), "
+        f"{d.shared_mem_per_sm // 1024} KB per SM"
     )
 
 

@@ -35,13 +35,19 @@ STANDARD = RESULTS.parent / "h200-2026-11-30-s4" / "standard"
 STANDARD_BENCH_CSV = STANDARD / "bench.csv"
 STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
 NCU_CSV = STANDARD / "ncu_bytes.csv"
+SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
+#: The latest harness run (session 7, ``C/``): flash2_fast and PyTorch's SDPA at d = 32, 64, 96, 128, N = 4096.
+LATEST_BENCH_CSV = SESSION7 / "C" / "run_4096.csv"
+#: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
+BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
 
 def available() -> bool:
     """True when the committed results are on disk (a clone of the repository)."""
-    return all(p.exists() for p in (BENCH_CSV, LESSON1_LOG, STANDARD_BENCH_CSV, STANDARD_KERNELS_CSV, NCU_CSV))
+    return all(p.exists() for p in (BENCH_CSV, LESSON1_LOG, STANDARD_BENCH_CSV, STANDARD_KERNELS_CSV, NCU_CSV,
+                                    LATEST_BENCH_CSV, BLOCK_SWEEP_CSV))
 
 
 def provenance(path: Path = BENCH_CSV) -> dict:
@@ -54,9 +60,9 @@ def provenance(path: Path = BENCH_CSV) -> dict:
     return out
 
 
-def bench_rows(implementations=None, pass_: str | None = None, N: int | None = None, path: Path = BENCH_CSV
-               ) -> list[dict]:
-    """Rows of a recorded benchmark (strings as in the CSV), filtered by implementation, pass and N."""
+def bench_rows(implementations=None, pass_: str | None = None, N: int | None = None, path: Path = BENCH_CSV,
+               d: int | None = None) -> list[dict]:
+    """Rows of a recorded benchmark (strings as in the CSV), not causal, filtered by implementation, pass, N and d."""
     from .tools.bench_report import read_csv
 
     _, rows = read_csv(str(path))
@@ -65,13 +71,15 @@ def bench_rows(implementations=None, pass_: str | None = None, N: int | None = N
         if (implementations is None or r["implementation"] in implementations)
         and (pass_ is None or r["pass"] == pass_)
         and (N is None or int(r["N"]) == N)
+        and (d is None or int(r["d"]) == d)
         and r["causal"] == "False"
     ]
 
 
-def bench_table(implementations=None, pass_: str = "fwd", N: int = 4096, path: Path = BENCH_CSV) -> str:
+def bench_table(implementations=None, pass_: str = "fwd", N: int = 4096, path: Path = BENCH_CSV,
+                d: int | None = None) -> str:
     """A fixed-width table of recorded times, with its provenance, labelled as recorded."""
-    rows = bench_rows(implementations, pass_, N, path)
+    rows = bench_rows(implementations, pass_, N, path, d)
     p = provenance(path)
     lines = [f"{LABEL}: {p.get('device', '?')}", f"  on {p.get('date', '?')}, {p['file']}",
              f"  command: {p.get('command', '?')}",
@@ -159,3 +167,12 @@ def ncu_table() -> str:
         lines.append(f"{r['BH']:>4} {r['N']:>5} {r['launch']:<20} {r['counted'] / 1e6:>11.1f} {r['l2'] / 1e6:>9.1f} "
                      f"{r['dram'] / 1e6:>9.1f} {r['dram'] / r['counted']:>13.2f}")
     return "\n".join(lines)
+
+
+def block_sweep_rows(d: int | None = None, pass_: str = "forward", path: Path = BLOCK_SWEEP_CSV) -> list[dict]:
+    """Rows of the recorded block sweep (:data:`BLOCK_SWEEP_CSV`): d, Br, Bc, mode, causal, ms (strings)."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return [r for r in rows if (d is None or int(r["d"]) == d) and r["pass_"] == pass_]

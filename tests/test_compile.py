@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from flash_numba import compile_check, kernels
-from flash_numba.device import SIMULATOR, STATIC_SHARED_LIMIT
+from flash_numba.device import SIMULATOR, STATIC_SHARED_LIMIT, dynamic_shared_limit
 
 pytestmark = pytest.mark.compile
 
@@ -43,6 +43,12 @@ def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(name, tmp_path):
     assert len({(r["label"], r["cc"]) for r in rows}) == len(rows), "a specialisation is listed twice"
     too_big = [(r["label"], r["cc"], r["shared_bytes"]) for r in rows if int(r["shared_bytes"]) > STATIC_SHARED_LIMIT]
     assert not too_big
+    # dynamic shared memory (labelled dynamic=<bytes>): above 48 KB, within what the cc lets a block opt in to
+    for r in rows:
+        dynamic = re.search(r" dynamic=(\d+)", r["label"])
+        if dynamic:
+            cc = tuple(int(x) for x in r["cc"].split("."))
+            assert STATIC_SHARED_LIMIT < int(dynamic.group(1)) <= dynamic_shared_limit(cc), (r["label"], r["cc"])
 
     # assembled as shipped: the register cap each launch runs with on that cc
     spec = kernels.get(name)

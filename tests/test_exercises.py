@@ -136,6 +136,7 @@ WRONG = {
     "causal_skip": (lambda i, j, Br, Bc, Nq, Nk: j * Bc > min((i + 1) * Br, Nq) - 1, {}, "Nq = 5, Nk = 9"),
     "flash2_update": (_flash2_normalising_every_step, {}, "O_acc differs"),
     "kv_cache_bytes": (lambda layers, heads, d, ctx, batch, e: layers * heads * d * ctx * batch * e, {}, "K and V"),
+    "tile_bytes": (lambda d, TM, TN, e: (2 * d * 8 * TM + 2 * d * 16 * TN) * e, {}, "padded by 16 bytes"),
     "bug_zoo": (lambda: {"A": "scale_twice", "B": "top_left_mask"}, {}, "mystery A"),
     "split_heads": (lambda qkv, H: tuple(qkv.reshape(len(qkv), 3, H, qkv.shape[1], -1).swapaxes(0, 1)), {}, "the 3"),
 }

@@ -67,3 +67,16 @@ def test_gpu_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch,
     dynamic = _passes(q, k, v, do, True)
     for a, b in zip(static, dynamic):
         assert np.array_equal(a, b, equal_nan=True)
+
+
+def test_the_recorded_sweep_and_latest_run_read_with_their_provenance():
+    from flash_numba import recorded
+
+    rows = recorded.block_sweep_rows(128)
+    blocks = {(int(r["Br"]), int(r["Bc"])) for r in rows}
+    assert (32, 16) in blocks and (64, 32) in blocks, blocks  # the 48 KB block and a dynamic one
+    assert flash2_fast.geometry(128, 8, 2, np.float32)["smem"] > device.STATIC_SHARED_LIMIT
+    assert "H200" in recorded.provenance(recorded.BLOCK_SWEEP_CSV)["device"]
+    latest = recorded.bench_rows(None, "fwd", 4096, recorded.LATEST_BENCH_CSV, d=64)
+    assert {r["implementation"] for r in latest} == {"flash2_fast", "torch-math", "torch-efficient"}
+    assert all(r["d"] == "64" and r["causal"] == "False" for r in latest)

@@ -40,6 +40,7 @@ exercise               lesson  the learner writes
 ``causal_skip``        8       the test that a (query, key) block is wholly masked
 ``flash2_update``      9       FlashAttention-2's step, normalisation delayed
 ``kv_cache_bytes``     10      the size of a KV cache
+``tile_bytes``         10      the shared memory of one flash2_fast forward block
 ``bug_zoo``            11      the bug of each mystery kernel, named from its verdict
 ``split_heads``        12      a model's fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)
 =====================  ======  =====================================================

@@ -1,5 +1,5 @@
-"""The exercises whose answer is a closed-form count: ``matmul_intensity`` (lesson 1), ``theorem2`` (lesson 6)
-and ``kv_cache_bytes`` (lesson 10)."""
+"""The exercises whose answer is a closed-form count: ``matmul_intensity`` (lesson 1), ``theorem2`` (lesson 6),
+``kv_cache_bytes`` and ``tile_bytes`` (lesson 10)."""
 
 from __future__ import annotations
 
@@ -71,4 +71,30 @@ def _run_kv_cache_bytes(answer):
     n, mismatch = _compare(cases, answer, _kv_cache_bytes_solution, exact=True)
     if mismatch is not None and not mismatch.yours.startswith("raised"):
         mismatch.notes += ("a cache keeps K and V, for every layer, head, token and sequence",)
+    return n, mismatch
+
+
+# ============================================================================= lesson 10: a block's shared memory
+
+
+def _tile_bytes_solution(d, TM, TN, itemsize):
+    # flash2_fast's forward (flash_numba.kernels.flash2_fast.layout.geometry): 8 x 16 threads, each a TM x TN tile
+    # of S, so Br = 8 TM query rows and Bc = 16 TN keys; d padded to DP = 16 ceil(d / 16) columns; every row of a
+    # tile read down a column padded by one 16-byte vector (16 / itemsize elements).
+    Br, Bc, DP, pad = 8 * TM, 16 * TN, 16 * -(-d // 16), 16 // itemsize
+    QT, KT, V, PT = DP * (Br + pad), DP * (Bc + pad), Bc * DP, Bc * (Br + pad)  # Q_i^T, K_j^T, V_j, P_ij^T
+    return (QT + KT + V + PT) * itemsize
+
+
+@_register("tile_bytes", 10, "shared memory of one flash2_fast forward block", _tile_bytes_solution)
+def _run_tile_bytes(answer):
+    cases = [
+        ("d = 64, 8 x 2 (Br = 64, Bc = 32), float32: the 48 KB block", (64, 8, 2, 4)),
+        ("d = 128, 8 x 3 (Br = 64, Bc = 48), float32: an H200's block", (128, 8, 3, 4)),
+        ("d = 80 (padded to 96 columns), 8 x 2, float32", (80, 8, 2, 4)),
+        ("d = 1, 1 x 1, float64 (a 16-byte vector is 2 numbers)", (1, 1, 1, 8)),
+    ]
+    n, mismatch = _compare(cases, answer, _tile_bytes_solution, exact=True)
+    if mismatch is not None and not mismatch.yours.startswith("raised"):
+        mismatch.notes += ("four tiles: Q_i^T and K_j^T, V_j, P_ij^T, rows padded by 16 bytes, d rounded up to 16",)
     return n, mismatch
