@@ -14,7 +14,9 @@ exact footprint as ``shared_bytes(Br, Bc, d, dtype)``.  :func:`choose` starts
 from the paper's numbers, caps them at the kernel's limits (threads per block),
 rounds down to a multiple of 8 and shrinks until the footprint fits the
 device's budget, never above 48 KB of static shared memory, so a T4 runs
-every kernel.
+every kernel.  A kernel that can hold its tiles in dynamic shared memory
+(``spec.dynamic_shared``: flash2_fast) chooses within :func:`dynamic_budget`
+instead, which is larger from cc 9.0 up.
 """
 
 from __future__ import annotations

@@ -58,14 +58,15 @@ class KernelSpec:
 
     Blocks (``uses_blocks=False``: fixed tiles, ``block`` is always None)::
 
-        shared_bytes(Br, Bc, d, dtype, pass_) -> int   # static shared memory
+        shared_bytes(Br, Bc, d, dtype, pass_) -> int   # shared memory of a block (static, or dynamic above 48 KB)
         block_limits(d, dtype, pass_) -> (max_Br, max_Bc)
         choose_block(d, dtype, budget, pass_) -> (Br, Bc)   # optional: else blocks.choose
         check_block(block, d, dtype, pass_) -> None         # optional: shape rules of its own
 
     ``compile_all(ccs, dtypes, ds)`` returns the compile tier's ``[(label, ptx, ...)]``.
-    ``max_registers`` maps a launch name to its register cap; ``register_rule(launch, cc, d, dtype)``,
-    where given, says where the cap applies (:meth:`register_cap`).
+    ``max_registers`` maps a launch name to its register cap; ``register_rule(launch, cc, d, dtype, dynamic)``,
+    where given, says where the cap applies (:meth:`register_cap`).  ``dynamic_shared``: the kernel's
+    blocks may exceed 48 KB (dynamic shared memory, :mod:`flash_numba.kernels._smem`).
     """
 
     name: str

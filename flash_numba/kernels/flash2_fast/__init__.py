@@ -34,6 +34,9 @@ How the kernels spend their time on multiply-adds:
   masked rows keep their -inf.
 * **Row reductions in registers** (four ``shfl_xor`` over the 16 threads of a row).
 * **Causal**: a 1-D grid, the longest row tiles of every head first.
+* **Dynamic shared memory**: blocks from the device's opt-in limit (227 KB on an H200, from cc 9.0),
+  chosen by head dim from measured tile shapes (:mod:`.layout`); tiles above 48 KB live in dynamic
+  shared memory (:mod:`flash_numba.kernels._smem`), d = 128 runs 8 x 3 tiles (97 KB) instead of 4 x 1.
 
 The measurements behind each choice are in docs/PERFORMANCE.md.  Kernels:
 :mod:`.forward` and :mod:`.backward`; shapes and block rules: :mod:`.layout`.
@@ -53,7 +56,7 @@ from numba import cuda, types
 
 from ... import _inputs, _launch_plan, _views
 from ...compile_check import compile_kernel
-from ...device import SIMULATOR, STATIC_SHARED_LIMIT, dynamic_shared_limit
+from ...device import SIMULATOR, dynamic_shared_limit
 from .. import _dropout, _rowsum, _smem
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
@@ -212,12 +215,11 @@ def compile_all(ccs, dtypes, ds):
     """The compile tier's :class:`~flash_numba.compile_check.Compiled` list: the forward and, where its
     blocks are micro-tile shapes, the dK/dV, dQ and atomic dK/dV/dQ kernels (else the backward is
     flash2's, compiled by that module), at the blocks chosen for each d, causal or not, counting or not; with
-    dropout for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`.  Blocks are chosen for each cc
-    twice: within 48 KB of static shared memory, and within what a block gets with dynamic shared memory there
-    (:func:`flash_numba.device.dynamic_shared_limit`); a kernel whose tiles are dynamic is labelled
+    dropout for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`.  Blocks are those each cc runs:
+    within what a block gets there (:func:`flash_numba.device.dynamic_shared_limit`: 48 KB of static shared
+    memory below cc 9.0, so sm_75 builds the 48 KB blocks); a kernel whose tiles are dynamic is labelled
     ``dynamic=<bytes>``."""
-    return [item for cc in ccs for budget in sorted({STATIC_SHARED_LIMIT, dynamic_shared_limit(cc)})
-            for item in _compile_for_budget(cc, budget, dtypes, ds)]
+    return [item for cc in ccs for item in _compile_for_budget(cc, dynamic_shared_limit(cc), dtypes, ds)]
 
 
 def _dynamic_tag(nbytes: int) -> str:

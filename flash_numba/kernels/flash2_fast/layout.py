@@ -13,7 +13,9 @@ owns TM consecutive query rows ``ty*TM ..`` and, of S_ij, TN consecutive keys
 
 The backward kernels deal their tiles out the same way (see :mod:`.backward`).
 Shared tiles are held transposed where a product reads them down a column, padded
-by one 16-byte vector (or one element, for an odd stride) per row.
+by one 16-byte vector (or one element, for an odd stride) per row.  A kernel's tiles are one
+array (``geometry(...)["tiles"]``): static up to 48 KB, dynamic shared memory above
+(:mod:`flash_numba.kernels._smem`).
 """
 
 from __future__ import annotations
