@@ -219,15 +219,16 @@ def compile_all(ccs, dtypes, ds):
     within what a block gets there (:func:`flash_numba.device.dynamic_shared_limit`: 48 KB of static shared
     memory below cc 9.0, so sm_75 builds the 48 KB blocks); a kernel whose tiles are dynamic is labelled
     ``dynamic=<bytes>``."""
-    return [item for cc in ccs for item in _compile_for_budget(cc, dynamic_shared_limit(cc), dtypes, ds)]
+    return [item for cc in ccs for item in _compile_for_cc(cc, dtypes, ds)]
 
 
 def _dynamic_tag(nbytes: int) -> str:
     return f" dynamic={nbytes}" if nbytes else ""
 
 
-def _compile_for_budget(cc, budget, dtypes, ds):
-    """compile_all's list for one cc, with the blocks chosen for ``budget`` bytes of shared memory."""
+def _compile_for_cc(cc, dtypes, ds):
+    """compile_all's list for one cc, with the blocks chosen for the shared memory a block gets there."""
+    budget = dynamic_shared_limit(cc)
     out = []
     I64 = types.int64
     for dtype in dtypes:
