@@ -10,7 +10,8 @@ import numpy as np
 
 from . import _inputs, _launch_plan, device, kernels
 from .hbm import Counters, HBMCount
-from .kernels import _dropout
+from .kernels import _dropout, _smem
+from .kernels.flash2_fast import layout as _fast_layout
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
 # launch's state in module globals): calls from several Python threads take turns.
@@ -90,7 +91,8 @@ def _plan_key(pass_, kernel, tensors, count_hbm, dropout_p, dropout_seed, *optio
     """The launch-plan key of a call (None: the call takes the normal path; see flash_numba._launch_plan)."""
     if count_hbm is not False or dropout_seed is not None or type(dropout_p) is not float or dropout_p != 0.0:
         return None
-    return _launch_plan.key(pass_, kernel, tensors, (*options, _inputs.POISON_OUTPUTS))
+    return _launch_plan.key(pass_, kernel, tensors, (*options, _inputs.POISON_OUTPUTS, _smem.DYNAMIC_ABOVE,
+                                                     _fast_layout.FORCE_DQ_COPIES))  # the tests' switches
 
 
 def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None) -> ForwardResult:

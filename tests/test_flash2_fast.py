@@ -137,26 +137,95 @@ def test_gpu_counts_equal_model(rng):
         assert res.hbm == iomodel.forward("flash2_fast", 4, 1000, 1025, 64, np.float32, causal, res.block)
 
 
+TWO_PASS_NAMES = ["D = rowsum(dO*O)", "flash2_fast dK, dV", "flash2_fast dQ"]
+SPLIT_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ copies", "flash2_fast dK, dV, dQ (split)",
+               "flash2_fast sum dQ copies"]
+
+
+@pytest.mark.parametrize("copies", [0, 1, 2, 3])  # 0: the two-pass backward; else the split one
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Nq, Nk, d, block", [(17, 23, 5, (16, 16)), (33, 20, 16, (32, 16)), (9, 47, 3, (16, 32))])
-def test_backward_hbm_counted_equals_model(rng, causal, Nq, Nk, d, block):
+def test_backward_hbm_counted_equals_model(rng, monkeypatch, copies, causal, Nq, Nk, d, block):
+    """Both deterministic backwards, the split one with 1-3 copies of dQ: S blocks per head walk over
+    ceil(Tc / S) key tiles (Nk = 47 at Bc = 16: 3 tiles), the last round short (3 copies of 2 tiles)."""
+    monkeypatch.setattr(flash2_fast.layout, "FORCE_DQ_COPIES", copies)
     q, k, v = _qkv(rng, (2,), Nq, Nk, d, np.float32)
     do = rng.standard_normal(q.shape).astype(np.float32)
     f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast", block=(8, 16))
     b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", block=block,
                                     count_hbm=True)
-    assert list(b.hbm.per_kernel) == ["D = rowsum(dO*O)", "flash2_fast dK, dV", "flash2_fast dQ"]
+    assert list(b.hbm.per_kernel) == (SPLIT_NAMES if copies else TWO_PASS_NAMES)
     assert b.hbm == iomodel.backward("flash2_fast", 2, Nq, Nk, d, np.float32, causal, block)
     dq, dk, dv = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=causal)
     for ours, ref in ((b.dq, dq), (b.dk, dk), (b.dv, dv)):
+        assert not np.isnan(ours).any()
         assert np.abs(ours - ref).max() < 2e-6 * max(1.0, np.abs(ref).max())
+    if copies:  # dK, dV: the atomic kernel's code, the same sums in the same order
+        a = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", block=block,
+                                        deterministic=False)
+        assert np.array_equal(a.dk, b.dk) and np.array_equal(a.dv, b.dv)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_split_backward_dtypes(rng, monkeypatch, dtype):
+    """float16: the copies are float32, summed, then rounded once; float64 throughout."""
+    monkeypatch.setattr(flash2_fast.layout, "FORCE_DQ_COPIES", 2)
+    q, k, v = _qkv(rng, (2,), 19, 37, 16, dtype)
+    do = rng.standard_normal(q.shape).astype(dtype)
+    f = fn.flash_attention_forward(q, k, v, causal=True, kernel="flash2_fast", block=(8, 16))
+    b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=True, kernel="flash2_fast", block=(16, 16),
+                                    count_hbm=True)
+    assert list(b.hbm.per_kernel) == SPLIT_NAMES
+    assert b.hbm == iomodel.backward("flash2_fast", 2, 19, 37, 16, dtype, True, (16, 16))
+    monkeypatch.setattr(flash2_fast.layout, "FORCE_DQ_COPIES", 0)
+    two = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=True, kernel="flash2_fast", block=(16, 16))
+    ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=True)
+    for ours, other, r in zip((b.dq, b.dk, b.dv), (two.dq, two.dk, two.dv), ref):
+        assert ours.dtype == dtype and not np.isnan(ours).any()
+        err = np.abs(ours.astype(np.float64) - r).max()
+        if dtype == np.float64:
+            assert err < 1e-12 * max(1.0, np.abs(r).max())
+        else:  # Dao-AILab's rule against the two-pass backward's error
+            assert err <= 2 * np.abs(other.astype(np.float64) - r).max() + 1e-3, err
+
+
+def test_dq_copies_rule():
+    """The fewest copies that keep the GPU's block slots busiest, the two-pass backward where none does."""
+    from flash_numba.kernels.flash2_fast.layout import DQ_COPIES_LIMIT, dq_copies
+
+    MB = 1 << 20
+    # H200 at d = 64: 132 SMs x 4 blocks; 32 heads, N = 4096 at Bc = 32: 16 copies, 512 blocks of 8 tiles
+    assert dq_copies(32, 128, 32 * MB, 528) == 16
+    assert dq_copies(32, 32, 8 * MB, 528) == 16  # N = 1024: 2 tiles a block
+    assert dq_copies(1024, 32, 256 * MB, 528) == 1  # the paper's B = 64, H = 16: a block per head, 2 waves
+    assert dq_copies(32, 4, MB, 528) == 0  # N = 128: 128 blocks for 528 slots, two-pass
+    assert dq_copies(1, 2048, 16 * MB, 528) == 0  # one head, N = 65536: 64 copies fit 1 GiB, 64 blocks
+    assert dq_copies(32, 128, DQ_COPIES_LIMIT // 8, 528) == 0  # 8 copies at most: 256 blocks, half the slots
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_backward_natural_choice_in_the_simulator(rng, causal):
+    """Without the switch: the simulator's stand-in (1 SM, 2 blocks) gives 2 copies for one head of 4 key
+    tiles (2 tiles each), the split path's names and counts."""
+    assert flash2_fast.layout.split_dq_copies(1, 1, 50, 64, 16, np.float32, (16, 16)) == 2
+    q, k, v = _qkv(rng, (), 50, 64, 16, np.float32)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast", block=(8, 16))
+    b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", block=(16, 16),
+                                    count_hbm=True)
+    assert list(b.hbm.per_kernel) == SPLIT_NAMES
+    ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=causal)
+    for ours, r in zip((b.dq, b.dk, b.dv), ref):
+        assert np.abs(ours - r).max() < 2e-6 * max(1.0, np.abs(r).max())
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("copies", [None, 3])  # None: the device's choice (two-pass at 4 heads on an H200)
 @pytest.mark.parametrize("N", [1, 17, 97, 1000, 1025])
 @pytest.mark.parametrize("d", [16, 64, 80, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_backward_real_sizes(rng, N, d, causal):
+def test_gpu_backward_real_sizes(rng, monkeypatch, copies, N, d, causal):
+    monkeypatch.setattr(flash2_fast.layout, "FORCE_DQ_COPIES", copies)
     q, k, v = _qkv(rng, (2, 2), N, N + 5, d, np.float32)
     do = rng.standard_normal(q.shape).astype(np.float32)
     f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast")
@@ -166,6 +235,27 @@ def test_gpu_backward_real_sizes(rng, N, d, causal):
     for ours, ref in ((b.dq, dq), (b.dk, dk), (b.dv, dv)):
         assert not np.isnan(ours).any()
         assert np.abs(ours - ref).max() < 1e-5 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_split_backward_is_bitwise_reproducible(rng, d, causal):
+    """32 heads at N = 1000: the device's own choice of copies (16 at d = 64 on an H200); two calls give
+    the same bits, within the tolerance of the other tests of the float64 reference."""
+    q, k, v = _qkv(rng, (2, 16), 1000, 1000, d, np.float32)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast")
+    b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", count_hbm=True)
+    copies = flash2_fast.layout.split_dq_copies(32, 1, 1000, 1000, d, np.float32, b.block)
+    assert list(b.hbm.per_kernel) == (SPLIT_NAMES if copies else TWO_PASS_NAMES)
+    assert b.hbm == iomodel.backward("flash2_fast", 32, 1000, 1000, d, np.float32, causal, b.block)
+    again = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast")
+    for x, y in ((b.dq, again.dq), (b.dk, again.dk), (b.dv, again.dv)):
+        assert np.array_equal(x, y)
+    ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=causal)
+    for ours, r in zip((b.dq, b.dk, b.dv), ref):
+        assert np.abs(ours - r).max() < 1e-5 * max(1.0, np.abs(r).max())
 
 
 # ---------------------------------------------------------------- deterministic=False: dQ by atomics

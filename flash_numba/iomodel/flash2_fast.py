@@ -20,6 +20,11 @@ By term (:mod:`.terms`): the forward's re-reads are flash2's, ``2 s d (sum_i n_i
 (K and V again per query block); the backward's re-reads include D, the second pass's
 Q, dO, L, D and K, V per pair, or the atomic adds; no S/P term.
 
+The split deterministic backward (where it keeps the GPU busy, see
+:func:`flash_numba.kernels.flash2_fast.layout.dq_copies`) writes S zeroed copies of dQ (a
+bytes each element), adds into them as the atomic kernel below does (the same bytes), then reads
+the S copies and writes dq once: its bytes depend on S, so on the device's SM count.
+
 With ``deterministic=False`` the dQ kernel is gone: a zeroing kernel writes the
 dQ accumulator (accumulation dtype) once, the dK/dV kernel adds dS_ij K_j into it
 with one atomic add per element per visited (key block, query row): each counted
@@ -73,12 +78,20 @@ def _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G):
 
 
 def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
-    """D = rowsum(dO*O), "dK, dV" and "dQ" (or flash2's model for blocks that run flash2's backward);
-    ``G`` query heads per key/value head."""
+    """D = rowsum(dO*O), then "dK, dV" and "dQ" (two-pass) or the split backward's zeroed copies, its
+    dK/dV/dQ kernel and their sum (:func:`~flash_numba.kernels.flash2_fast.layout.split_dq_copies` picks, by
+    the device); flash2's model for blocks that run flash2's backward.  ``G`` query heads per key/value head."""
     parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G)
     if parts is None:
         return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block, G)
-    s, a, rowsum, kv_read, kv_written, _ = parts
+    s, a, rowsum, kv_read, kv_written, rows = parts
+    copies = layout.split_dq_copies(BH, G, Nq, Nk, d, dtype, block)
+    if copies:  # the split backward: S copies of dQ zeroed, added into, summed
+        n = BH * Nq * d
+        atomics = a * BH * d * rows
+        return HBMCount({_rowsum.NAME: rowsum, layout.ZERO_DQ_COPIES_NAME: KernelBytes(0, copies * n * a),
+                         layout.BACKWARD_KVQ_SPLIT_NAME: KernelBytes(kv_read + atomics, kv_written + atomics),
+                         layout.SUM_DQ_NAME: KernelBytes(copies * n * a, n * s)})
     keys = visited_keys(Nq, Nk, *block, causal)
     dq = KernelBytes(BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * keys), BH * s * Nq * d)
     return HBMCount({_rowsum.NAME: rowsum, layout.BACKWARD_KV_NAME: KernelBytes(kv_read, kv_written),

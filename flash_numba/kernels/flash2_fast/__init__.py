@@ -61,11 +61,13 @@ from .. import _dropout, _rowsum, _smem
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
-from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, zero_kernel
+from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, sum_copies_kernel, zero_kernel
+from . import layout
 from .forward import forward_kernel
 from .layout import (
     BACKWARD_KV_NAME,
     BACKWARD_KVQ_NAME,
+    BACKWARD_KVQ_SPLIT_NAME,
     BACKWARD_Q_NAME,
     CAST_DQ_NAME,
     FORWARD_NAME,
@@ -74,6 +76,8 @@ from .layout import (
     NT,
     TX,
     TY,
+    SUM_DQ_NAME,
+    ZERO_DQ_COPIES_NAME,
     ZERO_DQ_NAME,
     backward_smem,
     block_limits,
@@ -95,14 +99,26 @@ __all__ = [
 
 
 def grids(prob, block) -> dict:
-    """The 1-D launch grid of each launch, by launch name (B*H folded into axis x, see head_grid)."""
+    """The 1-D launch grid of each launch, by launch name (B*H folded into axis x, see head_grid); the split
+    backward's for the number of dQ copies it would run with here (one where it would not run)."""
     Br, Bc = block
     Tr, Tc = -(-prob.Nq // Br), -(-prob.Nk // Bc)
     elementwise = -(-(prob.BH * prob.Nq * prob.d) // ELEMWISE_THREADS)
+    copies = max(1, _split_copies(prob, block))
     return {FORWARD_NAME: head_grid(Tr, prob.BH), _rowsum.NAME: _rowsum.grid(prob),
             BACKWARD_KV_NAME: head_grid(Tc, prob.BHkv), BACKWARD_Q_NAME: head_grid(Tr, prob.BH),
             BACKWARD_KVQ_NAME: head_grid(Tc, prob.BHkv), ZERO_DQ_NAME: head_grid(elementwise, 1),
-            CAST_DQ_NAME: head_grid(elementwise, 1)}
+            CAST_DQ_NAME: head_grid(elementwise, 1), SUM_DQ_NAME: head_grid(elementwise, 1),
+            ZERO_DQ_COPIES_NAME: head_grid(-(-(copies * prob.BH * prob.Nq * prob.d) // ELEMWISE_THREADS), 1),
+            BACKWARD_KVQ_SPLIT_NAME: head_grid(copies, prob.BHkv)}
+
+
+def _split_copies(prob, block) -> int:
+    """The dQ copies of the split deterministic backward for this call (0: it runs the two-pass one)."""
+    Br, Bc = block
+    if not uses_fast_backward(Br, Bc, prob.d, prob.dtype):
+        return 0
+    return layout.split_dq_copies(prob.BH, prob.G, prob.Nq, prob.Nk, prob.d, prob.dtype, block)
 
 
 def forward(prob, ops, block, counters):
@@ -140,14 +156,21 @@ def _backward_inputs(prob, ops, counters):
 
 
 def backward(prob, ops, block, counters):
-    """dQ, dK, dV: D = rowsum(dO*O), dK/dV per key block (1-D grid of Tc * B*H), dQ per query block.
+    """dQ, dK, dV, deterministic: D = rowsum(dO*O), then the split backward where it keeps the GPU busy
+    (:func:`.layout.split_dq_copies`), else the two-pass one.
 
-    Blocks the fast kernels cannot run (:func:`uses_fast_backward`) run flash2's backward.
+    Split: S zeroed copies of dQ, the dK/dV/dQ kernel on a grid of S * B*Hkv blocks, block s adding into
+    copy s only (one block, one order), then dq = copy 0 + copy 1 + ... in that order.  Two-pass: dK/dV
+    per key block (1-D grid of Tc * B*Hkv), then dQ per query block.  Blocks the fast kernels cannot run
+    (:func:`uses_fast_backward`) run flash2's backward.
     """
     Br, Bc = block
     BH, Nq, Nk, d, dt = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype
     if not uses_fast_backward(Br, Bc, d, dt):
         return _flash2.backward(prob, ops, block, counters)
+    copies = _split_copies(prob, block)
+    if copies:
+        return _backward_dq_copies(prob, ops, block, counters, copies)
     count = counters.enabled
     q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     dropout, drop_args = _dropout.launch_args(prob)
@@ -155,7 +178,7 @@ def backward(prob, ops, block, counters):
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout, dynamic=bool(kv_dyn))
     grid = grids(prob, block)
     _smem.configure(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
-        q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, scale, scale_log2,
+        q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, 0, scale, scale_log2,
         counters.array(BACKWARD_KV_NAME), *layouts, *drop_args)
     dq = _inputs.empty((BH, Nq, d), dt)
     q_dyn = _dynamic_bytes(geometry_q, d, Br // TY, Bc // TX, dt)
@@ -163,6 +186,32 @@ def backward(prob, ops, block, counters):
     _smem.configure(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
         q, k, v, do, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2, counters.array(BACKWARD_Q_NAME), *layouts,
         *drop_args)
+    return dq, dk, dv
+
+
+def _backward_dq_copies(prob, ops, block, counters, copies):
+    """The split deterministic backward (see :func:`backward`) with ``copies`` copies of dQ."""
+    Br, Bc = block
+    BH, Nq, d, dt, acc = prob.BH, prob.Nq, prob.d, prob.dtype, prob.acc
+    count = counters.enabled
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
+    n = BH * Nq * d
+    grid = grids(prob, block)
+    dq_acc = _inputs.empty((copies * BH, Nq, d), acc)
+    zero_kernel(acc.name, count)[grid[ZERO_DQ_COPIES_NAME], ELEMWISE_THREADS](
+        dq_acc.reshape(copies * n), copies * n, counters.array(ZERO_DQ_COPIES_NAME))
+    dropout, drop_args = _dropout.launch_args(prob)
+    kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout,
+                        dynamic=bool(kv_dyn))
+    launch = _smem.configure(kv, grid[BACKWARD_KVQ_SPLIT_NAME], NT, kv_dyn)
+    Tc = -(-prob.Nk // Bc)
+    for rnd in range(-(-Tc // copies)):  # rounds of ``copies`` key tiles, one launch after the other
+        launch(q, k, v, do, lse, D, dk, dv, dq_acc, Nq, prob.Nk, prob.G, rnd, scale, scale_log2,
+               counters.array(BACKWARD_KVQ_SPLIT_NAME), *layouts, *drop_args)
+    dq = _inputs.empty((BH, Nq, d), dt)
+    sum_copies_kernel(acc.name, dt.name, count)[grid[SUM_DQ_NAME], ELEMWISE_THREADS](
+        dq_acc.reshape(copies * n), dq.reshape(n), n, copies, counters.array(SUM_DQ_NAME))
     return dq, dk, dv
 
 
@@ -190,7 +239,7 @@ def backward_atomic(prob, ops, block, counters):
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout,
                         dynamic=bool(kv_dyn))
     _smem.configure(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
-        q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, scale, scale_log2, counters.array(BACKWARD_KVQ_NAME),
+        q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, 0, scale, scale_log2, counters.array(BACKWARD_KVQ_NAME),
         *layouts, *drop_args)
     if dt == acc:
         return dq_acc, dk, dv
@@ -238,8 +287,8 @@ def _compile_for_cc(cc, dtypes, ds):
         X1, LAY = array_type(dt, 1), LAYOUT_TYPE  # q, k, v, do: flat, with their layouts (_views.flat_input)
         DROP = _dropout.arg_types(ACC)
         fwd_sig = (X1, X1, X1, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE, LAY, LAY, LAY, *DROP)
-        kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY,
-                  *DROP)
+        kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY,
+                  LAY, *DROP)
         q_sig = (X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY, *DROP)
         for d in ds:
             Br, Bc = choose_block(d, dt, budget)
@@ -268,13 +317,15 @@ def _compile_for_cc(cc, dtypes, ds):
                         (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}{kv_tag}",
                          dkdv_kernel(*kv_args, atomic_dq=True, dropout=drop, dynamic=bool(kv_dyn))[0], kv_sig),
                     ]
-                if fast_bwd and causal and d == ds[0] and not drop:  # the atomic path's element-wise kernels, once
+                if fast_bwd and causal and d == ds[0] and not drop:  # the element-wise kernels (atomic, split), once
                     A1, c = array_type(acc, 1), " count" * count
                     specs.append((ZERO_DQ_NAME, f"{ZERO_DQ_NAME} {dt}{c}", zero_kernel(acc.name, count),
                                   (A1, I64, COUNTER_TYPE)))
                     if dt != acc:
                         specs.append((CAST_DQ_NAME, f"{CAST_DQ_NAME} {dt}{c}", cast_kernel(acc.name, dt.name, count),
                                       (A1, X1, I64, COUNTER_TYPE)))
+                    specs.append((SUM_DQ_NAME, f"{SUM_DQ_NAME} {dt}{c}", sum_copies_kernel(acc.name, dt.name, count),
+                                  (A1, X1, I64, I64, COUNTER_TYPE)))
                 out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d, dt, 'dynamic=' in label))
                         for launch, label, kernel, sig in specs]
     return out
@@ -284,7 +335,8 @@ SPEC = KernelSpec(
     name="flash2_fast", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
     backward_atomic=backward_atomic,  # deterministic=False
     forward_launches=(FORWARD_NAME,),
-    backward_launches=(_rowsum.NAME, BACKWARD_KV_NAME, BACKWARD_Q_NAME),
+    backward_launches=(_rowsum.NAME, BACKWARD_KV_NAME, BACKWARD_Q_NAME, ZERO_DQ_COPIES_NAME, BACKWARD_KVQ_SPLIT_NAME,
+                       SUM_DQ_NAME),  # two-pass or split: split_dq_copies picks
     atomic_backward_launches=(_rowsum.NAME, ZERO_DQ_NAME, BACKWARD_KVQ_NAME, CAST_DQ_NAME),
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
     max_registers=MAX_REGISTERS, register_rule=register_cap, dynamic_shared=True,

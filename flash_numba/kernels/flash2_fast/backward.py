@@ -6,8 +6,12 @@ After D = rowsum(dO * O) (:mod:`flash_numba.kernels._rowsum`):
   registers and walks over the query blocks of Br = 16 TN rows that see its keys,
   recomputing S^T = K_j Q_i^T and P^T, dP^T = V_j dO_i^T, dS^T = P^T * (dP^T - D),
   then dV_j += P^T dO_i and dK_j += dS^T Q_i.  With ``atomic_dq`` it also adds
-  dS_ij K_j into dQ_i in HBM with atomics (FlashAttention-2's way: no second pass;
-  the order of the additions, so the last bits of dQ, vary from run to run).
+  dS_ij K_j into dQ_i in HBM with atomics (FlashAttention-2's way: no second pass).
+  On a grid of one block per key tile (``deterministic=False``) the order of the
+  additions, so the last bits of dQ, vary from run to run.  On a grid of S blocks per
+  head (the split deterministic backward), launched once per round, block s runs key
+  tiles s, 2S-1-s, 2S+s, .. one a launch, and adds into its own copy s of dQ: one
+  block at a time, in one order; ``sum_copies_kernel`` then adds the copies in a fixed order.
 * ``dq_kernel``: a block owns Br = 8 TM queries, keeps dQ_i in registers and walks
   over the visible key blocks, recomputing S, P, dP and dS; dQ_i += dS K_j.
 
@@ -15,7 +19,7 @@ Same micro-tiles as the forward (:mod:`.layout`).  The second operand of the
 dV/dK and dQ products is read down a column of a transposed tile, so those tiles
 have an odd row stride (conflict-free scalar loads) and those thread columns are
 strided (x = tx + 16 u).  Every output element is summed by one thread in a fixed
-order (deterministic) except dQ in the atomic kernel.
+order (deterministic) except dQ in the atomic kernel on its one-tile-a-block grid.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda, int64, uint32
 
 from ...device import jit
 from .. import _dropout, _smem, _tile_ops
@@ -60,8 +64,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 atomic_dq: bool = False, dropout: bool = False, dynamic: bool = False):
     """``(kernel, geometry)``: dK_j, dV_j for one key block of Bc = 8 TM rows (and dQ by atomics).
 
-    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
-    do_lay, seed, threshold, inv_keep)``: q, k, v, do flat inputs and their layouts
+    Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, rnd, scale, scale_log2, counter, q_lay, k_lay,
+    v_lay, do_lay, seed, threshold, inv_keep)``: ``rnd`` the round of key tiles (0 but for the split
+    backward's launches, see the comment in the kernel); q, k, v, do flat inputs and their layouts
     (:func:`flash_numba._views.flat_input`), the last three dropout's (used iff ``dropout``); ``dq`` is
     a zeroed buffer of the accumulation dtype with ``atomic_dq``, else never touched.  A block of
     key/value head hkv walks over the query blocks of its G query heads in turn (grouped-query
@@ -90,8 +95,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     store = _tile_ops.strided_store(TM, TD, d, True, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
-    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
-               seed, threshold, inv_keep):
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, rnd, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+               do_lay, seed, threshold, inv_keep):
         # K_j^T, V_j^T (DP, KS); Q_i^T, dO_i^T (DP, QS), QS odd; P_ij, dS_ij (Br, PS); L_i in log2 units
         # (+inf past Nq), D_i (Br)
         KT, VT, QT, dOT, Ps, dSs, Ls, Ds = block_tiles()
@@ -107,15 +112,27 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         ty, tx = tid // TX, tid % TX
         lane = uint32(tid % 32)
         warp = uint32(tid // 32)
-        # key tile after key tile, each for every head; the first key tiles are the longest
-        # when causal (they see every query block), so they start first
-        tile, hkv = _tile_ops.grid_tile((Nk + Bc - 1) // Bc)  # key/value head
+        # a 1-D grid of S * B*Hkv blocks, launched once per round of S key tiles: block s of key/value head
+        # hkv runs tile rnd*S + s, or rnd*S + S-1-s in odd rounds (with causal masking the first key tiles are
+        # the longest, they see every query block, so each block gets long and short ones).  S = Tc and one
+        # round but for the split deterministic dQ, whose block s adds into dQ copy s (dq holds ``copies`` = S
+        # or 1 copies of the B*H query heads); rounds are launches, so one runs after the other
+        BHkv = uint32(dk.shape[0])
+        split = uint32(cuda.blockIdx.x) // BHkv
+        hkv = int64(uint32(cuda.blockIdx.x) - split * BHkv)  # key/value head
+        S = uint32(cuda.gridDim.x) // BHkv
+        tile = int64(uint32(rnd) * S + (split if rnd % 2 == 0 else S - uint32(1) - split))
+        if tile * Bc >= Nk:  # a last round with fewer tiles than blocks
+            return
+        if ATOMIC_DQ:  # this block's copy of dQ (a view: no register more than dq's own)
+            heads = int64(BHkv) * G
+            dq = dq[int64(split % uint32(dq.shape[0] // heads)) * heads:]
         nq_u = uint32(Nq)  # unsigned compares: uint32 < int64 would compare as float64
         c0 = tile * Bc
         nr = 0
         nw = 0
 
-        n = load_kv(KT, VT, k, v, k_lay, v_lay, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, zero beyond Nk and d
+        n = load_kv(KT, VT, k, v, k_lay, v_lay, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, 0 past Nk and d
         if COUNT:
             nr += n * SB
         zero_q_padding(QT, dOT, tid)
@@ -332,6 +349,29 @@ def cast_kernel(src_name: str, dst_name: str, count: bool):
             dst[i] = DST(src[i])
             if COUNT:
                 cuda.atomic.add(counter, 0, SA)
+                cuda.atomic.add(counter, 1, SB)
+
+    return jit()(kernel)
+
+
+@lru_cache(maxsize=None)
+def sum_copies_kernel(acc_name: str, dst_name: str, count: bool):
+    """dq = the sum of the split dQ copies, copy 0 first (a fixed order: deterministic), in the storage dtype.
+
+    Arguments ``(src, dst, n, copies, counter)``: ``src`` flat, ``copies`` blocks of n elements.
+    """
+    DST = nb_type(dst_name)
+    SA, SB, COUNT = np.dtype(acc_name).itemsize, np.dtype(dst_name).itemsize, count
+
+    def kernel(src, dst, n, copies, counter):
+        i = cuda.grid(1)
+        if i < n:
+            total = src[i]
+            for c in range(1, copies):
+                total += src[c * n + i]
+            dst[i] = DST(total)
+            if COUNT:
+                cuda.atomic.add(counter, 0, SA * copies)
                 cuda.atomic.add(counter, 1, SB)
 
     return jit()(kernel)

@@ -20,6 +20,8 @@ array (``geometry(...)["tiles"]``): static up to 48 KB, dynamic shared memory ab
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ... import _inputs, blocks, device
@@ -43,6 +45,9 @@ BACKWARD_Q_NAME = "flash2_fast dQ"
 BACKWARD_KVQ_NAME = "flash2_fast dK, dV, dQ (atomic)"
 ZERO_DQ_NAME = "flash2_fast zero dQ"
 CAST_DQ_NAME = "flash2_fast dQ to storage dtype"
+ZERO_DQ_COPIES_NAME = "flash2_fast zero dQ copies"
+BACKWARD_KVQ_SPLIT_NAME = "flash2_fast dK, dV, dQ (split)"
+SUM_DQ_NAME = "flash2_fast sum dQ copies"
 
 #: Register cap of the forward: with the unrolled K/V loads ptxas takes 137 registers at d = 64
 #: (3 blocks of 128 threads per SM); capped at 128, 4 blocks fit.
@@ -218,3 +223,66 @@ def backward_smem(Br: int, Bc: int, d: int, dtype) -> int | None:
     kv = geometry_kv(d, Bc // TY, Br // TX, dtype)["smem"]
     q = geometry_q(d, Br // TY, Bc // TX, dtype)["smem"]
     return max(kv, q)
+
+
+# ---------------------------------------------------------------- the split (deterministic) dQ
+
+#: Bytes the split deterministic backward may spend on copies of dQ (its accumulation dtype); past it
+#: (a long sequence with few heads) the two-pass backward runs.
+DQ_COPIES_LIMIT = 1 << 30
+#: The split backward runs where its blocks keep at least this share of the GPU's block slots busy
+#: (:func:`dq_copies`); below, the two-pass backward, whose 7 block products (against 5) cost about that.
+DQ_SPLIT_MIN_EFFICIENCY = 0.7
+#: Registers per thread of the uncapped dK/dV/dQ kernel (ptxas, sm_90, float32) by TD = ceil(d / 16),
+#: for the resident-block estimate; capped kernels use their cap.
+_UNCAPPED_KVQ_REGISTERS = {6: 128, 8: 157}
+#: Tests and benchmarks set this to run a given number of dQ copies (0: the two-pass backward) whatever
+#: the device; None: :func:`split_dq_copies` chooses.
+FORCE_DQ_COPIES: int | None = None
+_REGISTERS_PER_SM = 65536  # every GPU from cc 5.0 on
+_MAX_BLOCKS_PER_SM = 16
+
+
+@lru_cache(maxsize=None)
+def kvq_blocks_per_sm(Br: int, Bc: int, d: int, dtype, cc, shared_per_sm: int) -> int:
+    """Blocks of the dK/dV/dQ kernel one SM holds at once: the fewer of what its registers (its cap, or
+    :data:`_UNCAPPED_KVQ_REGISTERS`) and its shared memory (tiles plus the 1 KB the driver reserves) allow."""
+    g = geometry_kv(d, Bc // TY, Br // TX, dtype)
+    dynamic = _smem.is_dynamic(g["smem"])
+    regs = register_cap(BACKWARD_KVQ_NAME, cc, d, dtype, dynamic)
+    if regs is None:
+        regs = _UNCAPPED_KVQ_REGISTERS.get(g["TD"], 255)
+    regs = -(-regs // 8) * 8  # allocated 8 at a time
+    by_regs = _REGISTERS_PER_SM // (regs * NT)
+    by_smem = shared_per_sm // (g["smem"] + 1024)
+    return max(1, min(by_regs, by_smem, _MAX_BLOCKS_PER_SM))
+
+
+@lru_cache(maxsize=4096)
+def dq_copies(BHkv: int, Tc: int, dq_bytes: int, slots: int, limit: int = DQ_COPIES_LIMIT) -> int:
+    """How many copies of dQ the split deterministic backward sums into: S, or 0 for the two-pass backward.
+
+    S blocks per key/value head (a grid of S * BHkv) each walk over about Tc / S key tiles and add into their
+    own copy of dQ, so every copy is written by one block, in one order.  S is the smallest that keeps the
+    ``slots`` blocks the GPU holds at once busiest: efficiency = Tc * BHkv tiles over
+    (waves * slots * tiles per block), waves = ceil(S * BHkv / slots); within ``limit`` bytes of copies.
+    """
+    best, best_eff = 0, 0.0
+    for S in range(1, min(Tc, limit // max(dq_bytes, 1)) + 1):
+        waves = -(-(S * BHkv) // slots)
+        eff = Tc * BHkv / (waves * slots * -(-Tc // S))
+        if eff > best_eff + 0.01:
+            best, best_eff = S, eff
+    return best if best_eff >= DQ_SPLIT_MIN_EFFICIENCY else 0
+
+
+def split_dq_copies(BH: int, G: int, Nq: int, Nk: int, d: int, dtype, block) -> int:
+    """:func:`dq_copies` for a call on this device (0: the two-pass backward runs), block = (Br, Bc);
+    :data:`FORCE_DQ_COPIES` where set."""
+    if FORCE_DQ_COPIES is not None:
+        return FORCE_DQ_COPIES
+    info = device.info()
+    Br, Bc = block
+    slots = info.sm_count * kvq_blocks_per_sm(Br, Bc, d, dtype, info.compute_capability, info.shared_mem_per_sm)
+    dq_bytes = BH * Nq * d * _inputs.acc_dtype(dtype).itemsize
+    return dq_copies(BH // G, -(-Nk // Bc), dq_bytes, slots)
