@@ -40,6 +40,8 @@ SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
 LATEST_BENCH_CSV = SESSION7 / "C" / "run_4096.csv"
 #: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
+#: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``A/``).
+BACKWARD_PATHS_CSV = RESULTS.parent / "h200-2026-11-30-s8" / "A" / "paths.csv"
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -47,7 +49,7 @@ L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 def available() -> bool:
     """True when the committed results are on disk (a clone of the repository)."""
     return all(p.exists() for p in (BENCH_CSV, LESSON1_LOG, STANDARD_BENCH_CSV, STANDARD_KERNELS_CSV, NCU_CSV,
-                                    LATEST_BENCH_CSV, BLOCK_SWEEP_CSV))
+                                    LATEST_BENCH_CSV, BLOCK_SWEEP_CSV, BACKWARD_PATHS_CSV))
 
 
 def provenance(path: Path = BENCH_CSV) -> dict:
@@ -176,3 +178,12 @@ def block_sweep_rows(d: int | None = None, pass_: str = "forward", path: Path = 
     with open(path, newline="") as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     return [r for r in rows if (d is None or int(r["d"]) == d) and r["pass_"] == pass_]
+
+
+def backward_path_rows(N: int | None = None, d: int | None = None, path: Path | None = None) -> list[dict]:
+    """Rows of the recorded backward paths (:data:`BACKWARD_PATHS_CSV`): N, d, BH, causal, path, copies, ms,
+    peak_MB, bitwise_repeat (strings), at ``N`` and ``d`` where given."""
+    import csv
+
+    lines = [ln for ln in (path or BACKWARD_PATHS_CSV).read_text().splitlines() if not ln.startswith("#")]
+    return [r for r in csv.DictReader(lines) if (N is None or r["N"] == str(N)) and (d is None or r["d"] == str(d))]

@@ -573,8 +573,9 @@ def test_backward_given_an_lse_of_minus_inf_or_minus_1000(rng, kernel, causal):
 
 
 def test_floating_point_atomics_only_behind_deterministic_false():
-    """The int64 HBM counters aside, the one atomic is flash2_fast's dQ add, compiled in only for
-    ``deterministic=False``; by default repeated calls agree bit for bit."""
+    """The int64 HBM counters aside, the one atomic is flash2_fast's dQ add, compiled in only for the atomic
+    dK/dV/dQ kernel (``deterministic=False``, and the split deterministic backward, where each element of a
+    dQ copy gets one addition per launch: test_flash2_fast's bitwise tests); deterministic is the default."""
     found = []
     folder = pathlib.Path(ROOT, "flash_numba", "kernels")
     for path in sorted(folder.rglob("*.py")):
