@@ -14,6 +14,7 @@ import argparse
 import csv
 import statistics
 import sys
+import time
 
 import torch
 
@@ -92,8 +93,9 @@ def main(argv=None):
     rows = [r for N, d, BH in shapes for causal in (False, True) for r in shape_rows(N, d, BH, causal)]
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
-            fh.write(f"# device: {torch.cuda.get_device_name()}\n# command: python benchmarks/backward_paths.py "
-                     f"{' '.join(argv)}\n")
+            date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            fh.write(f"# device: {torch.cuda.get_device_name()}\n# date: {date}\n"
+                     f"# command: python benchmarks/backward_paths.py {' '.join(argv)}\n")
             w = csv.DictWriter(fh, fieldnames=COLUMNS)
             w.writeheader()
             w.writerows(rows)

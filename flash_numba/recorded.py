@@ -40,8 +40,8 @@ SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
 LATEST_BENCH_CSV = SESSION7 / "C" / "run_4096.csv"
 #: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
-#: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``A/``).
-BACKWARD_PATHS_CSV = RESULTS.parent / "h200-2026-11-30-s8" / "A" / "paths.csv"
+#: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``B/``).
+BACKWARD_PATHS_CSV = RESULTS.parent / "h200-2026-11-30-s8" / "B" / "paths.csv"
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 

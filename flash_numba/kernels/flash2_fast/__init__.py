@@ -1,9 +1,13 @@
 """flash2_fast: FlashAttention-2 (the algorithm of :mod:`flash_numba.kernels.flash2`) register-tiled for speed.
 
 Forward: a thread block owns Br query rows, walks over the K/V blocks, keeps O_i,
-m_i, l_i on chip and writes O and L once.  Backward: D = rowsum(dO * O), then dK/dV
-per key block and dQ per query block (deterministic); with ``deterministic=False``
-one pass instead, the dK/dV kernel adding dS K_j into dQ with atomics.  Blocks the
+m_i, l_i on chip and writes O and L once.  Backward: D = rowsum(dO * O), then one pass
+over the key blocks, the dK/dV kernel adding dS K_j into dQ with atomics: into one dQ
+with ``deterministic=False`` (FlashAttention-2's way), or, deterministic, into S copies
+of dQ, block s of a head into copy s, the key tiles dealt out one launch per round of S,
+then summed in a fixed order ("split").  Where S copies would not fill the GPU within
+:data:`.layout.DQ_COPIES_LIMIT`, two passes: dK/dV per key block, then dQ per query
+block (its kernel recomputes S and dP: 7 block products instead of 5).  Blocks the
 fast backward kernels cannot run (not micro-tile shapes, or too large, e.g. float64
 at d = 128) run flash2's backward.
 
@@ -41,8 +45,9 @@ How the kernels spend their time on multiply-adds:
 The measurements behind each choice are in docs/PERFORMANCE.md.  Kernels:
 :mod:`.forward` and :mod:`.backward`; shapes and block rules: :mod:`.layout`.
 
-Counters: "flash2_fast forward"; "D = rowsum(dO*O)", "flash2_fast dK, dV" and
-"flash2_fast dQ" (deterministic backward); "D = rowsum(dO*O)", "flash2_fast zero dQ",
+Counters: "flash2_fast forward"; "D = rowsum(dO*O)", "flash2_fast zero dQ copies",
+"flash2_fast dK, dV, dQ (split)" and "flash2_fast sum dQ copies" (split backward), or
+"D = rowsum(dO*O)", "flash2_fast dK, dV" and "flash2_fast dQ" (two-pass); "D = rowsum(dO*O)", "flash2_fast zero dQ",
 "flash2_fast dK, dV, dQ (atomic)" and, for float16, "flash2_fast dQ to storage dtype"
 (atomic backward).  :mod:`flash_numba.iomodel.flash2_fast` predicts them.
 """
