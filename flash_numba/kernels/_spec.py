@@ -64,7 +64,7 @@ class KernelSpec:
         check_block(block, d, dtype, pass_) -> None         # optional: shape rules of its own
 
     ``compile_all(ccs, dtypes, ds)`` returns the compile tier's ``[(label, ptx, ...)]``.
-    ``max_registers`` maps a launch name to its register cap; ``register_rule(launch, cc, d, dtype, dynamic)``,
+    ``max_registers`` maps a launch name to its register cap; ``register_rule(launch, cc, d, dtype, dynamic, count)``,
     where given, says where the cap applies (:meth:`register_cap`).  ``dynamic_shared``: the kernel's
     blocks may exceed 48 KB (dynamic shared memory, :mod:`flash_numba.kernels._smem`).
     """
@@ -150,11 +150,11 @@ class KernelSpec:
             return blocks.choose(d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc, budget=budget)
         return blocks.validate(block, d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc, budget=budget)
 
-    def register_cap(self, launch: str, cc, d: int, dtype, dynamic: bool = False) -> int | None:
+    def register_cap(self, launch: str, cc, d: int, dtype, dynamic: bool = False, count: bool = False) -> int | None:
         """The register cap of ``launch`` at head dim ``d`` and storage ``dtype`` on a device of compute capability
-        ``cc`` (None: none)."""
+        ``cc`` (None: none); ``dynamic``: tiles in dynamic shared memory; ``count``: the counting variant."""
         if self.register_rule is not None:
-            return self.register_rule(launch, cc, d, dtype, dynamic)
+            return self.register_rule(launch, cc, d, dtype, dynamic, count)
         return self.max_registers.get(launch)
 
     def run_backward(self, deterministic: bool) -> Callable:

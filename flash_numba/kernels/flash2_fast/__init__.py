@@ -331,7 +331,8 @@ def _compile_for_cc(cc, dtypes, ds):
                                       (A1, X1, I64, COUNTER_TYPE)))
                     specs.append((SUM_DQ_NAME, f"{SUM_DQ_NAME} {dt}{c}", sum_copies_kernel(acc.name, dt.name, count),
                                   (A1, X1, I64, I64, COUNTER_TYPE)))
-                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d, dt, 'dynamic=' in label))
+                out += [compile_kernel(label, kernel, sig, cc, register_cap(launch, cc, d, dt, 'dynamic=' in label,
+                                                                             ' count' in label))
                         for launch, label, kernel, sig in specs]
     return out
 

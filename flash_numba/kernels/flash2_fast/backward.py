@@ -130,7 +130,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         nq_u = uint32(Nq)  # unsigned compares: uint32 < int64 would compare as float64
         c0 = tile * Bc
         nr = 0
-        nw = 0
+        n_atomic = uint32(0)  # atomic adds (a read and a write of AB bytes each): 32 bits, a register less
 
         n = load_kv(KT, VT, k, v, k_lay, v_lay, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, 0 past Nk and d
         if COUNT:
@@ -216,15 +216,14 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                             if NX_FULL or x < D_U:
                                 cuda.atomic.add(dq, (uint32(bh), row, x), dqp[a, u] * scale)
                                 if COUNT:
-                                    nr += AB
-                                    nw += AB
+                                    n_atomic += uint32(1)
 
         n = store(dk, dk_acc, scale, dv, dv_acc, ONE, hkv, c0, Nk, ty, tx)
         if COUNT:
-            add_counts(counter, nr, nw + n * SB)
+            add_counts(counter, nr + int64(n_atomic) * AB, int64(n_atomic) * AB + n * SB)
 
     launch = BACKWARD_KVQ_NAME if atomic_dq else BACKWARD_KV_NAME
-    maxreg = device_register_cap(launch, d, dtype_name, dynamic) if maxreg == -1 else maxreg
+    maxreg = device_register_cap(launch, d, dtype_name, dynamic, count) if maxreg == -1 else maxreg
     opts = {} if maxreg is None else {"max_registers": maxreg}
     return jit(fastmath=FASTMATH, **opts)(kernel), g
 

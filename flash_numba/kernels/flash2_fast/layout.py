@@ -75,19 +75,21 @@ MAX_REGISTERS = {
 CAPPED_FROM_CC = (8, 0)
 
 
-def register_cap(launch: str, cc, d: int, dtype, dynamic: bool = False) -> int | None:
+def register_cap(launch: str, cc, d: int, dtype, dynamic: bool = False, count: bool = False) -> int | None:
     """The register cap of ``launch`` at head dim ``d`` and storage ``dtype`` compiled for compute capability
-    ``cc`` (None: uncapped); ``dynamic``: its tiles are in dynamic shared memory (larger than 48 KB)."""
+    ``cc`` (None: uncapped); ``dynamic``: its tiles are in dynamic shared memory (larger than 48 KB); ``count``:
+    the variant with HBM byte counters (the dK/dV/dQ kernel's spills 4-8 bytes at 128 registers: uncapped,
+    its runs count bytes, they are not timed)."""
     if tuple(cc) < CAPPED_FROM_CC or dynamic:  # tiles above 48 KB hold more accumulators than 128 registers do
         return None
-    if launch == BACKWARD_KVQ_NAME and (tuple(cc) < (9, 0) or np.dtype(dtype) == np.float64 or d > 64):
+    if launch == BACKWARD_KVQ_NAME and (tuple(cc) < (9, 0) or np.dtype(dtype) == np.float64 or d > 64 or count):
         return None
     return MAX_REGISTERS.get(launch)
 
 
-def device_register_cap(launch: str, d: int, dtype, dynamic: bool = False) -> int | None:
+def device_register_cap(launch: str, d: int, dtype, dynamic: bool = False, count: bool = False) -> int | None:
     """:func:`register_cap` for the device present (the one the kernel launches on)."""
-    return register_cap(launch, device.info().compute_capability, d, dtype, dynamic)
+    return register_cap(launch, device.info().compute_capability, d, dtype, dynamic, count)
 
 # (TM, TN) micro-tile shapes in order of preference, fastest first, by TD = ceil(d / 16), the columns of O a
 # thread owns.  Within 48 KB (session 3, d = 64): 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s.  With dynamic
