@@ -47,6 +47,9 @@ CCS = ((7, 5), (9, 0))
 #: :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`): every kernel's dropout
 #: code is compiled and assembled (registers, spills) for both ccs without doubling the tier.
 GROUPS = ((("float16", "float32", "float64"), (64,)), (("float32",), (16, 80, 128)))
+#: Groups added for one module: flash2_fast chooses its blocks by TD = ceil(d / 16), and d = 96 (TD = 6) has
+#: blocks of its own (the d = 96 forward spilled under its cap unnoticed until session 8 built it).
+EXTRA_GROUPS = {"flash2_fast": ((("float32",), (96,)),)}
 
 
 #: numba-cuda 0.30.4 lowers a kernel differently only below cc 6.0 (float64
@@ -222,10 +225,12 @@ class Row:
         }
 
 
-def compile_module(name: str, ccs=CCS, groups=GROUPS) -> list[Row]:
-    """Compile every specialisation of ``flash_numba.kernels.<name>`` and assemble it with ptxas."""
+def compile_module(name: str, ccs=CCS, groups=None) -> list[Row]:
+    """Compile every specialisation of ``flash_numba.kernels.<name>`` and assemble it with ptxas (``groups``:
+    :data:`GROUPS` and the module's :data:`EXTRA_GROUPS` by default)."""
     from . import kernels
 
+    groups = GROUPS + EXTRA_GROUPS.get(name, ()) if groups is None else groups
     mod = kernels.get(name)
     rows, seen, reports = [], set(), {}
     for dtypes, ds in groups:

@@ -51,6 +51,8 @@ SUM_DQ_NAME = "flash2_fast sum dQ copies"
 
 #: Register cap of the forward: with the unrolled K/V loads ptxas takes 137 registers at d = 64
 #: (3 blocks of 128 threads per SM); capped at 128, 4 blocks fit.
+#: Not at TD = 6 (d = 81..96, whose 8 x 1 tiles spilled 24 bytes causal under it on sm_90): uncapped it ran
+#: 8.69-8.70 / 4.49-4.56 ms (causal) at N = 4096 against 8.73-8.74 / 4.58 capped (s8/D).
 FORWARD_MAX_REGISTERS = 128
 #: Register cap of the dK/dV kernel.  Uncapped, ptxas took 159-168 registers at
 #: d = 64 (2 blocks per SM); capped at 128 it fit 3 blocks: 12.6 ms instead of 13.3 ms
@@ -81,6 +83,8 @@ def register_cap(launch: str, cc, d: int, dtype, dynamic: bool = False, count: b
     the variant with HBM byte counters (the dK/dV/dQ kernel's spills 4-8 bytes at 128 registers: uncapped,
     its runs count bytes, they are not timed)."""
     if tuple(cc) < CAPPED_FROM_CC or dynamic:  # tiles above 48 KB hold more accumulators than 128 registers do
+        return None
+    if launch == FORWARD_NAME and -(-d // TX) == 6:  # d = 81..96 (8 x 1 tiles): see FORWARD_MAX_REGISTERS
         return None
     if launch == BACKWARD_KVQ_NAME and (tuple(cc) < (9, 0) or np.dtype(dtype) == np.float64 or d > 64 or count):
         return None
