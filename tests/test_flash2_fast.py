@@ -106,7 +106,7 @@ def test_block_choice_fits_and_validates():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("N", [1, 17, 64, 97, 128, 1000, 1025])
-@pytest.mark.parametrize("d", [16, 32, 64, 80, 128])
+@pytest.mark.parametrize("d", [16, 32, 64, 80, 96, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_forward_real_sizes(rng, N, d, causal):
     q, k, v = _qkv(rng, (2, 2), N, N + 7, d, np.float32)
