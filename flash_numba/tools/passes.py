@@ -45,6 +45,9 @@ FLOPS = {
     "dQ": (6, 5, 0),  # Q K^T again, dP again, dQ
     "flash2_fast dK, dV": (8, 5, 0),  # flash2's backward, register-tiled
     "flash2_fast dQ": (6, 5, 0),
+    "flash2_fast zero dQ copies": (0, 0, 0),  # the split (deterministic) backward
+    "flash2_fast dK, dV, dQ (split)": (10, 5, 0),  # Q K^T, dV, dP, dK, dQ
+    "flash2_fast sum dQ copies": (0, 0, 0),  # (copies - 1) d adds per query row: lower order
 }
 
 
