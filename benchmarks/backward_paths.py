@@ -12,32 +12,17 @@ the two-pass one's and checks that dK, dV equal the atomic path's bit for bit (t
 
 import argparse
 import csv
-import statistics
 import sys
 import time
 
 import torch
 
 import flash_numba as fn
+from flash_numba.tools.timing import torch_median_ms
 from flash_numba.kernels.flash2_fast import layout
 
 PATHS = (("two-pass", 0, True), ("split", None, True), ("atomic", None, False))  # (name, forced copies, det)
 COLUMNS = ("N", "d", "BH", "causal", "path", "copies", "ms", "peak_MB", "bitwise_repeat")
-
-
-def median_ms(call, repeats=10):
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def run_path(call):
@@ -48,7 +33,7 @@ def run_path(call):
     first = call()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    ms = median_ms(call)
+    ms = torch_median_ms(call)
     again = call()
     same = all(torch.equal(x, y) for x, y in zip((first.dq, first.dk, first.dv), (again.dq, again.dk, again.dv)))
     return first, ms, peak, same

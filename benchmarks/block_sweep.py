@@ -12,27 +12,12 @@ Blocks whose tiles exceed 48 KB run in dynamic shared memory (``kernels/_smem.py
 
 import argparse
 import csv
-import statistics
 
 import torch
 
 import flash_numba as fn
+from flash_numba.tools.timing import torch_median_ms
 from flash_numba.kernels import flash2_fast
-
-
-def median_ms(call, repeats=10):
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def reference(q, k, v, do, causal):
@@ -93,7 +78,7 @@ def main():
                 if pass_ == "forward":
                     e = rel_err([fn.attention_forward(*small[:3], kernel="flash2_fast", block=blk, causal=causal).o],
                                 refs[causal][:1])
-                    t = median_ms(lambda: fn.attention_forward(q, k, v, kernel="flash2_fast", block=blk,
+                    t = torch_median_ms(lambda: fn.attention_forward(q, k, v, kernel="flash2_fast", block=blk,
                                                                causal=causal), args.repeats)
                     flops, mode = 4 * B * H * N * N * d, "forward"
                 else:
@@ -102,7 +87,7 @@ def main():
                                                deterministic=det, causal=causal)
                     e = rel_err([g_.dq, g_.dk, g_.dv], refs[causal][1:])
                     ff = f_full[causal]
-                    t = median_ms(lambda: fn.attention_backward(q, k, v, ff.o, ff.lse, do, kernel="flash2_fast",
+                    t = torch_median_ms(lambda: fn.attention_backward(q, k, v, ff.o, ff.lse, do, kernel="flash2_fast",
                                                                 block=blk, deterministic=det, causal=causal),
                                   args.repeats)
                     flops, mode = 10 * B * H * N * N * d, "deterministic" if det else "atomic"

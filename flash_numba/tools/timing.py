@@ -1,6 +1,7 @@
 """GPU clocks and device memory, as the tools read them.
 
 * :func:`median_ms`: the median time of a call, CUDA events around it.
+* :func:`torch_median_ms`: the same with PyTorch's events, a fixed number of calls (benchmarks on PyTorch tensors).
 * :class:`LaunchTimer`, :func:`launch_times`: the time of each kernel launch of a pass.
 * :func:`time_passes`: forward and backward times of a kernel, B*H halved while out of memory.
 * :func:`peak_memory`: device bytes held at the peak of forward + backward.
@@ -32,6 +33,25 @@ def median_ms(fn) -> float:
         with device.CudaTimer() as t:
             fn()
         times.append(t.ms)
+    return statistics.median(times)
+
+
+def torch_median_ms(call, repeats: int = 10, warmup: int = 2) -> float:
+    """Median time of ``call()`` in ms over ``repeats`` calls after ``warmup`` untimed ones, PyTorch CUDA events
+    around each (PyTorch and Numba's kernels share the default stream)."""
+    import torch
+
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop))
     return statistics.median(times)
 
 
