@@ -66,7 +66,8 @@ from .. import _dropout, _rowsum, _smem
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
-from .backward import ELEMWISE_THREADS, cast_kernel, dkdv_kernel, dq_kernel, sum_copies_kernel, zero_kernel
+from .backward import (ELEMWISE_THREADS, ZEROS_PER_THREAD, cast_kernel, dkdv_kernel, dq_kernel, sum_copies_kernel,
+                       zero_kernel)
 from . import layout
 from .forward import forward_kernel
 from .layout import (
@@ -108,14 +109,20 @@ def grids(prob, block) -> dict:
     backward's for the number of dQ copies it would run with here (one where it would not run)."""
     Br, Bc = block
     Tr, Tc = -(-prob.Nq // Br), -(-prob.Nk // Bc)
-    elementwise = -(-(prob.BH * prob.Nq * prob.d) // ELEMWISE_THREADS)
+    n = prob.BH * prob.Nq * prob.d
+    elementwise = -(-n // ELEMWISE_THREADS)
     copies = max(1, _split_copies(prob, block))
     return {FORWARD_NAME: head_grid(Tr, prob.BH), _rowsum.NAME: _rowsum.grid(prob),
             BACKWARD_KV_NAME: head_grid(Tc, prob.BHkv), BACKWARD_Q_NAME: head_grid(Tr, prob.BH),
-            BACKWARD_KVQ_NAME: head_grid(Tc, prob.BHkv), ZERO_DQ_NAME: head_grid(elementwise, 1),
+            BACKWARD_KVQ_NAME: head_grid(Tc, prob.BHkv), ZERO_DQ_NAME: head_grid(_zero_blocks(n), 1),
             CAST_DQ_NAME: head_grid(elementwise, 1), SUM_DQ_NAME: head_grid(elementwise, 1),
-            ZERO_DQ_COPIES_NAME: head_grid(-(-(copies * prob.BH * prob.Nq * prob.d) // ELEMWISE_THREADS), 1),
+            ZERO_DQ_COPIES_NAME: head_grid(_zero_blocks(copies * n), 1),
             BACKWARD_KVQ_SPLIT_NAME: head_grid(copies, prob.BHkv)}
+
+
+def _zero_blocks(n: int) -> int:
+    """Blocks of :func:`.backward.zero_kernel` for n elements."""
+    return -(-n // (ELEMWISE_THREADS * ZEROS_PER_THREAD))
 
 
 def _split_copies(prob, block) -> int:
@@ -235,9 +242,8 @@ def backward_atomic(prob, ops, block, counters):
     q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     n = BH * Nq * d
     grid = grids(prob, block)
-    elementwise_grid = grid[ZERO_DQ_NAME]
     dq_acc = _inputs.empty((BH, Nq, d), acc)
-    zero_kernel(acc.name, count)[elementwise_grid, ELEMWISE_THREADS](dq_acc.reshape(n), n,
+    zero_kernel(acc.name, count)[grid[ZERO_DQ_NAME], ELEMWISE_THREADS](dq_acc.reshape(n), n,
                                                                      counters.array(ZERO_DQ_NAME))
     dropout, drop_args = _dropout.launch_args(prob)
     kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
@@ -249,7 +255,7 @@ def backward_atomic(prob, ops, block, counters):
     if dt == acc:
         return dq_acc, dk, dv
     dq = _inputs.empty((BH, Nq, d), dt)
-    cast_kernel(acc.name, dt.name, count)[elementwise_grid, ELEMWISE_THREADS](dq_acc.reshape(n), dq.reshape(n), n,
+    cast_kernel(acc.name, dt.name, count)[grid[CAST_DQ_NAME], ELEMWISE_THREADS](dq_acc.reshape(n), dq.reshape(n), n,
                                                                              counters.array(CAST_DQ_NAME))
     return dq, dk, dv
 

@@ -50,6 +50,8 @@ from .layout import (
 )
 
 ELEMWISE_THREADS = 256
+#: Elements each thread of ``zero_kernel`` zeroes: 512 MB of copies took 0.32 ms with one (1.6 TB/s, s8/F).
+ZEROS_PER_THREAD = 4
 
 
 def _kernel_constants(dtype_name: str):
@@ -322,16 +324,20 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
 
 @lru_cache(maxsize=None)
 def zero_kernel(acc_name: str, count: bool):
-    """Fill a flat buffer with zeros (the atomic dQ accumulator)."""
+    """Fill a flat buffer with zeros (the atomic dQ accumulator, the split backward's copies): each thread
+    ZEROS_PER_THREAD elements a grid apart (coalesced stores; a quarter of the blocks of one element each)."""
     ZERO = np.dtype(acc_name).type(0)
     AB, COUNT = np.dtype(acc_name).itemsize, count
 
     def kernel(x, n, counter):
         i = cuda.grid(1)
-        if i < n:
-            x[i] = ZERO
-            if COUNT:
-                cuda.atomic.add(counter, 1, AB)
+        stride = cuda.gridsize(1)
+        for t in range(ZEROS_PER_THREAD):
+            j = i + t * stride
+            if j < n:
+                x[j] = ZERO
+                if COUNT:
+                    cuda.atomic.add(counter, 1, AB)
 
     return jit()(kernel)
 
