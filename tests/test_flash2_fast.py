@@ -146,8 +146,9 @@ SPLIT_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ copies", "flash2_fast dK
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Nq, Nk, d, block", [(17, 23, 5, (16, 16)), (33, 20, 16, (32, 16)), (9, 47, 3, (16, 32))])
 def test_backward_hbm_counted_equals_model(rng, monkeypatch, copies, causal, Nq, Nk, d, block):
-    """Both deterministic backwards, the split one with 1-3 copies of dQ: S blocks per head walk over
-    ceil(Tc / S) key tiles (Nk = 47 at Bc = 16: 3 tiles), the last round short (3 copies of 2 tiles)."""
+    """Both deterministic backwards, the split one with 1-3 copies of dQ: S blocks per head run ceil(Tc / S)
+    rounds of key tiles (Nk = 47 at Bc = 16: 3 tiles; 1 copy: 3 rounds, 2 copies: the second round reversed and
+    short, 3 copies: one round)."""
     monkeypatch.setattr(flash2_fast.layout, "FORCE_DQ_COPIES", copies)
     q, k, v = _qkv(rng, (2,), Nq, Nk, d, np.float32)
     do = rng.standard_normal(q.shape).astype(np.float32)
@@ -205,10 +206,12 @@ def test_dq_copies_rule():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_split_backward_natural_choice_in_the_simulator(rng, causal):
-    """Without the switch: the simulator's stand-in (1 SM, 2 blocks) gives 2 copies for one head of 4 key
-    tiles (2 tiles each), the split path's names and counts."""
-    assert flash2_fast.layout.split_dq_copies(1, 1, 50, 64, 16, np.float32, (16, 16)) == 2
-    q, k, v = _qkv(rng, (), 50, 64, 16, np.float32)
+    """Without the switch: the simulator's stand-in (1 SM of cc 7.5, 3 blocks of this kernel by registers) gives
+    3 copies for one head of 6 key tiles (2 rounds, the second reversed), the split path's names and counts;
+    4 key tiles would fill 3 slots at most 67%: the two-pass path."""
+    assert flash2_fast.layout.split_dq_copies(1, 1, 50, 96, 16, np.float32, (16, 16)) == 3
+    assert flash2_fast.layout.split_dq_copies(1, 1, 50, 64, 16, np.float32, (16, 16)) == 0
+    q, k, v = _qkv(rng, (), 50, 96, 16, np.float32)
     do = rng.standard_normal(q.shape).astype(np.float32)
     f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast", block=(8, 16))
     b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", block=(16, 16),

@@ -240,8 +240,11 @@ DQ_COPIES_LIMIT = 1 << 30
 #: (:func:`dq_copies`); below, the two-pass backward, whose 7 block products (against 5) cost about that.
 DQ_SPLIT_MIN_EFFICIENCY = 0.7
 #: Registers per thread of the uncapped dK/dV/dQ kernel (ptxas, sm_90, float32) by TD = ceil(d / 16),
-#: for the resident-block estimate; capped kernels use their cap.
-_UNCAPPED_KVQ_REGISTERS = {6: 128, 8: 157}
+#: for the resident-block estimate; capped kernels use their cap, other head dims (and ccs below 9.0, where
+#: the kernel runs uncapped) :data:`_UNCAPPED_KVQ_DEFAULT`.
+_UNCAPPED_KVQ_REGISTERS = {6: 128, 8: 159}
+#: What ptxas took for the other uncapped builds measured: 159-168 (sm_75 at d = 64, sm_90 at d = 128).
+_UNCAPPED_KVQ_DEFAULT = 168
 #: Tests and benchmarks set this to run a given number of dQ copies (0: the two-pass backward) whatever
 #: the device; None: :func:`split_dq_copies` chooses.
 FORCE_DQ_COPIES: int | None = None
@@ -257,7 +260,8 @@ def kvq_blocks_per_sm(Br: int, Bc: int, d: int, dtype, cc, shared_per_sm: int) -
     dynamic = _smem.is_dynamic(g["smem"])
     regs = register_cap(BACKWARD_KVQ_NAME, cc, d, dtype, dynamic)
     if regs is None:
-        regs = _UNCAPPED_KVQ_REGISTERS.get(g["TD"], 255)
+        regs = _UNCAPPED_KVQ_REGISTERS.get(g["TD"], _UNCAPPED_KVQ_DEFAULT) if tuple(cc) >= (9, 0) else \
+            _UNCAPPED_KVQ_DEFAULT
     regs = -(-regs // 8) * 8  # allocated 8 at a time
     by_regs = _REGISTERS_PER_SM // (regs * NT)
     by_smem = shared_per_sm // (g["smem"] + 1024)
