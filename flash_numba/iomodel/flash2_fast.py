@@ -65,8 +65,9 @@ def visited_queries(Nq: int, Nk: int, Br: int, Bc: int, causal: bool) -> int:
 
 
 def _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G):
-    """None when ``block`` runs flash2's backward; else the parts both fast backward passes share:
-    (item sizes s and a, D's bytes, the dK/dV kernel's reads and writes without atomics, query rows it visits)."""
+    """None when ``block`` runs flash2's backward; else the parts the fast backward passes share: (item sizes s
+    and a, D's bytes, the dK/dV kernel's reads and writes without atomics, the bytes of its dQ atomics: one add,
+    a read and a write of a bytes, per dQ element per (key block, query row) visited)."""
     Br, Bc = block
     if not layout.uses_fast_backward(Br, Bc, d, dtype):
         return None
@@ -74,7 +75,8 @@ def _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G):
     rows = visited_queries(Nq, Nk, Br, Bc, causal)
     rowsum = _flash2.backward(BH, Nq, Nk, d, dtype, causal, block).per_kernel[_rowsum.NAME]
     BHkv = BH // G  # a dK/dV block per key/value head reads K_j, V_j once and the query side of G heads
-    return s, a, rowsum, BHkv * 2 * s * d * Nk + BH * (2 * s * d + 2 * a) * rows, BHkv * 2 * s * Nk * d, rows
+    return (s, a, rowsum, BHkv * 2 * s * d * Nk + BH * (2 * s * d + 2 * a) * rows, BHkv * 2 * s * Nk * d,
+            a * BH * d * rows)
 
 
 def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
@@ -84,11 +86,10 @@ def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
     parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G)
     if parts is None:
         return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block, G)
-    s, a, rowsum, kv_read, kv_written, rows = parts
+    s, a, rowsum, kv_read, kv_written, atomics = parts
     copies = layout.split_dq_copies(BH, G, Nq, Nk, d, dtype, block)
     if copies:  # the split backward: S copies of dQ zeroed, added into, summed
         n = BH * Nq * d
-        atomics = a * BH * d * rows
         return HBMCount({_rowsum.NAME: rowsum, layout.ZERO_DQ_COPIES_NAME: KernelBytes(0, copies * n * a),
                          layout.BACKWARD_KVQ_SPLIT_NAME: KernelBytes(kv_read + atomics, kv_written + atomics),
                          layout.SUM_DQ_NAME: KernelBytes(copies * n * a, n * s)})
@@ -106,8 +107,8 @@ def backward_atomic(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMC
     parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G)
     if parts is None:
         return _flash2.backward(BH, Nq, Nk, d, dtype, causal, block, G)
-    s, a, rowsum, kv_read, kv_written, rows = parts
-    atomics, n = a * BH * d * rows, BH * Nq * d
+    s, a, rowsum, kv_read, kv_written, atomics = parts
+    n = BH * Nq * d
     model = {
         _rowsum.NAME: rowsum,
         layout.ZERO_DQ_NAME: KernelBytes(0, n * a),
