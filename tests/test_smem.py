@@ -1,7 +1,8 @@
 """A block's tiles in one shared array, static up to 48 KB and dynamic above (flash_numba.kernels._smem).
 
 The dynamic path runs wherever a block's tiles exceed ``_smem.DYNAMIC_ABOVE``; setting it to 0
-runs it at any size, in the simulator too, and it must give the static path's results bit for bit.
+runs it at any size, in the simulator too, and it must give the static path's results bit for bit
+(on a GPU, where the small static build is register-capped and the dynamic one not, within a few roundings).
 """
 
 import numpy as np
@@ -38,7 +39,11 @@ def test_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch, cau
     monkeypatch.setattr(_smem, "DYNAMIC_ABOVE", 0)
     dynamic = _passes(q, k, v, do, causal)
     for a, b in zip(static, dynamic):
-        assert np.array_equal(a, b, equal_nan=True)
+        if device.SIMULATOR:
+            assert np.array_equal(a, b, equal_nan=True)
+        else:  # two builds on a GPU: the static one under the 128-register cap, the dynamic one uncapped, whose
+            # instruction order (and fused multiply-adds) may differ: a few roundings apart (s9/E: 1.5 ulp)
+            np.testing.assert_allclose(a, b, rtol=0, atol=8 * np.finfo(np.float32).eps * max(1.0, np.abs(a).max()))
 
 
 def test_the_dynamic_budget_chooses_larger_blocks(monkeypatch):
