@@ -83,5 +83,5 @@ def test_the_recorded_sweep_and_latest_run_read_with_their_provenance():
     assert flash2_fast.geometry(128, 8, 2, np.float32)["smem"] > device.STATIC_SHARED_LIMIT
     assert "H200" in recorded.provenance(recorded.BLOCK_SWEEP_CSV)["device"]
     latest = recorded.bench_rows(None, "fwd", 4096, recorded.LATEST_BENCH_CSV, d=64)
-    assert {r["implementation"] for r in latest} == {"flash2_fast", "torch-math", "torch-efficient"}
+    assert {r["implementation"] for r in latest} >= {"flash2_fast", "torch-math", "torch-efficient"}
     assert all(r["d"] == "64" and r["causal"] == "False" for r in latest)
