@@ -16,6 +16,9 @@ not measured now".
   :func:`bench_table`: standard, flash2_fast and PyTorch's math SDPA), :func:`standard_kernel_times`
   (each standard kernel alone) and :func:`ncu_rows` / :func:`ncu_table` (Nsight Compute's DRAM
   and L2 bytes of the standard and flash2_fast forwards beside the counted bytes).
+* Session 9 (``h200-2026-11-30-s9/``): :func:`shared_store_conflicts` (Nsight Compute's shared-store bank
+  conflicts of flash2_fast's forward), :func:`swizzle_rows` (the swizzled forward timed against it) and
+  :func:`folder_provenance` (the GPU and commit recorded beside a result).
 
 The files are part of the git repository, not of the installed package: from a
 clone (``pip install -e .``) they are found; elsewhere :func:`available` is False.
@@ -43,6 +46,13 @@ LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-11-30-s8" / "H" / "run_4096.csv"
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
 #: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``B/``).
 BACKWARD_PATHS_CSV = RESULTS.parent / "h200-2026-11-30-s8" / "B" / "paths.csv"
+SESSION9 = RESULTS.parent / "h200-2026-11-30-s9"
+#: Nsight Compute on flash2_fast's forward, d = 64, 64 x 32 blocks, N = 4096, B*H = 32 (session 9, ``C/``): the
+#: shipped build (P V on CUDA cores) first, then two runs of a tensor-core experiment.
+FORWARD_NCU_TXT = SESSION9 / "C" / "ncu.txt"
+#: flash2_fast's forward with P_ij^T stored swizzled (conflict-free stores) against the shipped one, alternating
+#: twice (session 9, ``G/``).
+SWIZZLE_CSV = SESSION9 / "G" / "swz.csv"
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -188,3 +198,38 @@ def backward_path_rows(N: int | None = None, d: int | None = None, path: Path | 
 
     lines = [ln for ln in (path or BACKWARD_PATHS_CSV).read_text().splitlines() if not ln.startswith("#")]
     return [r for r in csv.DictReader(lines) if (N is None or r["N"] == str(N)) and (d is None or r["d"] == str(d))]
+
+
+def shared_store_conflicts(path: Path = FORWARD_NCU_TXT) -> list[dict]:
+    """Per kernel Nsight Compute profiled, in the file's order: ``ways`` (the average bank conflict of its shared
+    stores), ``store_requests``, ``conflicts``, ``store_wavefronts`` (passes, conflicts included), ``ms`` and the
+    device's compute capability ``cc``, from an ``ncu`` text report (its Memory Workload Analysis hint)."""
+    out = []
+    for report in re.split(r"\n  kernel\[", path.read_text())[1:]:
+        m = re.search(r"on average a ([\d.]+) - way bank\s+conflict across all (\d+) shared store requests.*?"
+                      r"results in (\d+) bank conflicts.*?of the overall (\d+) wavefronts", report, re.S)
+        if m is None:
+            continue
+        ms = re.search(r"Duration\s+ms\s+([\d.]+)", report)
+        cc = re.search(r"CC (\d+\.\d+)", report)
+        out.append(dict(ways=float(m[1]), store_requests=int(m[2]), conflicts=int(m[3]), store_wavefronts=int(m[4]),
+                        ms=float(ms[1]) if ms else None, cc=cc[1] if cc else None))
+    return out
+
+
+def folder_provenance(path: Path) -> dict:
+    """``{"file", "device", "commit"}`` of a session-9-style result: the GPU's name from ``smi.csv`` and the commit
+    from ``commit.txt`` beside it (None where absent)."""
+    folder = path.parent
+    smi, commit = folder / "smi.csv", folder / "commit.txt"
+    device = smi.read_text().splitlines()[1].split(",")[0].strip() if smi.exists() else None
+    return {"file": str(path.relative_to(RESULTS.parents[2])), "device": device,
+            "commit": commit.read_text().strip()[:7] if commit.exists() else None}
+
+
+def swizzle_rows(path: Path = SWIZZLE_CSV) -> list[dict]:
+    """The swizzle experiment's timings: ``tree`` (swizzled / before), ``d``, ``block``, ``causal``, ``ms``."""
+    import csv
+
+    with path.open() as fh:
+        return list(csv.DictReader(fh))

@@ -77,6 +77,21 @@ def test_gpu_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch,
         assert np.array_equal(a, b, equal_nan=True)
 
 
+def test_the_recorded_store_conflicts_read_consistently():
+    """Nsight Compute's hint, parsed: conflicts = (ways - 1) x requests (ways rounded to 0.1), and the passes are
+    the requests plus the conflicts; the swizzle timings with their GPU and commit."""
+    from flash_numba import recorded
+
+    reports = recorded.shared_store_conflicts()
+    assert len(reports) == 3 and all(r["cc"] == "9.0" for r in reports)
+    for r in reports:
+        assert abs(r["conflicts"] / r["store_requests"] - (r["ways"] - 1)) <= 0.05
+        assert r["store_wavefronts"] == r["store_requests"] + r["conflicts"]
+    rows = recorded.swizzle_rows()
+    assert {r["tree"] for r in rows} == {"swizzled", "before"} and len(rows) == 24
+    assert recorded.folder_provenance(recorded.SWIZZLE_CSV)["device"] == "NVIDIA H200"
+
+
 def test_the_recorded_sweep_and_latest_run_read_with_their_provenance():
     from flash_numba import recorded
 

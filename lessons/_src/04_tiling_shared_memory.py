@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from flash_numba import device, lessonkit, pictures, simtrace
+from flash_numba import device, lessonkit, pictures, recorded, simtrace
 from flash_numba import exercises as ex
 from flash_numba.iomodel import matmul16 as io_matmul16
 from flash_numba.kernels import matmul16
@@ -258,6 +258,76 @@ else:
           f"({bank_ms[32] / bank_ms[33]:.1f}x)")
 
 # %% [markdown]
+# ### A conflict in this course's fastest kernel
+#
+# Padding fixes a warp that walks down one column. Real kernels store in less tidy patterns. The forward of
+# `flash2_fast` (lessons 9 and 10) writes each block of probabilities $P_{ij}$ into shared memory
+# *transposed*, so that its product $P_{ij} V_j$ can read each thread's rows as 16-byte vectors.
+#
+# - Its 128 threads form an $8 \times 16$ grid.
+# - Thread $(t_y, t_x)$ owns $T_M$ rows and $T_N$ keys.
+# - It stores the probability of row $t_y T_M + a$ and key $t_x T_N + b$ at word
+#   $(t_x T_N + b)\,P_S + t_y T_M + a$, where the row stride $P_S = B_r + 4$.
+# - A warp is two rows of the grid: $t_y \in \{0, 1\}$ and $t_x = 0, \dots, 15$.
+#
+# **Predict, then run.** Take the $64 \times 32$ block: $T_M = 8$, $T_N = 2$, $P_S = 68$. How many passes
+# does one such store take (say $a = b = 0$)?
+
+# %%
+my_prediction = None  # passes of one store of P^T
+
+
+# %%
+def store_passes(TM, TN, PS):
+    """Passes one warp (ty = 0, 1; tx = 0..15) needs to store element (a, b) = (0, 0) of its micro-tiles into P^T."""
+    ty, tx = np.divmod(np.arange(32), 16)
+    banks = ((tx * TN) * PS + ty * TM) % 32  # 32 different words: the passes are the fullest bank's count
+    return int(np.bincount(banks, minlength=32).max())
+
+
+p_store_passes = store_passes(8, 2, 68)
+lessonkit.compare_prediction("passes of one store of P^T", my_prediction, p_store_passes)
+
+# %% [markdown]
+# Nsight Compute measured this kernel's shared stores on the H200, over all its stores. The transposed
+# $K_j^\top$ tile is stored with a 4-way conflict, and $V_j$ without one. The average below mixes those
+# with $P_{ij}^\top$'s stores.
+
+# %%
+if recorded.available():
+    shipped = recorded.shared_store_conflicts()[0]
+    print(f"{recorded.LABEL}: flash2_fast forward, d = 64, 64 x 32 blocks, N = 4096, compute capability "
+          f"{shipped['cc']} ({recorded.folder_provenance(recorded.FORWARD_NCU_TXT)['file']})")
+    print(f"  shared stores: a {shipped['ways']:.1f}-way conflict on average; "
+          f"{shipped['conflicts'] / shipped['store_wavefronts']:.0%} of their {shipped['store_wavefronts']:,} passes "
+          f"are conflicts")
+
+# %% [markdown]
+# Is it worth fixing? The project tried. No padding that keeps 16-byte rows spreads these stores. An *XOR
+# swizzle* does: store 4 rows at a time and move 16-byte chunk $c$ of key $k$ to chunk
+# $c \oplus (\lfloor k / T_N \rfloor \bmod 8)$. The product reads with the same rule. The table below is the
+# forward timed against the shipped one, twice each, alternating.
+
+# %%
+if recorded.available():
+    prov = recorded.folder_provenance(recorded.SWIZZLE_CSV)
+    times = {}
+    for r in recorded.swizzle_rows():
+        if r["d"] == "64":
+            times.setdefault((r["block"], r["causal"]), {}).setdefault(r["tree"], []).append(float(r["ms"]))
+    print(f"{recorded.LABEL}: {prov['device']}, commit {prov['commit']} ({prov['file']}); N = 4096, d = 64, B*H = 32")
+    print(f"{'block':>7} {'causal':>7} {'shipped ms':>11} {'swizzled ms':>12}")
+    for (block, causal), t in times.items():
+        print(f"{block:>7} {causal:>7} {min(t['before']):>11.3f} {min(t['swizzled']):>12.3f}")
+
+# %% [markdown]
+# In the $64 \times 32$ block the product still reads 16-byte vectors, and the conflict-free stores make the
+# kernel a little faster. In the $64 \times 64$ block the compiler split each swizzled 16-byte read into four
+# single loads (the project has not found out why), and the kernel got slower.
+#
+# A conflict costs time only where shared memory is what the kernel waits for. A fix pays only if it costs
+# less than it saves. Measure both. (`docs/PERFORMANCE.md`, session 9, has the whole story.)
+#
 # ## The bytes tiling saves in attention
 #
 # In standard attention, $S = QK^\top$ is an $N \times N$ product with inner dimension $d$; $O = PV$ is an
@@ -319,6 +389,8 @@ assert mm_err < 1e-4 and hbm.total == tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4)
 assert hbm.total == io_matmul16.matmul(1, Mt, Nt, Kt, np.float32).total
 assert same
 assert conflict_degree(32) == 32 and conflict_degree(33) == 1 and conflict_degree(17) == 1
+assert p_store_passes == 8 and store_passes(8, 2, 65) == 2  # an odd stride would spread them (no 16-byte rows)
+assert not recorded.available() or recorded.shared_store_conflicts()[0]["ways"] > 1
 assert (t_tiled is None) == SIM and (bank_ms[32] is None) == SIM
 assert naive_bytes(M, N, K, 4) > 15 * tiled_bytes(M, N, K, 16, 4)
 print("lesson 4: all checks passed")
