@@ -79,7 +79,7 @@ def main():
                     e = rel_err([fn.attention_forward(*small[:3], kernel="flash2_fast", block=blk, causal=causal).o],
                                 refs[causal][:1])
                     t = torch_median_ms(lambda: fn.attention_forward(q, k, v, kernel="flash2_fast", block=blk,
-                                                               causal=causal), args.repeats)
+                                                                     causal=causal), args.repeats)
                     flops, mode = 4 * B * H * N * N * d, "forward"
                 else:
                     fs = f_small[causal]
@@ -88,8 +88,8 @@ def main():
                     e = rel_err([g_.dq, g_.dk, g_.dv], refs[causal][1:])
                     ff = f_full[causal]
                     t = torch_median_ms(lambda: fn.attention_backward(q, k, v, ff.o, ff.lse, do, kernel="flash2_fast",
-                                                                block=blk, deterministic=det, causal=causal),
-                                  args.repeats)
+                                                                      block=blk, deterministic=det, causal=causal),
+                                        args.repeats)
                     flops, mode = 10 * B * H * N * N * d, "deterministic" if det else "atomic"
                 tflops = flops / (2 if causal else 1) / (t * 1e-3) / 1e12
                 row = dict(d=d, pass_=pass_, Br=blk[0], Bc=blk[1], mode=mode, dynamic_bytes=dyn, causal=causal,

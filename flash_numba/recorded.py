@@ -26,6 +26,7 @@ clone (``pip install -e .``) they are found; elsewhere :func:`available` is Fals
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 
@@ -134,28 +135,28 @@ def hierarchy_levels() -> dict:
     }
 
 
+def _csv_rows(path: Path) -> list[dict]:
+    """The rows of a recorded CSV as dicts of strings, its ``# key: value`` header lines skipped."""
+    return list(csv.DictReader(ln for ln in Path(path).read_text().splitlines() if not ln.startswith("#")))
+
+
 def standard_kernel_times(causal: bool = False) -> dict:
     """``{launch name: ms}``: each standard kernel alone at B*H = 32, N = 4096, d = 64, float32
     (median of 20 calls, CUDA events; :data:`STANDARD_KERNELS_CSV`)."""
-    import csv
-
-    with open(STANDARD_KERNELS_CSV, newline="") as f:
-        return {r["kernel"]: float(r["ms_median"]) for r in csv.DictReader(f) if (r["causal"] == "True") == causal}
+    return {r["kernel"]: float(r["ms_median"]) for r in _csv_rows(STANDARD_KERNELS_CSV)
+            if (r["causal"] == "True") == causal}
 
 
 def ncu_rows() -> list[dict]:
     """Nsight Compute's bytes per forward launch (:data:`NCU_CSV`), as ints: ``BH, N, d, kernel, launch,
     counted`` (bytes the code requested, = the IO model), ``dram`` (DRAM read + write), ``l2``
     (``lts__t_bytes.sum``: bytes the L2 slices served)."""
-    import csv
-
     out = []
-    with open(NCU_CSV, newline="") as f:
-        for r in csv.DictReader(f):
-            x = {key: int(r[key]) for key in r if key not in ("kernel", "launch", "ncu_kernel")}
-            out.append({"BH": x["BH"], "N": x["N"], "d": x["d"], "kernel": r["kernel"], "launch": r["launch"],
-                        "counted": x["counted_read"] + x["counted_written"],
-                        "dram": x["ncu_dram_read"] + x["ncu_dram_write"], "l2": x["ncu_l2_bytes"]})
+    for r in _csv_rows(NCU_CSV):
+        x = {key: int(r[key]) for key in r if key not in ("kernel", "launch", "ncu_kernel")}
+        out.append({"BH": x["BH"], "N": x["N"], "d": x["d"], "kernel": r["kernel"], "launch": r["launch"],
+                    "counted": x["counted_read"] + x["counted_written"],
+                    "dram": x["ncu_dram_read"] + x["ncu_dram_write"], "l2": x["ncu_l2_bytes"]})
     return out
 
 
@@ -184,20 +185,14 @@ def ncu_table() -> str:
 
 def block_sweep_rows(d: int | None = None, pass_: str = "forward", path: Path = BLOCK_SWEEP_CSV) -> list[dict]:
     """Rows of the recorded block sweep (:data:`BLOCK_SWEEP_CSV`): d, Br, Bc, mode, causal, ms (strings)."""
-    import csv
-
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    return [r for r in rows if (d is None or int(r["d"]) == d) and r["pass_"] == pass_]
+    return [r for r in _csv_rows(path) if (d is None or int(r["d"]) == d) and r["pass_"] == pass_]
 
 
 def backward_path_rows(N: int | None = None, d: int | None = None, path: Path | None = None) -> list[dict]:
     """Rows of the recorded backward paths (:data:`BACKWARD_PATHS_CSV`): N, d, BH, causal, path, copies, ms,
     peak_MB, bitwise_repeat (strings), at ``N`` and ``d`` where given."""
-    import csv
-
-    lines = [ln for ln in (path or BACKWARD_PATHS_CSV).read_text().splitlines() if not ln.startswith("#")]
-    return [r for r in csv.DictReader(lines) if (N is None or r["N"] == str(N)) and (d is None or r["d"] == str(d))]
+    return [r for r in _csv_rows(path or BACKWARD_PATHS_CSV)
+            if (N is None or r["N"] == str(N)) and (d is None or r["d"] == str(d))]
 
 
 def shared_store_conflicts(path: Path = FORWARD_NCU_TXT) -> list[dict]:
@@ -229,7 +224,4 @@ def folder_provenance(path: Path) -> dict:
 
 def swizzle_rows(path: Path = SWIZZLE_CSV) -> list[dict]:
     """The swizzle experiment's timings: ``tree`` (swizzled / before), ``d``, ``block``, ``causal``, ``ms``."""
-    import csv
-
-    with path.open() as fh:
-        return list(csv.DictReader(fh))
+    return _csv_rows(path)
