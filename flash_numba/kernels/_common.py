@@ -127,6 +127,24 @@ def nan_max(a, b):
     return a if (a > b or a != a) else b
 
 
+if SIMULATOR:
+    @jit(device=True, forceinline=True)
+    def fmax(a, b):
+        """The larger of a and b; a NaN operand is dropped (the other one returned): C's ``fmax``."""
+        return b if a != a else (a if b != b else max(a, b))
+else:
+    @jit(device=True, forceinline=True)
+    def fmax(a, b):
+        """The larger of a and b; a NaN operand is dropped (the other one returned): C's ``fmax``.
+
+        One ``max.f32`` on a GPU (Numba lowers a float ``max`` to it), where :func:`nan_max` costs four
+        instructions (two compares, an ``or``, a select).  flash2_fast's forward takes its row maxima with it:
+        a NaN score still gives a NaN row (``p = exp2(NaN - m)`` is NaN, and so are l_i, O_i and L_i), and
+        m_i, which it leaves finite, is never written out on its own.
+        """
+        return max(a, b)
+
+
 @jit(device=True, forceinline=True)
 def madd_unless_zero(c, a, b):
     """``c + a * b``, or ``c`` where ``a == 0``: a probability (or dS) of 0, a masked entry,

@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, types, uint32, uint64
 
 from ..device import jit
-from ._common import acc_nb_type, batch_head, element, madd_unless_zero, nan_max
+from ._common import acc_nb_type, batch_head, element, fmax, madd_unless_zero, nan_max
 
 #: Threads per block: TY rows of TX threads (a half warp each).
 TY, TX = 8, 16
@@ -139,12 +139,13 @@ def head_starts(a_lay, b_lay, bh):
 
 
 @functools.lru_cache(maxsize=None)
-def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bool, acc_name: str, count: bool):
+def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bool, acc_name: str, count: bool,
+                a_transposed: bool = True):
     """Device functions ``(load, zero_padding)`` for rows r0 .. r0 + rows - 1 of two arrays.
 
     ``load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid)`` copies those rows of head bh of
-    ``a`` into A (transposed, stride S_A) and of ``b`` into B (transposed with stride S_B,
-    or row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  ``a`` and ``b`` are
+    ``a`` into A (transposed, stride S_A, or with ``a_transposed=False`` row-major: ``A[r * S_A + x]``) and of
+    ``b`` into B (transposed with stride S_B, or row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  ``a`` and ``b`` are
     flat inputs with layouts ``a_lay``, ``b_lay`` (:func:`flash_numba._views.flat_input`:
     any strides, rows contiguous) and the same head count.  Unsigned indices (a signed index
     costs the code of Python's negative-index wraparound at every access), 32-bit within a
@@ -159,7 +160,7 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
     FIXED, ROWSTEP, NLOAD = fixed_columns(rows, d)
     D_U, SA_U, SB_U, ROWS_U = np.uint32(d), np.uint32(S_A), np.uint32(S_B), np.uint32(rows)
     C_STEP, X_STEP, ONE_U = np.uint32(NT // d), np.uint32(NT % d), np.uint32(1)  # 128 elements on: divmod(128, d)
-    B_T, PAD, COUNT = b_transposed, DP - d, count
+    A_T, B_T, PAD, COUNT = a_transposed, b_transposed, DP - d, count
 
     @jit(device=True, forceinline=True)
     def load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid):
@@ -179,7 +180,10 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                 areg[t] = ACC(a[ai + uint64(t) * a_step])
                 breg[t] = ACC(b[bi + uint64(t) * b_step])
             for t in range(NLOAD):
-                A[x * SA_U + c + uint32(t * ROWSTEP)] = areg[t]
+                if A_T:
+                    A[x * SA_U + c + uint32(t * ROWSTEP)] = areg[t]
+                else:
+                    A[(c + uint32(t * ROWSTEP)) * SA_U + x] = areg[t]
                 if B_T:
                     B[x * SB_U + c + uint32(t * ROWSTEP)] = breg[t]
                 else:
@@ -199,7 +203,10 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                     bval = ACC(b[b0 + uint64(row * b_rs + x)])
                     if COUNT:
                         got += 2
-                A[x * SA_U + c] = aval
+                if A_T:
+                    A[x * SA_U + c] = aval
+                else:
+                    A[c * SA_U + x] = aval
                 if B_T:
                     B[x * SB_U + c] = bval
                 else:
@@ -213,8 +220,12 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
 
     @jit(device=True, forceinline=True)
     def zero_padding(A, B, tid):
-        for e in range(tid, PAD * S_A, NT):
-            A[d * S_A + e] = ZERO
+        if A_T:
+            for e in range(tid, PAD * S_A, NT):
+                A[d * S_A + e] = ZERO
+        else:
+            for e in range(tid, PAD * rows, NT):
+                A[(e % rows) * S_A + d + e // rows] = ZERO
         if B_T:
             for e in range(tid, PAD * S_B, NT):
                 B[d * S_B + e] = ZERO
@@ -395,6 +406,15 @@ def half_warp_max(x):
     x = nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 4))
     x = nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 2))
     return nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 1))
+
+
+@jit(device=True, forceinline=True)
+def half_warp_fmax(x):
+    """The largest ``x`` of the 16 lanes of this half warp, in every lane, NaNs dropped (:func:`._common.fmax`)."""
+    x = fmax(x, cuda.shfl_xor_sync(FULL_MASK, x, 8))
+    x = fmax(x, cuda.shfl_xor_sync(FULL_MASK, x, 4))
+    x = fmax(x, cuda.shfl_xor_sync(FULL_MASK, x, 2))
+    return fmax(x, cuda.shfl_xor_sync(FULL_MASK, x, 1))
 
 
 @jit(device=True, forceinline=True)

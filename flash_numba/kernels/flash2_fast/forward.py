@@ -18,12 +18,12 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint32
 
 from ...device import jit
 from .. import _dropout, _smem, _tile_ops
-from .._tile_ops import half_warp_max, half_warp_sum
-from .._common import acc_nb_type, add_counts, kv_head, nan_max, rounded_mul
+from .._tile_ops import half_warp_fmax, half_warp_sum
+from .._common import acc_nb_type, add_counts, fmax, kv_head, rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import last_visible_key_dev as last_visible_key
 from ..causal import sees_no_key_dev as sees_no_key
@@ -56,14 +56,16 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     MUL_RN = rounded_mul(acc)
     block_tiles = _smem.tiles(g["tiles"], acc, dynamic)  # in dynamic shared memory iff ``dynamic``
     load_q = _tile_ops.padded_loader(Br, d, DP, QS, False, acc, count)
-    load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count)  # K_j^T, V_j row-major
-    s_product = _tile_ops.strided_product(TM, TN, DP, QS, TN, 1, KS, False, True, acc)  # S_ij = Q_i K_j^T
+    load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count, False)  # K_j, V_j row-major
+    # S_ij = Q_i K_j^T, this thread's keys tx + 16 b (strided: see the module docstring)
+    s_product = _tile_ops.strided_product(TM, TN, DP, QS, KS, TX * KS, 1, False, True, acc)
     pv_product = _tile_ops.strided_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
     pv_masked = _tile_ops.strided_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc, True)  # P = 0 adds nothing
     DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, acc)
+    PS_U = np.uint32(PS)
 
     def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed, threshold, inv_keep):
-        QT, KT, Vs, PT = block_tiles()  # Q_i^T (DP, QS), K_j^T (DP, KS), V_j (Bc, DP), P_ij^T (Bc, PS), flattened
+        QT, Ks, Vs, PT = block_tiles()  # Q_i^T (DP, QS), K_j (Bc, KS), V_j (Bc, DP), P_ij^T (Bc, PS), flattened
         s = cuda.local.array((TM, TN), ACC)
         acc = cuda.local.array((TM, TD), ACC)
         m = cuda.local.array(TM, ACC)
@@ -78,7 +80,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         n = load_q(QT, QT, q, q, q_lay, q_lay, bh, row0, Nq, tid)  # Q_i -> QT, zero beyond d and Nq
         if COUNT:
             nr += n * STORE_BYTES
-        zero_kv_padding(KT, Vs, tid)
+        zero_kv_padding(Ks, Vs, tid)
         for a in range(TM):
             m[a] = NEG_INF
             l[a] = ZERO
@@ -88,13 +90,13 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         row_key = last_visible_key(row0 + ty * TM, Nq, Nk)  # causal: the last key this thread's first row sees
         for j in range(visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)):
             col0 = j * Bc
-            cuda.syncthreads()  # everyone is done with the previous KT, Vs, PT
-            n = load_kv(KT, Vs, k, v, k_lay, v_lay, hkv, col0, Nk, tid)
+            cuda.syncthreads()  # everyone is done with the previous Ks, Vs, PT
+            n = load_kv(Ks, Vs, k, v, k_lay, v_lay, hkv, col0, Nk, tid)
             if COUNT:
                 nr += n * STORE_BYTES
             cuda.syncthreads()
 
-            s_product(s, s, QT, QT, KT, KT, ty, tx)
+            s_product(s, s, QT, QT, Ks, Ks, ty, tx)
 
             # online softmax in base 2 (log2(e) folded into the scale).  The scale is applied to
             # S_ij, not to Q_i once at load time: the backward recomputes S = (Q K^T) * scale in
@@ -107,20 +109,22 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
             # diagonal need a mask; the test is uniform over the block
             diagonal = CAUSAL and crosses_diagonal(row0, col0, Bc, Nq, Nk)
             if col0 + Bc > Nk or diagonal:
-                cb = col0 + tx * TN  # this thread's first key
+                cb = col0 + tx  # this thread's first key
                 for a in range(TM):
-                    lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
+                    lim = Nk - 1 - cb  # keys cb + 16 b with 16 b <= lim are visible
                     if CAUSAL:
                         lim = min(lim, row_key + a - cb)
                     for b in range(TN):
-                        if b > lim:
+                        if TX * b > lim:
                             s[a, b] = NEG_INF
+            # the row max drops NaNs (fmax: one instruction, nan_max four): a NaN score makes its p, hence l_i,
+            # O_i and L_i, NaN all the same
             for a in range(TM):
                 mx = NEG_INF
                 for b in range(TN):
-                    mx = nan_max(mx, s[a, b])
-                mx = half_warp_max(mx)
-                m_new = nan_max(m[a], mx)
+                    mx = fmax(mx, s[a, b])
+                mx = half_warp_fmax(mx)
+                m_new = fmax(m[a], mx)
                 m_use = ZERO if m_new == NEG_INF else m_new  # all -inf so far: P = 0, alpha = 0 (not NaN)
                 alpha = math.exp2(m[a] - m_use)
                 m[a] = m_new
@@ -130,12 +134,16 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                 for b in range(TN):
                     p = math.exp2(s[a, b] - m_use)
                     l[a] += p
-                    PT[(tx * TN + b) * PS + ty * TM + a] = p
+                    s[a, b] = p  # stored below, a row of P_ij^T at a time
             if DROPOUT:  # the paper's Algorithm 2: P~_ij dropped after l_i (l and L stay undropped), before P~ V;
                 for a in range(TM):  # a pass of its own, when s is dead: fewer registers live than in the loop above
                     rk = drop_row(drop_head(seed, bh), row0 + ty * TM + a)  # dropout's hash of the row
                     for b in range(TN):
-                        PT[(tx * TN + b) * PS + ty * TM + a] *= drop(rk, col0 + tx * TN + b, threshold, inv_keep)
+                        s[a, b] *= drop(rk, col0 + tx + TX * b, threshold, inv_keep)
+            for b in range(TN):  # key tx + 16 b: TM adjacent entries of its row of P_ij^T (16-byte stores)
+                at = uint32(tx + TX * b) * PS_U + uint32(ty * TM)
+                for a in range(TM):
+                    PT[at + uint32(a)] = s[a, b]
             cuda.syncthreads()
 
             if diagonal:  # a masked key's P is 0: it adds nothing, even where V_j holds Inf or NaN

@@ -138,8 +138,8 @@ def geometry(d: int, TM: int, TN: int, dtype) -> dict:
     """Block sizes, shared-memory row strides and bytes for a (TM, TN) micro-tile."""
     acc_item, vec, TD, DP = _columns(d, dtype)  # rows padded by one 16-byte vector
     Br, Bc = TY * TM, TX * TN
-    QS, KS, PS = Br + vec, Bc + vec, Br + vec
-    tiles = (DP * QS, DP * KS, Bc * DP, Bc * PS)  # Q_i^T, K_j^T, V_j, P_ij^T
+    QS, KS, PS = Br + vec, DP + vec, Br + vec
+    tiles = (DP * QS, Bc * KS, Bc * DP, Bc * PS)  # Q_i^T, K_j (row-major), V_j, P_ij^T
     return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, QS=QS, KS=KS, PS=PS, tiles=tiles, smem=_smem.total_bytes(tiles, acc_item))
 
 
