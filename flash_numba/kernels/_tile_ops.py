@@ -36,6 +36,7 @@ import numpy as np
 from numba import cuda, types, uint32, uint64
 
 from ..device import jit
+from . import _vec
 from ._common import acc_nb_type, batch_head, element, fmax, madd_unless_zero, nan_max
 
 #: Threads per block: TY rows of TX threads (a half warp each).
@@ -138,9 +139,23 @@ def head_starts(a_lay, b_lay, bh):
             uint64(b) * uint64(b_lay[1]) + h * uint64(b_lay[2]))
 
 
+def vector_columns(rows: int, d: int, vector: str | None) -> tuple[bool, int, int, int]:
+    """``(VEC, NV, VROWS, NVLOAD)`` for loading a full tile of ``rows`` x d with 16-byte loads of dtype ``vector``:
+    NV elements a load, d / NV threads a row, VROWS rows at a time, NVLOAD loads a thread.  VEC is False (and the
+    tile is loaded by :func:`fixed_columns`' rule) without ``vector``, or where the 128 threads do not cover whole
+    rows of NV-element vectors."""
+    if vector is None:
+        return False, 1, 1, 1
+    nv = _vec.lanes(vector)
+    lanes = d // nv
+    if d % nv or NT % lanes or rows % (NT // lanes):
+        return False, 1, 1, 1
+    return True, nv, NT // lanes, rows // (NT // lanes)
+
+
 @functools.lru_cache(maxsize=None)
 def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bool, acc_name: str, count: bool,
-                a_transposed: bool = True):
+                a_transposed: bool = True, vector: str | None = None):
     """Device functions ``(load, zero_padding)`` for rows r0 .. r0 + rows - 1 of two arrays.
 
     ``load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid)`` copies those rows of head bh of
@@ -152,24 +167,58 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
     head.  When d divides 128 each thread loads one fixed column, ROWSTEP rows apart, all
     its loads before its first shared store (the last tile with a test per row); otherwise
     the threads walk the tile's elements 128 apart, (row, column) stepped without a division.
+    With ``vector`` (the inputs' dtype name; :mod:`._vec`), full tiles are read 16 bytes a thread
+    (``load(..., aligned=True)``, where the host found every row 16-byte aligned: :func:`._vec.aligned16`).
     With ``count``, ``load`` returns the elements read.
     ``zero_padding(A, B, tid)`` zeroes the tiles' columns d .. DP - 1 (their padding).
     """
     ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = _zero(acc_name)
     FIXED, ROWSTEP, NLOAD = fixed_columns(rows, d)
+    VEC, NV, VROWS, NVLOAD = vector_columns(rows, d, vector)
+    load16 = _vec.loader(vector) if VEC else None
+    NV_U, VLANES_U, NVA = np.uint32(NV), np.uint32(max(d // NV, 1)), NVLOAD * NV
     D_U, SA_U, SB_U, ROWS_U = np.uint32(d), np.uint32(S_A), np.uint32(S_B), np.uint32(rows)
     C_STEP, X_STEP, ONE_U = np.uint32(NT // d), np.uint32(NT % d), np.uint32(1)  # 128 elements on: divmod(128, d)
     A_T, B_T, PAD, COUNT = a_transposed, b_transposed, DP - d, count
 
     @jit(device=True, forceinline=True)
-    def load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid):
+    def load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid, aligned=False):
         areg = cuda.local.array(NLOAD, ACC)
         breg = cuda.local.array(NLOAD, ACC)
         got = 0
         a0, b0 = head_starts(a_lay, b_lay, bh)  # flat index of the head's row 0 in a and in b
         a_rs, b_rs = uint32(a_lay[3]), uint32(b_lay[3])  # row strides; offsets in a head are 32-bit (flat_input)
-        if FIXED and r0 + rows <= n:
+        if VEC and aligned and r0 + rows <= n:
+            # d / NV threads a row, each NV adjacent columns, VROWS rows apart: one 16-byte load each
+            avec = cuda.local.array(NVA, ACC)
+            bvec = cuda.local.array(NVA, ACC)
+            x = (uint32(tid) % VLANES_U) * NV_U
+            c = uint32(tid) // VLANES_U
+            rk = uint32(r0) + c
+            ai = a0 + uint64(rk * a_rs + x)
+            bi = b0 + uint64(rk * b_rs + x)
+            a_step, b_step = uint64(VROWS) * uint64(a_rs), uint64(VROWS) * uint64(b_rs)
+            for t in range(NVLOAD):
+                va = load16(a, ai + uint64(t) * a_step)
+                vb = load16(b, bi + uint64(t) * b_step)
+                for e in range(NV):
+                    avec[t * NV + e] = ACC(va[e])
+                    bvec[t * NV + e] = ACC(vb[e])
+            for t in range(NVLOAD):
+                r = c + uint32(t * VROWS)
+                for e in range(NV):
+                    if A_T:
+                        A[(x + uint32(e)) * SA_U + r] = avec[t * NV + e]
+                    else:
+                        A[r * SA_U + x + uint32(e)] = avec[t * NV + e]
+                    if B_T:
+                        B[(x + uint32(e)) * SB_U + r] = bvec[t * NV + e]
+                    else:
+                        B[r * SB_U + x + uint32(e)] = bvec[t * NV + e]
+            if COUNT:
+                got = 2 * NVLOAD * NV
+        elif FIXED and r0 + rows <= n:
             x = uint32(tid) % D_U
             c = uint32(tid) // D_U
             rk = uint32(r0) + c

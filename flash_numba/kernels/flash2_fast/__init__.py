@@ -62,7 +62,7 @@ from numba import cuda, types
 from ... import _inputs, _launch_plan, _views
 from ...compile_check import compile_kernel
 from ...device import SIMULATOR, dynamic_shared_limit
-from .. import _dropout, _rowsum, _smem
+from .. import _dropout, _rowsum, _smem, _vec
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
@@ -138,11 +138,12 @@ def forward(prob, ops, block, counters):
     Br, Bc = block
     dropout, drop_args = _dropout.launch_args(prob)
     dyn = _dynamic_bytes(geometry, prob.d, Br // TY, Bc // TX, prob.dtype)
+    (q, q_lay), (k, k_lay), (v, v_lay) = (_views.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
+    aligned = _vec.aligned16(k, k_lay) and _vec.aligned16(v, v_lay)
     kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled,
-                               dropout=dropout, dynamic=bool(dyn))
+                               dropout=dropout, dynamic=bool(dyn), aligned=aligned)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
-    (q, q_lay), (k, k_lay), (v, v_lay) = (_views.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
     _smem.configure(kernel, grids(prob, block)[FORWARD_NAME], NT, dyn)(
         q, k, v, o, lse, prob.Nq, prob.Nk, prob.G, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
         q_lay, k_lay, v_lay, *drop_args)

@@ -33,7 +33,7 @@ from .layout import FASTMATH, FORWARD_NAME, TX, device_register_cap, geometry, s
 
 @lru_cache(maxsize=None)
 def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
-                   dropout: bool = False, dynamic: bool = False):
+                   dropout: bool = False, dynamic: bool = False, aligned: bool = False):
     """``(kernel, geometry)``: the forward for head dim d, micro-tile TM x TN, storage ``dtype_name``.
 
     Arguments of the kernel: ``(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed,
@@ -42,6 +42,8 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     three are dropout's (:mod:`flash_numba.kernels._dropout`; used iff ``dropout``).  ``maxreg``:
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).  ``dynamic``:
     the tiles live in dynamic shared memory (``geometry["smem"]`` bytes at launch, see :mod:`.._smem`).
+    ``aligned``: every row of k and v starts on 16 bytes (:func:`.._vec.aligned16`): full K/V tiles are read
+    with 16-byte loads.
     """
     dtype = np.dtype(dtype_name)
     acc = "float64" if dtype == np.float64 else "float32"
@@ -50,13 +52,14 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     ACC = acc_nb_type(dtype)
     STORE_BYTES = dtype.itemsize
     ACC_BYTES = np.dtype(acc).itemsize
-    CAUSAL, COUNT = causal, count
+    CAUSAL, COUNT, ALIGNED = causal, count, aligned
     NEG_INF, _, ZERO, ONE, _, LN2_ACC = scalars(dtype)
     NAN = np.dtype(acc).type(np.nan)
     MUL_RN = rounded_mul(acc)
     block_tiles = _smem.tiles(g["tiles"], acc, dynamic)  # in dynamic shared memory iff ``dynamic``
     load_q = _tile_ops.padded_loader(Br, d, DP, QS, False, acc, count)
-    load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count, False)  # K_j, V_j row-major
+    load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, DP, False, acc, count, False,
+                                                     dtype_name if aligned else None)  # K_j, V_j row-major
     # S_ij = Q_i K_j^T, this thread's keys tx + 16 b (strided: see the module docstring)
     s_product = _tile_ops.strided_product(TM, TN, DP, QS, KS, TX * KS, 1, False, True, acc)
     pv_product = _tile_ops.strided_product(TM, TD, Bc, PS, TD, 1, DP, False, False, acc)  # O_i += P_ij V_j
@@ -91,7 +94,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
         for j in range(visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)):
             col0 = j * Bc
             cuda.syncthreads()  # everyone is done with the previous Ks, Vs, PT
-            n = load_kv(Ks, Vs, k, v, k_lay, v_lay, hkv, col0, Nk, tid)
+            n = load_kv(Ks, Vs, k, v, k_lay, v_lay, hkv, col0, Nk, tid, ALIGNED)
             if COUNT:
                 nr += n * STORE_BYTES
             cuda.syncthreads()
