@@ -177,6 +177,9 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
     FIXED, ROWSTEP, NLOAD = fixed_columns(rows, d)
     VEC, NV, VROWS, NVLOAD = vector_columns(rows, d, vector)
     load16 = _vec.loader(vector) if VEC else None
+    # a row-major tile is stored 16 bytes at a time where the accumulation dtype is the input's (n elements both)
+    STORE16 = VEC and np.dtype(vector) == np.dtype(acc_name) and S_A % NV == 0 and S_B % NV == 0
+    store16 = _vec.storer(acc_name) if STORE16 else None
     NV_U, VLANES_U, NVA = np.uint32(NV), np.uint32(max(d // NV, 1)), NVLOAD * NV
     D_U, SA_U, SB_U, ROWS_U = np.uint32(d), np.uint32(S_A), np.uint32(S_B), np.uint32(rows)
     C_STEP, X_STEP, ONE_U = np.uint32(NT // d), np.uint32(NT % d), np.uint32(1)  # 128 elements on: divmod(128, d)
@@ -207,14 +210,18 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                     bvec[t * NV + e] = ACC(vb[e])
             for t in range(NVLOAD):
                 r = c + uint32(t * VROWS)
+                if STORE16 and not A_T:
+                    store16(A, r * SA_U + x, avec, uint32(t * NV))
+                if STORE16 and not B_T:
+                    store16(B, r * SB_U + x, bvec, uint32(t * NV))
                 for e in range(NV):
                     if A_T:
                         A[(x + uint32(e)) * SA_U + r] = avec[t * NV + e]
-                    else:
+                    elif not STORE16:
                         A[r * SA_U + x + uint32(e)] = avec[t * NV + e]
                     if B_T:
                         B[(x + uint32(e)) * SB_U + r] = bvec[t * NV + e]
-                    else:
+                    elif not STORE16:
                         B[r * SB_U + x + uint32(e)] = bvec[t * NV + e]
             if COUNT:
                 got = 2 * NVLOAD * NV
