@@ -54,6 +54,10 @@ FORWARD_NCU_TXT = SESSION9 / "C" / "ncu.txt"
 #: flash2_fast's forward with P_ij^T stored swizzled (conflict-free stores) against the shipped one, alternating
 #: twice (session 9, ``G/``).
 SWIZZLE_CSV = SESSION9 / "G" / "swz.csv"
+SESSION10 = RESULTS.parent / "h200-2026-12-01-s10"
+#: flash2_fast's forward, change by change (session 10, ``A/`` and ``B/``): bench.py CSVs ``<tree>_<run>.csv``, the
+#: trees alternating, two runs each; ``commit.txt`` lists ``tree commit``.
+FORWARD_STEP_FOLDERS = (SESSION10 / "A", SESSION10 / "B")
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -225,3 +229,17 @@ def folder_provenance(path: Path) -> dict:
 def swizzle_rows(path: Path = SWIZZLE_CSV) -> list[dict]:
     """The swizzle experiment's timings: ``tree`` (swizzled / before), ``d``, ``block``, ``causal``, ``ms``."""
     return _csv_rows(path)
+
+
+def forward_step_rows(folders=FORWARD_STEP_FOLDERS) -> list[dict]:
+    """Session 10's forward timings, change by change: bench.py's rows (strings) with ``folder``, ``tree``,
+    ``commit`` and ``run`` added, from every ``<tree>_<run>.csv`` in ``folders``."""
+    out = []
+    for folder in folders:
+        commits = dict(line.split() for line in (folder / "commit.txt").read_text().splitlines() if line.strip())
+        for path in sorted(folder.glob("*_[0-9].csv")):
+            tree, run = path.stem.rsplit("_", 1)
+            for r in _csv_rows(path):
+                out.append(dict(r, folder=folder.name, tree=tree, commit=commits[tree], run=run))
+    return out
+

@@ -260,13 +260,13 @@ else:
 # %% [markdown]
 # ### A conflict in this course's fastest kernel
 #
-# Padding fixes a warp that walks down one column. Real kernels store in less tidy patterns. The forward of
-# `flash2_fast` (lessons 9 and 10) writes each block of probabilities $P_{ij}$ into shared memory
-# *transposed*, so that its product $P_{ij} V_j$ can read each thread's rows as 16-byte vectors.
+# Padding fixes a warp that walks down one column. Real kernels store in less tidy patterns. An earlier
+# version of `flash2_fast`'s forward (lessons 9 and 10) wrote each block of probabilities $P_{ij}$ into shared
+# memory *transposed*, so that its product $P_{ij} V_j$ can read each thread's rows as 16-byte vectors.
 #
 # - Its 128 threads form an $8 \times 16$ grid.
-# - Thread $(t_y, t_x)$ owns $T_M$ rows and $T_N$ keys.
-# - It stores the probability of row $t_y T_M + a$ and key $t_x T_N + b$ at word
+# - Thread $(t_y, t_x)$ owned $T_M$ rows and $T_N$ *adjacent* keys.
+# - It stored the probability of row $t_y T_M + a$ and key $t_x T_N + b$ at word
 #   $(t_x T_N + b)\,P_S + t_y T_M + a$, where the row stride $P_S = B_r + 4$.
 # - A warp is two rows of the grid: $t_y \in \{0, 1\}$ and $t_x = 0, \dots, 15$.
 #
@@ -289,24 +289,24 @@ p_store_passes = store_passes(8, 2, 68)
 lessonkit.compare_prediction("passes of one store of P^T", my_prediction, p_store_passes)
 
 # %% [markdown]
-# Nsight Compute measured this kernel's shared stores on the H200, over all its stores. The transposed
-# $K_j^\top$ tile is stored with a 4-way conflict, and $V_j$ without one. The average below mixes those
+# Nsight Compute measured that kernel's shared stores on the H200, over all its stores. Its transposed
+# $K_j^\top$ tile was stored with a 4-way conflict, and $V_j$ without one. The average below mixes those
 # with $P_{ij}^\top$'s stores.
 
 # %%
 if recorded.available():
     shipped = recorded.shared_store_conflicts()[0]
-    print(f"{recorded.LABEL}: flash2_fast forward, d = 64, 64 x 32 blocks, N = 4096, compute capability "
-          f"{shipped['cc']} ({recorded.folder_provenance(recorded.FORWARD_NCU_TXT)['file']})")
+    print(f"{recorded.LABEL}: flash2_fast forward (before the fix below), d = 64, 64 x 32 blocks, N = 4096, "
+          f"compute capability {shipped['cc']} ({recorded.folder_provenance(recorded.FORWARD_NCU_TXT)['file']})")
     print(f"  shared stores: a {shipped['ways']:.1f}-way conflict on average; "
           f"{shipped['conflicts'] / shipped['store_wavefronts']:.0%} of their {shipped['store_wavefronts']:,} passes "
           f"are conflicts")
 
 # %% [markdown]
-# Is it worth fixing? The project tried. No padding that keeps 16-byte rows spreads these stores. An *XOR
-# swizzle* does: store 4 rows at a time and move 16-byte chunk $c$ of key $k$ to chunk
-# $c \oplus (\lfloor k / T_N \rfloor \bmod 8)$. The product reads with the same rule. The table below is the
-# forward timed against the shipped one, twice each, alternating.
+# Is it worth fixing? The project tried first with the classic tool. No padding that keeps 16-byte rows
+# spreads these stores. An *XOR swizzle* does: store 4 rows at a time and move 16-byte chunk $c$ of key $k$
+# to chunk $c \oplus (\lfloor k / T_N \rfloor \bmod 8)$. The product reads with the same rule. The table below
+# is that forward timed against the one before, twice each, alternating.
 
 # %%
 if recorded.available():
@@ -316,17 +316,80 @@ if recorded.available():
         if r["d"] == "64":
             times.setdefault((r["block"], r["causal"]), {}).setdefault(r["tree"], []).append(float(r["ms"]))
     print(f"{recorded.LABEL}: {prov['device']}, commit {prov['commit']} ({prov['file']}); N = 4096, d = 64, B*H = 32")
-    print(f"{'block':>7} {'causal':>7} {'shipped ms':>11} {'swizzled ms':>12}")
+    print(f"{'block':>7} {'causal':>7} {'before ms':>10} {'swizzled ms':>12}")
     for (block, causal), t in times.items():
-        print(f"{block:>7} {causal:>7} {min(t['before']):>11.3f} {min(t['swizzled']):>12.3f}")
+        print(f"{block:>7} {causal:>7} {min(t['before']):>10.3f} {min(t['swizzled']):>12.3f}")
 
 # %% [markdown]
-# In the $64 \times 32$ block the product still reads 16-byte vectors, and the conflict-free stores make the
+# In the $64 \times 32$ block the product still read 16-byte vectors, and the conflict-free stores made the
 # kernel a little faster. In the $64 \times 64$ block the compiler split each swizzled 16-byte read into four
-# single loads (the project has not found out why), and the kernel got slower.
+# single loads, and the kernel got slower. A fix pays only if it costs less than it saves.
 #
-# A conflict costs time only where shared memory is what the kernel waits for. A fix pays only if it costs
-# less than it saves. Measure both. (`docs/PERFORMANCE.md`, session 9, has the whole story.)
+# ### The fix that shipped: change which keys a thread owns
+#
+# The swizzle moves the *data*. The fix that shipped moves the *threads*. Thread $(t_y, t_x)$ now owns the
+# keys $t_x, t_x + 16, t_x + 32, \dots$: 16 apart, not adjacent. It still computes $T_M \times T_N$ scores,
+# and nothing else in the algorithm changes. What changes is where its stores land:
+#
+# - It stores each key's $T_M = 8$ probabilities with two 16-byte stores at word $(t_x + 16 b)\,P_S + t_y T_M$.
+# - For 16-byte accesses the hardware serves 8 threads at a time (8 x 16 bytes = 128 bytes, one pass if their
+#   8 chunks fall on 8 different groups of 4 banks). A warp's 512 bytes need at least 4 passes.
+#
+# **Predict, then run.** With the $64 \times 64$ block ($T_M = 8$, $P_S = 68$, so a row is 17 chunks of
+# 16 bytes), how many passes does one warp's 16-byte store of $P_{ij}^\top$ take with keys 16 apart? The
+# function below counts them; the old layout (adjacent keys, $T_N = 4$) is printed beside it.
+
+# %%
+my_prediction = None  # passes of one 16-byte store of P^T, keys 16 apart
+
+
+# %%
+def vector_store_passes(words):
+    """Passes one warp needs when thread t stores 16 bytes at words[t] .. words[t] + 3: the hardware takes the
+    threads 8 at a time, and a group's passes are the most of its threads whose chunk lands on the same 4 banks."""
+    chunks = (np.asarray(words) // 4) % 8  # 8 chunks of 16 bytes span the 32 banks
+    return sum(int(np.bincount(group, minlength=8).max()) for group in chunks.reshape(4, 8))
+
+
+ty, tx = np.divmod(np.arange(32), 16)
+p_strided = vector_store_passes(tx * 68 + ty * 8)  # key tx + 16 b (b = 0), rows ty*8 ..: keys 16 apart
+p_adjacent = vector_store_passes(tx * 4 * 68 + ty * 8)  # key tx*4 + b (b = 0): adjacent keys, T_N = 4
+lessonkit.compare_prediction("passes of one 16-byte store, keys 16 apart", my_prediction, p_strided)
+print(f"adjacent keys would take {p_adjacent} passes for the same 512 bytes")
+
+# %% [markdown]
+# With keys 16 apart, neighbouring threads write rows 17 chunks apart: an odd number, so 8 neighbours hit
+# 8 different chunks. Adjacent keys put them $4 \times 17$ chunks apart, and 8 neighbours share 2 chunks.
+# The same trick lets the kernel keep $K_j$ row-major (row stride 68, again 17 chunks) and read each key's
+# row 16 bytes at a time, where $K_j^\top$ had 4-way conflicted stores. The order in which each score sums
+# its $d$ products is unchanged, so the backward, which recomputes the scores, still gets the same bits.
+#
+# Here is the forward on the H200, change by change, each timed twice, alternating (best of the two), beside
+# PyTorch's memory-efficient kernel in the same runs. The 16-byte loads and stores of $K_j$ and $V_j$ from
+# global memory came with it (`flash_numba/kernels/_vec.py`).
+
+# %%
+STEPS = {"main": "adjacent keys (before)", "keys16": "keys 16 apart, P^T in 16-byte stores, fmax row max",
+         "keys16v": "+ 16-byte global loads of K_j, V_j", "keys16s": "+ 16-byte shared stores of K_j, V_j"}
+if recorded.available():
+    rows = [r for r in recorded.forward_step_rows() if r["d"] == "64" and r["tree"] in STEPS]
+    best = {}
+    for r in rows:
+        key = (r["tree"] if r["implementation"] == "flash2_fast" else "torch", r["causal"])
+        best[key] = min(best.get(key, np.inf), float(r["ms"]))
+    commits = {r["tree"]: r["commit"] for r in rows}
+    print(f"{recorded.LABEL}: NVIDIA H200, N = 4096, d = 64, B*H = 32, float32 "
+          f"({recorded.SESSION10.relative_to(recorded.RESULTS.parents[2])}/A, B)")
+    print(f"{'forward':<48} {'commit':>8} {'ms':>7} {'causal ms':>10}")
+    for tree, label in STEPS.items():
+        print(f"{label:<48} {commits[tree]:>8} {best[tree, 'False']:>7.3f} {best[tree, 'True']:>10.3f}")
+    print(f"{'PyTorch memory-efficient (same runs)':<48} {'':>8} {best['torch', 'False']:>7.3f} "
+          f"{best['torch', 'True']:>10.3f}")
+
+# %% [markdown]
+# A conflict costs time only where shared memory is what the kernel waits for, and this kernel waited for it.
+# Two fixes removed the same conflict; the one that also kept every read 16 bytes wide won. Measure the
+# conflict, then measure the fix. (`docs/PERFORMANCE.md`, sessions 9 and 10, has the whole story.)
 #
 # ## The bytes tiling saves in attention
 #

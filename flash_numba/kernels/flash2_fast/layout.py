@@ -1,17 +1,18 @@
 """flash2_fast's shapes: thread grid, micro-tiles, shared-memory tiles, block rules, register caps.
 
 A block is 128 threads, an 8 x 16 grid (ty, tx).  In the forward, thread (ty, tx)
-owns TM consecutive query rows ``ty*TM ..`` and, of S_ij, TN consecutive keys
-``tx*TN ..``; of O_i, TD consecutive columns ``tx*TD ..`` (DP = 16 TD >= d)::
+owns TM consecutive query rows ``ty*TM ..``; of S_ij, the TN keys ``tx, tx + 16, ...``
+(16 apart: the columns of the 16 threads of a row interleave, see :mod:`.forward` for why);
+of O_i, TD consecutive columns ``tx*TD ..`` (DP = 16 TD >= d)::
 
-    S_ij  (Br = 8 TM  x  Bc = 16 TN)        O_i  (Br  x  DP = 16 TD)
-    +---------+---------+-- ...             +------+------+-- ...
-    | (0, 0)  | (0, 1)  |                   |(0,0) |(0,1) |
-    | TM x TN | TM x TN |                   |TMxTD |TMxTD |
-    +---------+---------+                   +------+------+
-    | (1, 0)  | ...                         | (1,0)| ...
+    S_ij  (Br = 8 TM  x  Bc = 16 TN)             O_i  (Br  x  DP = 16 TD)
+    key:  0   1  ..  15  16  17 .. 31  32 ..     +------+------+-- ...
+        +---+---+--+---+---+---+--+---+--        |(0,0) |(0,1) |
+    TM  |0,0|0,1|..|0,15|0,0|0,1|..|0,15|..      |TMxTD |TMxTD |
+    rows+---+---+--+---+---+---+--+---+--        +------+------+
+        |1,0|1,1|..                              | (1,0)| ...
 
-The backward kernels deal their tiles out the same way (see :mod:`.backward`).
+The backward kernels deal their tiles out in TM x TN blocks of adjacent rows and keys (see :mod:`.backward`).
 Shared tiles are held transposed where a product reads them down a column, padded
 by one 16-byte vector (or one element, for an odd stride) per row.  A kernel's tiles are one
 array (``geometry(...)["tiles"]``): static up to 48 KB, dynamic shared memory above
@@ -135,7 +136,8 @@ def _columns(d: int, dtype) -> tuple[int, int, int, int]:
 
 
 def geometry(d: int, TM: int, TN: int, dtype) -> dict:
-    """Block sizes, shared-memory row strides and bytes for a (TM, TN) micro-tile."""
+    """Block sizes, shared-memory row strides and bytes for a (TM, TN) micro-tile of the forward: Q_i^T (DP rows,
+    stride QS), K_j row-major (Bc rows, stride KS), V_j (Bc rows, stride DP), P_ij^T (Bc rows, stride PS)."""
     acc_item, vec, TD, DP = _columns(d, dtype)  # rows padded by one 16-byte vector
     Br, Bc = TY * TM, TX * TN
     QS, KS, PS = Br + vec, DP + vec, Br + vec
