@@ -359,14 +359,15 @@ def stats_loader(rows: int, acc_name: str, count: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
+def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool, adjacent: bool = False):
     """Device function ``store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx)``: accumulators to HBM.
 
-    Row r0 + ty*TM + a (if < n), columns tx + 16 u (if < d) of ``out1[bh]`` get
+    Row r0 + ty*TM + a (if < n), columns tx + 16 u (with ``adjacent``: tx*TD + u) (if < d) of ``out1[bh]`` get
     ``acc1[a, u] * scale1`` (and, with ``pair``, of ``out2[bh]`` ``acc2[a, u] * scale2``,
     in the same loop).  With ``count``, returns the number of elements written.
     """
     PAIR, COUNT = pair, count
+    X0, XU = (TD, 1) if adjacent else (1, TX)
 
     @jit(device=True, forceinline=True)
     def store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx):
@@ -375,7 +376,7 @@ def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
             row = r0 + ty * TM + a
             if row < n:
                 for u in range(TD):
-                    x = tx + u * TX
+                    x = tx * X0 + u * XU
                     if x < d:
                         out1[bh, row, x] = acc1[a, u] * scale1
                         if PAIR:
