@@ -162,17 +162,15 @@ def _dynamic_bytes(geometry_of, d: int, TM: int, TN: int, dtype) -> int:
 
 
 def _backward_inputs(prob, ops, counters):
-    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts, aligned): D = rowsum(dO * O) launched, dk and dv
-    allocated; q, k, v, do flat and ``layouts`` their layouts (:func:`flash_numba._views.flat_input`); ``aligned``:
-    the dK/dV kernel may read Q_i, dO_i 16 bytes a thread (every row on 16 bytes; not counted)."""
+    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts): D = rowsum(dO * O) launched, dk and dv
+    allocated; q, k, v, do flat and ``layouts`` their layouts (:func:`flash_numba._views.flat_input`)."""
     D = _rowsum.rowsum(prob, ops["o"].dev, ops["do"].dev, counters)
     (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_views.flat_input(ops[name].dev, name)
                                                         for name in ("q", "k", "v", "do"))
     dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
     dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
-    aligned = not counters.enabled and _vec.aligned16(q, q_lay) and _vec.aligned16(do, do_lay)
     return (q, k, v, do, ops["lse"].dev, D, dk, dv, prob.acc.type(prob.scale), prob.acc.type(prob.scale * LOG2E),
-            (q_lay, k_lay, v_lay, do_lay), aligned)
+            (q_lay, k_lay, v_lay, do_lay))
 
 
 def backward(prob, ops, block, counters):
@@ -192,11 +190,10 @@ def backward(prob, ops, block, counters):
     if copies:
         return _backward_dq_copies(prob, ops, block, counters, copies)
     count = counters.enabled
-    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts, aligned = _backward_inputs(prob, ops, counters)
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     dropout, drop_args = _dropout.launch_args(prob)
     kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
-    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout, dynamic=bool(kv_dyn),
-                        aligned=aligned)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout, dynamic=bool(kv_dyn))
     grid = grids(prob, block)
     _smem.configure(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
         q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, 0, scale, scale_log2,
@@ -215,7 +212,7 @@ def _backward_dq_copies(prob, ops, block, counters, copies):
     Br, Bc = block
     BH, Nq, d, dt, acc = prob.BH, prob.Nq, prob.d, prob.dtype, prob.acc
     count = counters.enabled
-    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts, aligned = _backward_inputs(prob, ops, counters)
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     n = BH * Nq * d
     grid = grids(prob, block)
     dq_acc = _inputs.empty((copies * BH, Nq, d), acc)
@@ -224,7 +221,7 @@ def _backward_dq_copies(prob, ops, block, counters, copies):
     dropout, drop_args = _dropout.launch_args(prob)
     kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout,
-                        dynamic=bool(kv_dyn), aligned=aligned)
+                        dynamic=bool(kv_dyn))
     launch = _smem.configure(kv, grid[BACKWARD_KVQ_SPLIT_NAME], NT, kv_dyn)
     Tc = -(-prob.Nk // Bc)
     for rnd in range(-(-Tc // copies)):  # rounds of ``copies`` key tiles, one launch after the other
@@ -248,7 +245,7 @@ def backward_atomic(prob, ops, block, counters):
     if not uses_fast_backward(Br, Bc, d, dt):
         return _flash2.backward(prob, ops, block, counters)
     count = counters.enabled
-    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts, aligned = _backward_inputs(prob, ops, counters)
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
     n = BH * Nq * d
     grid = grids(prob, block)
     dq_acc = _inputs.empty((BH, Nq, d), acc)
@@ -257,7 +254,7 @@ def backward_atomic(prob, ops, block, counters):
     dropout, drop_args = _dropout.launch_args(prob)
     kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout,
-                        dynamic=bool(kv_dyn), aligned=aligned)
+                        dynamic=bool(kv_dyn))
     _smem.configure(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
         q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, 0, scale, scale_log2, counters.array(BACKWARD_KVQ_NAME),
         *layouts, *drop_args)

@@ -63,7 +63,7 @@ def _kernel_constants(dtype_name: str):
 
 @lru_cache(maxsize=None)
 def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
-                atomic_dq: bool = False, dropout: bool = False, dynamic: bool = False, aligned: bool = False):
+                atomic_dq: bool = False, dropout: bool = False, dynamic: bool = False):
     """``(kernel, geometry)``: dK_j, dV_j for one key block of Bc = 8 TM rows (and dQ by atomics).
 
     Arguments: ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, rnd, scale, scale_log2, counter, q_lay, k_lay,
@@ -74,8 +74,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     key/value head hkv walks over the query blocks of its G query heads in turn (grouped-query
     attention, G = Hq / Hkv; dk and dv have B*Hkv heads).  ``maxreg``:
     register cap (-1: the cap for this device, :func:`.layout.register_cap`; None: uncapped).  ``dynamic``: the
-    tiles live in dynamic shared memory (``geometry["smem"]`` bytes at launch, see :mod:`.._smem`).  ``aligned``:
-    every row of q and do starts on 16 bytes (:func:`.._vec.aligned16`): full Q/dO tiles are read 16 bytes a thread.
+    tiles live in dynamic shared memory (``geometry["smem"]`` bytes at launch, see :mod:`.._smem`).
     """
     acc, ACC, SB, AB = _kernel_constants(dtype_name)
     MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
@@ -90,16 +89,19 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     KS_U, BC_U, FOUR_U, DP_MAX, D_U = np.uint32(KS), np.uint32(Bc), np.uint32(4), np.uint32(DP), np.uint32(d)
     NX_FULL = d == 32 * NX  # every lane's dQ columns exist: no column test
     load_kv = _tile_ops.padded_loader(Bc, d, DP, KS, True, acc, count)
-    load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, False, acc, count, False,
-                                                   dtype_name if aligned else None)  # Q_i, dO_i row-major
-    ALIGNED = aligned
+    # Q_i, dO_i row-major (16-byte global loads here measured slower, s10/C)
+    load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, False, acc, count, False)
     load_stats = _tile_ops.stats_loader(Br, acc, count)
     # S^T = K Q^T, dP^T = V dO^T over this thread's queries tx + 16 b (16 apart: rows of Q_i, dO_i read 16 bytes
     # at a time, and the stores of P, dS below land on all banks; see the forward's docstring)
     s_dp_product = _tile_ops.strided_product(TM, TN, DP, KS, QS, TX * QS, 1, True, True, acc)
-    dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, TD, 1, QS, True, False, acc)  # P^T dO_i, dS^T Q_i
-    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, TD, 1, QS, True, False, acc, True)  # 0 adds nothing
-    store = _tile_ops.strided_store(TM, TD, d, True, count, adjacent=True)  # columns tx*TD + u
+    # P^T dO_i, dS^T Q_i into this thread's columns of dV, dK: quads 64 apart (TD a multiple of 4, 16-byte reads
+    # of dO_i, Q_i rows on all banks), else 16 apart (scalar reads)
+    QUADS = _tile_ops.quad_columns(TD)
+    cols = (4, 1, QS, 64) if QUADS else (1, TX, QS, 0)  # b_start, b_col, b_step, quads
+    dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, *cols[:3], True, False, acc, False, cols[3])
+    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, *cols[:3], True, False, acc, True, cols[3])
+    store = _tile_ops.strided_store(TM, TD, d, True, count, adjacent=QUADS)  # the products' columns
     PS_U = np.uint32(PS)
 
     def dq_partial(skip_zero: bool):
@@ -191,7 +193,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             r0 = i * Br
             head = drop_head(seed, bh)  # dropout's hash of the query head
             cuda.syncthreads()  # previous step is done with Qs, dOs, Ps, dSs
-            n = load_q(Qs, dOs, q, do, q_lay, do_lay, bh, r0, Nq, tid, ALIGNED)
+            n = load_q(Qs, dOs, q, do, q_lay, do_lay, bh, r0, Nq, tid)
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
             if COUNT:
                 nr += n * SB + n_stats * AB
