@@ -35,6 +35,7 @@ def _check_forward(res, q, k, v, causal, tol):
         ((2,), 17, 23, 5, False, (8, 16)),
         ((1, 2), 23, 17, 16, True, (8, 16)),  # Nq > Nk: fully masked rows
         ((), 9, 40, 18, True, (16, 32)),  # Nq < Nk, d > 16: two column groups
+        ((), 9, 20, 120, True, (8, 16)),  # TD = 8: O's columns in two quads 64 apart, the last one partial
     ],
 )
 def test_forward_float32(rng, lead, Nq, Nk, d, causal, block):
@@ -275,6 +276,8 @@ ATOMIC_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ", "flash2_fast dK, dV, 
         (np.float32, (), 9, 47, 40, True, (16, 32)),  # d = 40: a dQ column group only half used
         (np.float64, (), 12, 17, 7, True, (16, 16)),
         (np.float16, (2,), 19, 21, 16, False, (16, 16)),  # accumulator in float32, then a cast
+        (np.float64, (), 12, 17, 64, False, (16, 16)),  # TD = 4: dK, dV columns in one quad
+        (np.float32, (), 9, 20, 120, True, (16, 16)),  # TD = 8: two quads 64 apart, the last one partial
     ],
 )
 def test_backward_atomic_dq(rng, monkeypatch, dtype, lead, Nq, Nk, d, causal, block):

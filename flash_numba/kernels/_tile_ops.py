@@ -359,14 +359,33 @@ def stats_loader(rows: int, acc_name: str, count: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
+def quad_columns(TD: int) -> bool:
+    """True where a thread's TD columns of a d-wide accumulator go in quads: columns ``4 tx + u % 4 + 64 (u // 4)``
+    (TD a multiple of 4).  A warp's 16-byte reads of a row then cover 16 adjacent chunks (all 32 banks, two passes);
+    with TD = 8 adjacent columns (``8 tx + u``) the 8 threads of a quarter warp would read chunks 2 apart, 2-way
+    conflicted."""
+    return TD % 4 == 0
+
+
+def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool, adjacent: bool = False):
     """Device function ``store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx)``: accumulators to HBM.
 
-    Row r0 + ty*TM + a (if < n), columns tx + 16 u (if < d) of ``out1[bh]`` get
-    ``acc1[a, u] * scale1`` (and, with ``pair``, of ``out2[bh]`` ``acc2[a, u] * scale2``,
-    in the same loop).  With ``count``, returns the number of elements written.
+    Row r0 + ty*TM + a (if < n), columns tx + 16 u (with ``adjacent``: the columns of :func:`quad_columns` where
+    TD is a multiple of 4, else tx*TD + u) (if < d) of ``out1[bh]`` get ``acc1[a, u] * scale1`` (and, with
+    ``pair``, of ``out2[bh]`` ``acc2[a, u] * scale2``, in the same loop).  With ``count``, returns the number of
+    elements written.
     """
     PAIR, COUNT = pair, count
+    if adjacent and quad_columns(TD):
+        X0, cols = 4, tuple(u % 4 + 64 * (u // 4) for u in range(TD))
+    elif adjacent:
+        X0, cols = TD, tuple(range(TD))
+    else:
+        X0, cols = 1, tuple(TX * u for u in range(TD))
+
+    @jit(device=True, forceinline=True)
+    def col(u):
+        return cols[u]
 
     @jit(device=True, forceinline=True)
     def store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx):
@@ -375,7 +394,7 @@ def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
             row = r0 + ty * TM + a
             if row < n:
                 for u in range(TD):
-                    x = tx + u * TX
+                    x = tx * X0 + col(u)
                     if x < d:
                         out1[bh, row, x] = acc1[a, u] * scale1
                         if PAIR:
@@ -389,14 +408,16 @@ def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool):
 
 @functools.lru_cache(maxsize=None)
 def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: int, b_step: int, pair: bool,
-                  zero_first: bool, acc_name: str, skip_zero: bool = False):
+                  zero_first: bool, acc_name: str, skip_zero: bool = False, quads: int = 0):
     """Device function ``(c1, c2, A1, A2, B1, B2, ty, tx)``: c1 += A1^T B1 (and c2 += A2^T B2 with ``pair``).
 
     A thread's TM x TN micro-tile, over ``steps`` rows k of the flat shared tiles: its
     TM values ``A[k * S_A + ty*TM + a]`` times its TN values
     ``B[tx*b_start + k*b_step + b*b_col]``; ``zero_first`` sets c1 (c2) to 0 first; ``skip_zero``:
     a 0 in A adds nothing, even against Inf or NaN in B (a select per multiply-add, for the
-    blocks that hold masked entries: :func:`~._common.madd_unless_zero`).
+    blocks that hold masked entries: :func:`~._common.madd_unless_zero`).  ``quads``: B's values come in
+    groups of 4, ``quads`` apart: ``B[tx*b_start + k*b_step + (b % 4)*b_col + (b // 4)*quads]`` (see
+    :func:`quad_columns`).
 
     * S_ij = Q_i K_j^T from Q_i^T, K_j^T: b_start = TN, b_col = 1, b_step = KS (TN adjacent keys);
     * O_i += P_ij V_j from P_ij^T, V_j: b_start = TD, b_col = 1, b_step = DP;
@@ -410,6 +431,11 @@ def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col:
     ZERO = _zero(acc_name)
     PAIR, ZERO_FIRST, SKIP_ZERO = pair, zero_first, skip_zero
     N_U, SA_U, BS_U, ONE_U = np.uint32(steps), np.uint32(S_A), np.uint32(b_step), np.uint32(1)
+    offsets = tuple((b % 4) * b_col + (b // 4) * quads if quads else b * b_col for b in range(TN))
+
+    @jit(device=True, forceinline=True)
+    def b_offset(b):
+        return offsets[b]
 
     @jit(device=True, forceinline=True)
     def product(c1, c2, A1, A2, B1, B2, ty, tx):
@@ -432,9 +458,9 @@ def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col:
                 if PAIR:
                     bv[a] = A2[ai + uint32(a)]
             for b in range(TN):
-                xv[b] = B1[bi + uint32(b * b_col)]
+                xv[b] = B1[bi + uint32(b_offset(b))]
                 if PAIR:
-                    yv[b] = B2[bi + uint32(b * b_col)]
+                    yv[b] = B2[bi + uint32(b_offset(b))]
             for a in range(TM):
                 for b in range(TN):
                     if SKIP_ZERO:

@@ -89,19 +89,62 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     KS_U, BC_U, FOUR_U, DP_MAX, D_U = np.uint32(KS), np.uint32(Bc), np.uint32(4), np.uint32(DP), np.uint32(d)
     NX_FULL = d == 32 * NX  # every lane's dQ columns exist: no column test
     load_kv = _tile_ops.padded_loader(Bc, d, DP, KS, True, acc, count)
-    load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, True, acc, count)  # Q_i^T, dO_i^T
+    # Q_i, dO_i row-major (16-byte global loads here measured slower, s10/C)
+    load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, False, acc, count, False)
     load_stats = _tile_ops.stats_loader(Br, acc, count)
-    s_dp_product = _tile_ops.strided_product(TM, TN, DP, KS, TN, 1, QS, True, True, acc)  # S^T = K Q^T, dP^T = V dO^T
-    dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc)  # P^T dO_i, dS^T Q_i
-    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, QS, TX * QS, 1, True, False, acc, True)  # 0 adds nothing
-    store = _tile_ops.strided_store(TM, TD, d, True, count)
+    # S^T = K Q^T, dP^T = V dO^T over this thread's queries tx + 16 b (16 apart: rows of Q_i, dO_i read 16 bytes
+    # at a time, and the stores of P, dS below land on all banks; see the forward's docstring)
+    s_dp_product = _tile_ops.strided_product(TM, TN, DP, KS, QS, TX * QS, 1, True, True, acc)
+    # P^T dO_i, dS^T Q_i into this thread's columns of dV, dK: quads 64 apart (TD a multiple of 4, 16-byte reads
+    # of dO_i, Q_i rows on all banks), else 16 apart (scalar reads)
+    QUADS = _tile_ops.quad_columns(TD)
+    cols = (4, 1, QS, 64) if QUADS else (1, TX, QS, 0)  # b_start, b_col, b_step, quads
+    dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, *cols[:3], True, False, acc, False, cols[3])
+    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, *cols[:3], True, False, acc, True, cols[3])
+    store = _tile_ops.strided_store(TM, TD, d, True, count, adjacent=QUADS)  # the products' columns
+    PS_U = np.uint32(PS)
+
+    def dq_partial(skip_zero: bool):
+        """``partial(dqp, kq, ds4, KT, dSs, lane, warp)``: dqp = this step's dS_ij K_j for the warp's rows and the
+        lane's columns; ``skip_zero``: a dS of 0 adds nothing (a select per multiply-add, diagonal blocks only)."""
+        SKIP_ZERO = skip_zero
+
+        @jit(device=True, forceinline=True)
+        def partial(dqp, kq, ds4, KT, dSs, lane, warp):
+            for a in range(RW):
+                for u in range(NX):
+                    dqp[a, u] = ZERO
+            kqi = lane * KS_U  # K_j^T[lane, c]
+            dsi = warp * uint32(RW * PS)  # dS_ij[warp * RW, c]
+            c = uint32(0)
+            while c < BC_U:
+                for u in range(NX):
+                    for t in range(4):
+                        kq[u, t] = ZERO
+                        if NX_FULL or lane + uint32(32 * u) < DP_MAX:
+                            kq[u, t] = KT[kqi + uint32(32 * u * KS + t)]
+                for a in range(RW):
+                    for t in range(4):
+                        ds4[t] = dSs[dsi + uint32(a * PS + t)]
+                    for u in range(NX):
+                        for t in range(4):
+                            if SKIP_ZERO:
+                                dqp[a, u] = madd_unless_zero(dqp[a, u], ds4[t], kq[u, t])
+                            else:
+                                dqp[a, u] += ds4[t] * kq[u, t]
+                kqi += FOUR_U
+                dsi += FOUR_U
+                c += FOUR_U
+
+        return partial
+
+    dq_plain, dq_masked = dq_partial(False), dq_partial(True)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, rnd, scale, scale_log2, counter, q_lay, k_lay, v_lay,
                do_lay, seed, threshold, inv_keep):
-        # K_j^T, V_j^T (DP, KS); Q_i^T, dO_i^T (DP, QS), QS odd; P_ij, dS_ij (Br, PS); L_i in log2 units
-        # (+inf past Nq), D_i (Br)
-        KT, VT, QT, dOT, Ps, dSs, Ls, Ds = block_tiles()
+        # K_j^T, V_j^T (DP, KS); Q_i, dO_i (Br, QS); P_ij, dS_ij (Br, PS); L_i in log2 units (+inf past Nq), D_i (Br)
+        KT, VT, Qs, dOs, Ps, dSs, Ls, Ds = block_tiles()
         sT = cuda.local.array((TM, TN), ACC)  # S^T micro-tile, then P^T
         dpT = cuda.local.array((TM, TN), ACC)  # dP^T micro-tile, then dS^T
         dk_acc = cuda.local.array((TM, TD), ACC)
@@ -137,7 +180,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         n = load_kv(KT, VT, k, v, k_lay, v_lay, hkv, c0, Nk, tid)  # K_j, V_j -> KT, VT once, 0 past Nk and d
         if COUNT:
             nr += n * SB
-        zero_q_padding(QT, dOT, tid)
+        zero_q_padding(Qs, dOs, tid)
         for a in range(TM):
             for u in range(TD):
                 dk_acc[a, u] = ZERO
@@ -149,21 +192,21 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             bh, i = group_step(step, n_i, i_first, hkv, G)
             r0 = i * Br
             head = drop_head(seed, bh)  # dropout's hash of the query head
-            cuda.syncthreads()  # previous step is done with QT, dOT, Ps, dSs
-            n = load_q(QT, dOT, q, do, q_lay, do_lay, bh, r0, Nq, tid)
+            cuda.syncthreads()  # previous step is done with Qs, dOs, Ps, dSs
+            n = load_q(Qs, dOs, q, do, q_lay, do_lay, bh, r0, Nq, tid)
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
             if COUNT:
                 nr += n * SB + n_stats * AB
             cuda.syncthreads()
 
-            s_dp_product(sT, dpT, KT, VT, QT, dOT, ty, tx)
+            s_dp_product(sT, dpT, KT, VT, Qs, dOs, ty, tx)
 
             # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (Zs dP - D), both selected
             # to 0 where masked or past Nk; stored row-major, P as Zs P (Zs: dropout's factor, regenerated)
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
             for b in range(TN):
-                rl = tx * TN + b
+                rl = tx + TX * b  # this thread's query b
                 L2 = Ls[rl]
                 Dv = Ds[rl]
                 lim = Nk - 1 - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, exist and are visible
@@ -177,39 +220,26 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     if edge and a > lim:
                         p = ZERO
                         ds = ZERO
-                    Ps[rl * PS + ty * TM + a] = p * zs
-                    dSs[rl * PS + ty * TM + a] = ds
+                    sT[a, b] = p * zs
+                    dpT[a, b] = ds
+                at = uint32(rl) * PS_U + uint32(ty * TM)  # TM adjacent keys of query rl: 16-byte stores
+                for a in range(TM):
+                    Ps[at + uint32(a)] = sT[a, b]
+                    dSs[at + uint32(a)] = dpT[a, b]
             cuda.syncthreads()
 
             if diagonal:  # masked entries (P = dS = 0) add nothing, even against Inf or NaN in dO_i, Q_i
-                dv_dk_masked(dv_acc, dk_acc, Ps, dSs, dOT, QT, ty, tx)
+                dv_dk_masked(dv_acc, dk_acc, Ps, dSs, dOs, Qs, ty, tx)
             else:
-                dv_dk_product(dv_acc, dk_acc, Ps, dSs, dOT, QT, ty, tx)  # scale applied to dK at the end
+                dv_dk_product(dv_acc, dk_acc, Ps, dSs, dOs, Qs, ty, tx)  # scale applied to dK at the end
 
             if ATOMIC_DQ:
                 # dQ_i += dS_ij K_j: per 4 keys, a 16-byte load of K_j^T per dQ column (KS = 4 mod 32
                 # words: a quarter-warp hits distinct banks) and a broadcast one of dS per row
-                for a in range(RW):
-                    for u in range(NX):
-                        dqp[a, u] = ZERO
-                kqi = lane * KS_U  # K_j^T[lane, c]
-                dsi = warp * uint32(RW * PS)  # dS_ij[warp * RW, c]
-                c = uint32(0)
-                while c < BC_U:
-                    for u in range(NX):
-                        for t in range(4):
-                            kq[u, t] = ZERO
-                            if NX_FULL or lane + uint32(32 * u) < DP_MAX:
-                                kq[u, t] = KT[kqi + uint32(32 * u * KS + t)]
-                    for a in range(RW):
-                        for t in range(4):
-                            ds4[t] = dSs[dsi + uint32(a * PS + t)]
-                        for u in range(NX):
-                            for t in range(4):  # dS = 0 (masked) adds nothing, even against Inf or NaN in K_j
-                                dqp[a, u] = madd_unless_zero(dqp[a, u], ds4[t], kq[u, t])
-                    kqi += FOUR_U
-                    dsi += FOUR_U
-                    c += FOUR_U
+                if diagonal:  # dS = 0 (masked) adds nothing, even against Inf or NaN in K_j
+                    dq_masked(dqp, kq, ds4, KT, dSs, lane, warp)
+                else:
+                    dq_plain(dqp, kq, ds4, KT, dSs, lane, warp)
                 for a in range(RW):
                     row = uint32(r0) + warp * uint32(RW) + uint32(a)
                     if row < nq_u:

@@ -203,11 +203,12 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
 
 
 def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
-    """dK/dV kernel: Bc = 8 TM keys per block (thread rows), Br = 16 TN queries per step."""
+    """dK/dV kernel: Bc = 8 TM keys per block (thread rows), Br = 16 TN queries per step (a thread's 16 apart, as the
+    forward's keys), Q_i and dO_i row-major with stride QS = DP + 4."""
     a, vec, TD, DP = _columns(d, dtype)
     Bc, Br = TY * TM, TX * TN
-    KS, QS, PS = Bc + vec, Br + 1, Bc + vec
-    tiles = (DP * KS, DP * KS, DP * QS, DP * QS, Br * PS, Br * PS, Br, Br)  # K_j^T, V_j^T, Q_i^T, dO_i^T, P, dS, L, D
+    KS, QS, PS = Bc + vec, DP + vec, Bc + vec
+    tiles = (DP * KS, DP * KS, Br * QS, Br * QS, Br * PS, Br * PS, Br, Br)  # K_j^T, V_j^T, Q_i, dO_i (row-major), P, dS, L, D
     return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, tiles=tiles, smem=_smem.total_bytes(tiles, a))
 
 
