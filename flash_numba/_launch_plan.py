@@ -22,7 +22,8 @@ call) makes the key uncacheable: those calls keep the normal path.
 Which calls: PyTorch CUDA tensors only (q, k, v and, for the backward, o, lse, do),
 without ``count_hbm`` and without dropout.  The key holds everything the normal
 path's choices depend on: the kernel, the pass, every tensor's shape, strides,
-dtype and device, which inputs share a data pointer, causal, scale, block and the
+dtype and device, which inputs share a data pointer, where each data pointer sits within 16 bytes (with the
+strides, whether rows allow 16-byte loads), causal, scale, block and the
 backward's ``deterministic``, the output poisoning of the tests.  Errors are the normal path's: a call whose
 arguments are bad never gets a plan (its first run raised), and the key of a good
 call cannot match a bad one.  Kernels run on Numba's default stream, as on the
@@ -84,7 +85,8 @@ def key(pass_: str, kernel: str, tensors: tuple, options: tuple):
         if gpu < 0:
             return None
         p = t.data_ptr()
-        parts += (t.shape, t.stride(), t.dtype, gpu, ptrs.index(p) if p in ptrs else -1)
+        # p % 16: with the strides, whether every row starts on 16 bytes, which picks flash2_fast's 16-byte loads
+        parts += (t.shape, t.stride(), t.dtype, gpu, ptrs.index(p) if p in ptrs else -1, p % 16)
         ptrs.append(p)
     typed = tuple((type(o), o) for o in options)
     try:

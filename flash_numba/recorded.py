@@ -40,9 +40,9 @@ STANDARD_BENCH_CSV = STANDARD / "bench.csv"
 STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
 NCU_CSV = STANDARD / "ncu_bytes.csv"
 SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
-#: The latest harness run (session 8, ``H/``, the final kernels of that session): flash2_fast (both backwards) and
+#: The latest harness run (session 10, ``E/``, the final kernels of that session): flash2_fast (both backwards) and
 #: PyTorch's SDPA at d = 64 and 128, N = 4096.
-LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-11-30-s8" / "H" / "run_4096.csv"
+LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s10" / "E" / "run_4096.csv"
 #: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
 #: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``B/``).
@@ -58,6 +58,8 @@ SESSION10 = RESULTS.parent / "h200-2026-12-01-s10"
 #: flash2_fast's forward, change by change (session 10, ``A/`` and ``B/``): bench.py CSVs ``<tree>_<run>.csv``, the
 #: trees alternating, two runs each; ``commit.txt`` lists ``tree commit``.
 FORWARD_STEP_FOLDERS = (SESSION10 / "A", SESSION10 / "B")
+#: Nsight Compute on the forward after the fix (session 10, ``C/``): d = 64, the 64 x 64 block it chooses, N = 4096.
+FORWARD_NCU_AFTER_TXT = SESSION10 / "C" / "ncu.txt"
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 

@@ -110,6 +110,23 @@ def test_packed_qkv_and_aliased_inputs_keep_their_pointers(rng, monkeypatch):
 
 
 @gpu
+def test_a_misaligned_view_gets_its_own_plan(rng, monkeypatch):
+    """k and v 4 bytes into a buffer, with the shape and strides of a contiguous tensor: rows not on 16 bytes, so the
+    forward must not replay the 16-byte loads recorded for aligned tensors (a misaligned load faults)."""
+    shape = (2, 4, 64, 64)
+    n = int(np.prod(shape))
+    for _ in range(2):  # records, then replays, the aligned plan
+        api.attention_forward(*_tensors(rng, [shape] * 3), kernel="flash2_fast")
+    q = _tensors(rng, [shape])[0]
+    k, v = (buf[1:1 + n].view(shape) for buf in _tensors(rng, [(n + 1,)] * 2))
+    assert k.stride() == q.stride() and k.data_ptr() % 16 == 4
+    key = api._plan_key("forward", "flash2_fast", (q, k, v), False, 0.0, None, False, None, None)
+    assert _launch_plan.lookup(key) is None  # not the aligned call's plan
+    _same(api.attention_forward(q, k, v, kernel="flash2_fast").o,
+          _normal(monkeypatch, api.attention_forward, q, k, v, kernel="flash2_fast").o)
+
+
+@gpu
 def test_a_call_that_copies_is_not_replayed(rng):
     """A last dim with stride 2 is copied inside the call: that copy is not a buffer a plan knows, so no plan."""
     q, k, v = (t[..., ::2] for t in _tensors(rng, [(1, 2, 40, 32)] * 3))

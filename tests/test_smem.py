@@ -103,3 +103,33 @@ def test_the_recorded_sweep_and_latest_run_read_with_their_provenance():
     latest = recorded.bench_rows(None, "fwd", 4096, recorded.LATEST_BENCH_CSV, d=64)
     assert {r["implementation"] for r in latest} >= {"flash2_fast", "torch-math", "torch-efficient"}
     assert all(r["d"] == "64" and r["causal"] == "False" for r in latest)
+
+
+def test_the_recorded_forward_steps_read_with_their_commits():
+    """Session 10's forward, change by change (lesson 4): every tree timed twice at d = 64 and 128, each row with
+    its tree's commit; and Nsight Compute after the fix, whose counts agree with each other."""
+    from flash_numba import recorded
+
+    rows = recorded.forward_step_rows()
+    trees = {r["tree"] for r in rows}
+    assert trees >= {"main", "keys16", "keys16v", "keys16s"}
+    for tree in trees:
+        mine = [r for r in rows if r["tree"] == tree and r["implementation"] == "flash2_fast"]
+        assert {(r["d"], r["causal"], r["run"]) for r in mine} >= {(d, c, run) for d in ("64", "128")
+                                                                   for c in ("False", "True") for run in ("1", "2")}
+        assert len({r["commit"] for r in mine}) == 1 and len(mine[0]["commit"]) == 7
+    after = recorded.shared_store_conflicts(recorded.FORWARD_NCU_AFTER_TXT)
+    assert len(after) == 1 and after[0]["cc"] == "9.0"
+    a = after[0]
+    assert a["conflicts"] < a["store_wavefronts"] and a["store_wavefronts"] / a["store_requests"] == \
+        pytest.approx(a["ways"], abs=0.05)
+
+
+
+@pytest.mark.parametrize("d, TM, TN, dtype", [(64, 8, 4, np.float32), (128, 8, 3, np.float32), (80, 8, 2, np.float32),
+                                             (1, 1, 1, np.float64)])
+def test_lesson_10s_tile_bytes_is_the_kernels_geometry(d, TM, TN, dtype):
+    """The exercise's solution (lesson 10) counts the tiles the forward holds, as flash2_fast.geometry lays them out."""
+    from flash_numba.exercises.counts import _tile_bytes_solution
+
+    assert _tile_bytes_solution(d, TM, TN, np.dtype(dtype).itemsize) == flash2_fast.geometry(d, TM, TN, dtype)["smem"]

@@ -245,7 +245,7 @@ DQ_SPLIT_MIN_EFFICIENCY = 0.7
 #: Registers per thread of the uncapped dK/dV/dQ kernel (ptxas, sm_90, float32) by TD = ceil(d / 16),
 #: for the resident-block estimate; capped kernels use their cap, other head dims (and ccs below 9.0, where
 #: the kernel runs uncapped) :data:`_UNCAPPED_KVQ_DEFAULT`.
-_UNCAPPED_KVQ_REGISTERS = {6: 128, 8: 159}
+_UNCAPPED_KVQ_REGISTERS = {5: 128, 6: 142, 8: 168}  # session 10's kernel (s8's: 6: 128, 8: 159)
 #: What ptxas took for the other uncapped builds measured: 159-168 (sm_75 at d = 64, sm_90 at d = 128).
 _UNCAPPED_KVQ_DEFAULT = 168
 #: Tests and benchmarks set this to run a given number of dQ copies (0: the two-pass backward) whatever
