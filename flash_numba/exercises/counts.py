@@ -96,5 +96,6 @@ def _run_tile_bytes(answer):
     ]
     n, mismatch = _compare(cases, answer, _tile_bytes_solution, exact=True)
     if mismatch is not None and not mismatch.yours.startswith("raised"):
-        mismatch.notes += ("four tiles: Q_i^T, K_j, V_j, P_ij^T, rows but V_j's padded by 16 bytes, d rounded up to 16",)
+        mismatch.notes += ("four tiles: Q_i^T, K_j, V_j, P_ij^T, rows but V_j's padded by 16 bytes, "
+                           "d rounded up to 16",)
     return n, mismatch

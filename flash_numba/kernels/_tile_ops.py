@@ -160,8 +160,8 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
 
     ``load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid)`` copies those rows of head bh of
     ``a`` into A (transposed, stride S_A, or with ``a_transposed=False`` row-major: ``A[r * S_A + x]``) and of
-    ``b`` into B (transposed with stride S_B, or row-major: ``B[r * S_B + x]``); rows at or past n become zeros.  ``a`` and ``b`` are
-    flat inputs with layouts ``a_lay``, ``b_lay`` (:func:`flash_numba._views.flat_input`:
+    ``b`` into B (transposed with stride S_B, or row-major: ``B[r * S_B + x]``); rows at or past n become zeros.
+    ``a`` and ``b`` are flat inputs with layouts ``a_lay``, ``b_lay`` (:func:`flash_numba._views.flat_input`:
     any strides, rows contiguous) and the same head count.  Unsigned indices (a signed index
     costs the code of Python's negative-index wraparound at every access), 32-bit within a
     head.  When d divides 128 each thread loads one fixed column, ROWSTEP rows apart, all

@@ -208,7 +208,8 @@ def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
     a, vec, TD, DP = _columns(d, dtype)
     Bc, Br = TY * TM, TX * TN
     KS, QS, PS = Bc + vec, DP + vec, Bc + vec
-    tiles = (DP * KS, DP * KS, Br * QS, Br * QS, Br * PS, Br * PS, Br, Br)  # K_j^T, V_j^T, Q_i, dO_i (row-major), P, dS, L, D
+    # K_j^T, V_j^T, Q_i, dO_i (row-major), P, dS, L, D
+    tiles = (DP * KS, DP * KS, Br * QS, Br * QS, Br * PS, Br * PS, Br, Br)
     return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, tiles=tiles, smem=_smem.total_bytes(tiles, a))
 
 
