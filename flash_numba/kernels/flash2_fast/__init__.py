@@ -65,7 +65,7 @@ from numba import cuda, types
 from ... import _inputs, _launch_plan, _views
 from ...compile_check import compile_kernel
 from ...device import SIMULATOR, dynamic_shared_limit
-from .. import _dropout, _rowsum, _smem, _vec
+from .. import _dropout, _rowsum, _smem, _tile_ops, _vec
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
@@ -144,7 +144,8 @@ def forward(prob, ops, block, counters):
     (q, q_lay), (k, k_lay), (v, v_lay) = (_views.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
     # 16-byte K/V loads where every row allows them (the usual contiguous tensor); a counted run (not timed) reads
     # the same bytes with the element loads, one build fewer to compile
-    aligned = not counters.enabled and _vec.aligned16(k, k_lay) and _vec.aligned16(v, v_lay)
+    aligned = (not counters.enabled and _tile_ops.vector_columns(Bc, prob.d, prob.dtype.name)[0]
+               and _vec.aligned16(k, k_lay) and _vec.aligned16(v, v_lay))
     kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled,
                                dropout=dropout, dynamic=bool(dyn), aligned=aligned)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
@@ -323,7 +324,9 @@ def _compile_for_cc(cc, dtypes, ds):
                 specs = [(FORWARD_NAME, f"{FORWARD_NAME} {fwd}{' aligned' * aligned}{_dynamic_tag(fwd_dyn)}",
                           forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count, None, drop, bool(fwd_dyn),
                                          aligned)[0], fwd_sig)
-                         for aligned in ((False,) if count else (False, True))]  # counted runs are not timed
+                         # counted runs, and tiles 16-byte loads cannot cover, read element by element
+                         for aligned in ((False, True) if _tile_ops.vector_columns(Bc, d, dt.name)[0] and not count
+                                         else (False,))]
                 if fast_bwd:
                     kv_args = (d, bBc // TY, bBr // TX, dt.name, causal, count, None)
                     kv_tag, q_tag = _dynamic_tag(kv_dyn), _dynamic_tag(q_dyn)
