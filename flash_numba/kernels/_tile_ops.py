@@ -275,19 +275,19 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
         return got
 
     @jit(device=True, forceinline=True)
+    def zero_columns(T, S, transposed, tid):
+        """Columns d .. DP - 1 of tile T (stride S): its last rows if ``transposed``, else the end of each row."""
+        if transposed:
+            for e in range(tid, PAD * S, NT):
+                T[d * S + e] = ZERO
+        else:
+            for e in range(tid, PAD * rows, NT):
+                T[(e % rows) * S + d + e // rows] = ZERO
+
+    @jit(device=True, forceinline=True)
     def zero_padding(A, B, tid):
-        if A_T:
-            for e in range(tid, PAD * S_A, NT):
-                A[d * S_A + e] = ZERO
-        else:
-            for e in range(tid, PAD * rows, NT):
-                A[(e % rows) * S_A + d + e // rows] = ZERO
-        if B_T:
-            for e in range(tid, PAD * S_B, NT):
-                B[d * S_B + e] = ZERO
-        else:
-            for e in range(tid, PAD * rows, NT):
-                B[(e % rows) * S_B + d + e // rows] = ZERO
+        zero_columns(A, S_A, A_T, tid)
+        zero_columns(B, S_B, B_T, tid)
 
     return load, zero_padding
 
@@ -481,31 +481,30 @@ def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col:
 FULL_MASK = 0xFFFFFFFF
 
 
-@jit(device=True, forceinline=True)
-def half_warp_max(x):
-    """The largest ``x`` of the 16 lanes of this half warp (a row of the 8 x 16 grid), in every lane; NaN if any is."""
-    x = nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 8))
-    x = nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 4))
-    x = nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 2))
-    return nan_max(x, cuda.shfl_xor_sync(FULL_MASK, x, 1))
+def _half_warp(op, doc: str):
+    """A device function ``reduce(x)``: ``op`` over the 16 lanes of this half warp (a row of the 8 x 16 grid), in
+    every lane: four ``shfl_xor`` steps (lanes 8, 4, 2, 1 apart), each lane combining in the same order."""
+    def reduce(x):
+        x = op(x, cuda.shfl_xor_sync(FULL_MASK, x, 8))
+        x = op(x, cuda.shfl_xor_sync(FULL_MASK, x, 4))
+        x = op(x, cuda.shfl_xor_sync(FULL_MASK, x, 2))
+        return op(x, cuda.shfl_xor_sync(FULL_MASK, x, 1))
+
+    reduce.__doc__ = doc
+    return jit(device=True, forceinline=True)(reduce)
 
 
 @jit(device=True, forceinline=True)
-def half_warp_fmax(x):
-    """The largest ``x`` of the 16 lanes of this half warp, in every lane, NaNs dropped (:func:`._common.fmax`)."""
-    x = fmax(x, cuda.shfl_xor_sync(FULL_MASK, x, 8))
-    x = fmax(x, cuda.shfl_xor_sync(FULL_MASK, x, 4))
-    x = fmax(x, cuda.shfl_xor_sync(FULL_MASK, x, 2))
-    return fmax(x, cuda.shfl_xor_sync(FULL_MASK, x, 1))
+def _add(a, b):
+    return a + b
 
 
-@jit(device=True, forceinline=True)
-def half_warp_sum(x):
-    """The sum of ``x`` over the 16 lanes of this half warp, in every lane (a fixed order: the same in each)."""
-    x += cuda.shfl_xor_sync(FULL_MASK, x, 8)
-    x += cuda.shfl_xor_sync(FULL_MASK, x, 4)
-    x += cuda.shfl_xor_sync(FULL_MASK, x, 2)
-    return x + cuda.shfl_xor_sync(FULL_MASK, x, 1)
+half_warp_max = _half_warp(nan_max, "The largest ``x`` of the 16 lanes of this half warp, in every lane; NaN if any "
+                                    "is.")
+half_warp_fmax = _half_warp(fmax, "The largest ``x`` of the 16 lanes of this half warp, in every lane, NaNs dropped "
+                                  "(:func:`._common.fmax`).")
+half_warp_sum = _half_warp(_add, "The sum of ``x`` over the 16 lanes of this half warp, in every lane (a fixed order: "
+                                 "the same in each).")
 
 
 @jit(device=True, forceinline=True)
