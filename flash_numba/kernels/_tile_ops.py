@@ -359,29 +359,32 @@ def stats_loader(rows: int, acc_name: str, count: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def quad_columns(TD: int) -> bool:
-    """True where a thread's TD columns of a d-wide accumulator go in quads: columns ``4 tx + u % 4 + 64 (u // 4)``
-    (TD a multiple of 4).  A warp's 16-byte reads of a row then cover 16 adjacent chunks (all 32 banks, two passes);
-    with TD = 8 adjacent columns (``8 tx + u``) the 8 threads of a quarter warp would read chunks 2 apart, 2-way
-    conflicted."""
-    return TD % 4 == 0
+def thread_columns(TD: int, otherwise: str = "strided") -> tuple[int, tuple, int, int]:
+    """``(x0, offsets, b_col, quads)``: thread tx's TD columns of a d-wide accumulator, ``tx*x0 + offsets[u]``,
+    and the matching arguments of :func:`strided_product` (``b_start = x0``, ``b_col``, ``quads``).
+
+    Where TD is a multiple of 4, quads 64 apart: ``4 tx + u % 4 + 64 (u // 4)``.  A warp's 16-byte reads of a row
+    then cover 16 adjacent chunks (all 32 banks, two passes); with TD = 8 adjacent columns (``8 tx + u``) the 8
+    threads of a quarter warp would read chunks 2 apart, 2-way conflicted.  Otherwise ``otherwise``: "strided",
+    16 apart (``tx + 16 u``: scalar reads on 16 banks a half warp), or "adjacent" (``tx*TD + u``).
+    """
+    if TD % 4 == 0:
+        return 4, tuple(u % 4 + 64 * (u // 4) for u in range(TD)), 1, 64
+    if otherwise == "adjacent":
+        return TD, tuple(range(TD)), 1, 0
+    return 1, tuple(TX * u for u in range(TD)), TX, 0
 
 
-def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool, adjacent: bool = False):
+def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool, columns: tuple | None = None):
     """Device function ``store(out1, acc1, scale1, out2, acc2, scale2, bh, r0, n, ty, tx)``: accumulators to HBM.
 
-    Row r0 + ty*TM + a (if < n), columns tx + 16 u (with ``adjacent``: the columns of :func:`quad_columns` where
-    TD is a multiple of 4, else tx*TD + u) (if < d) of ``out1[bh]`` get ``acc1[a, u] * scale1`` (and, with
-    ``pair``, of ``out2[bh]`` ``acc2[a, u] * scale2``, in the same loop).  With ``count``, returns the number of
-    elements written.
+    Row r0 + ty*TM + a (if < n), columns ``tx*x0 + offsets[u]`` (if < d; ``columns = (x0, offsets)`` from
+    :func:`thread_columns`, default tx + 16 u) of ``out1[bh]`` get ``acc1[a, u] * scale1`` (and, with ``pair``,
+    of ``out2[bh]`` ``acc2[a, u] * scale2``, in the same loop).  With ``count``, returns the number of elements
+    written.
     """
     PAIR, COUNT = pair, count
-    if adjacent and quad_columns(TD):
-        X0, cols = 4, tuple(u % 4 + 64 * (u // 4) for u in range(TD))
-    elif adjacent:
-        X0, cols = TD, tuple(range(TD))
-    else:
-        X0, cols = 1, tuple(TX * u for u in range(TD))
+    X0, cols = columns if columns is not None else (1, tuple(TX * u for u in range(TD)))
 
     @jit(device=True, forceinline=True)
     def col(u):
@@ -417,7 +420,7 @@ def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col:
     a 0 in A adds nothing, even against Inf or NaN in B (a select per multiply-add, for the
     blocks that hold masked entries: :func:`~._common.madd_unless_zero`).  ``quads``: B's values come in
     groups of 4, ``quads`` apart: ``B[tx*b_start + k*b_step + (b % 4)*b_col + (b // 4)*quads]`` (see
-    :func:`quad_columns`).
+    :func:`thread_columns`).
 
     * S_ij = Q_i K_j^T from Q_i^T, K_j^T: b_start = TN, b_col = 1, b_step = KS (TN adjacent keys);
     * O_i += P_ij V_j from P_ij^T, V_j: b_start = TD, b_col = 1, b_step = DP;

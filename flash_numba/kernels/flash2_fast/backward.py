@@ -102,11 +102,10 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     s_dp_product = _tile_ops.strided_product(TM, TN, DP, KS, QS, TX * QS, 1, True, True, acc)
     # P^T dO_i, dS^T Q_i into this thread's columns of dV, dK: quads 64 apart (TD a multiple of 4, 16-byte reads
     # of dO_i, Q_i rows on all banks), else 16 apart (scalar reads)
-    QUADS = _tile_ops.quad_columns(TD)
-    cols = (4, 1, QS, 64) if QUADS else (1, TX, QS, 0)  # b_start, b_col, b_step, quads
-    dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, *cols[:3], True, False, acc, False, cols[3])
-    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, *cols[:3], True, False, acc, True, cols[3])
-    store = _tile_ops.strided_store(TM, TD, d, True, count, adjacent=QUADS)  # the products' columns
+    X0, XOFF, XCOL, QUADS = _tile_ops.thread_columns(TD)
+    dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, True, False, acc, False, QUADS)
+    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, True, False, acc, True, QUADS)
+    store = _tile_ops.strided_store(TM, TD, d, True, count, (X0, XOFF))  # the products' columns
     PS_U = np.uint32(PS)
 
     def dq_partial(skip_zero: bool):

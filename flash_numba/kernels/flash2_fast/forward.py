@@ -78,13 +78,10 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     # S_ij = Q_i K_j^T, this thread's keys tx + 16 b (strided: see the module docstring)
     s_product = _tile_ops.strided_product(TM, TN, DP, QS, KS, TX * KS, 1, False, True, acc)
     # O_i += P_ij V_j into this thread's columns of O_i: quads 64 apart where TD is a multiple of 4 (16-byte reads
-    # of V_j's rows on all banks: _tile_ops.quad_columns), else TD adjacent ones
-    QUADS = _tile_ops.quad_columns(TD)
-    cols = (4, 1, 64) if QUADS else (TD, 1, 0)  # b_start, b_col, quads
-    OCOL = tuple(u % 4 + 64 * (u // 4) for u in range(TD)) if QUADS else tuple(range(TD))
-    O0 = cols[0]
-    pv_product = _tile_ops.strided_product(TM, TD, Bc, PS, cols[0], cols[1], DP, False, False, acc, False, cols[2])
-    pv_masked = _tile_ops.strided_product(TM, TD, Bc, PS, cols[0], cols[1], DP, False, False, acc, True, cols[2])
+    # of V_j's rows on all banks), else TD adjacent ones (_tile_ops.thread_columns)
+    O0, OCOL, OB, QUADS = _tile_ops.thread_columns(TD, "adjacent")
+    pv_product = _tile_ops.strided_product(TM, TD, Bc, PS, O0, OB, DP, False, False, acc, False, QUADS)
+    pv_masked = _tile_ops.strided_product(TM, TD, Bc, PS, O0, OB, DP, False, False, acc, True, QUADS)
     DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, acc)
     PS_U = np.uint32(PS)
 
