@@ -365,8 +365,9 @@ print(f"adjacent keys would take {p_adjacent} passes for the same 512 bytes")
 # its $d$ products is unchanged, so the backward, which recomputes the scores, still gets the same bits.
 #
 # Here is the forward on the H200, change by change, each timed twice, alternating (best of the two), beside
-# PyTorch's memory-efficient kernel in the same runs. The 16-byte loads and stores of $K_j$ and $V_j$ from
-# global memory came with it (`flash_numba/kernels/_vec.py`).
+# PyTorch's memory-efficient kernel in the same runs. Two more changes came with it: $K_j$ and $V_j$ are read
+# from global memory 16 bytes a thread, and written into shared memory 16 bytes at a time
+# (`flash_numba/kernels/_vec.py`).
 
 # %%
 STEPS = {"main": "adjacent keys (before)", "keys16": "keys 16 apart, P^T in 16-byte stores, fmax row max",
