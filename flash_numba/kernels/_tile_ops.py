@@ -186,6 +186,19 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
     A_T, B_T, PAD, COUNT = a_transposed, b_transposed, DP - d, count
 
     @jit(device=True, forceinline=True)
+    def put_vector(T, S, transposed, r, x, src, j):
+        """Elements src[j .. j + NV - 1], row r and columns x .. of the tile: into T (stride S), transposed or
+        row-major (one 16-byte store where STORE16)."""
+        if transposed:
+            for e in range(NV):
+                T[(x + uint32(e)) * S + r] = src[j + uint32(e)]
+        elif STORE16:
+            store16(T, r * S + x, src, j)
+        else:
+            for e in range(NV):
+                T[r * S + x + uint32(e)] = src[j + uint32(e)]
+
+    @jit(device=True, forceinline=True)
     def load(A, B, a, b, a_lay, b_lay, bh, r0, n, tid, aligned=False):
         areg = cuda.local.array(NLOAD, ACC)
         breg = cuda.local.array(NLOAD, ACC)
@@ -210,19 +223,8 @@ def pair_loader(rows: int, d: int, DP: int, S_A: int, S_B: int, b_transposed: bo
                     bvec[t * NV + e] = ACC(vb[e])
             for t in range(NVLOAD):
                 r = c + uint32(t * VROWS)
-                if STORE16 and not A_T:
-                    store16(A, r * SA_U + x, avec, uint32(t * NV))
-                if STORE16 and not B_T:
-                    store16(B, r * SB_U + x, bvec, uint32(t * NV))
-                for e in range(NV):
-                    if A_T:
-                        A[(x + uint32(e)) * SA_U + r] = avec[t * NV + e]
-                    elif not STORE16:
-                        A[r * SA_U + x + uint32(e)] = avec[t * NV + e]
-                    if B_T:
-                        B[(x + uint32(e)) * SB_U + r] = bvec[t * NV + e]
-                    elif not STORE16:
-                        B[r * SB_U + x + uint32(e)] = bvec[t * NV + e]
+                put_vector(A, SA_U, A_T, r, x, avec, uint32(t * NV))
+                put_vector(B, SB_U, B_T, r, x, bvec, uint32(t * NV))
             if COUNT:
                 got = 2 * NVLOAD * NV
         elif FIXED and r0 + rows <= n:
