@@ -45,19 +45,10 @@ def aligned16(arr, layout) -> bool:
 def loader(dtype_name: str):
     """``load16(a, i) -> UniTuple(dtype, n)``: elements i .. i + n - 1 of the 1-D C array ``a`` in one load."""
     n = lanes(dtype_name)
-    if SIMULATOR:
-        if n == 4:
-            @jit(device=True, forceinline=True)
-            def load16(a, i):
-                return a[i], a[i + 1], a[i + 2], a[i + 3]
-        elif n == 2:
-            @jit(device=True, forceinline=True)
-            def load16(a, i):
-                return a[i], a[i + 1]
-        else:
-            @jit(device=True, forceinline=True)
-            def load16(a, i):
-                return a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], a[i + 6], a[i + 7]
+    if SIMULATOR:  # the simulator runs device functions as Python: a tuple of n element reads
+        @jit(device=True, forceinline=True)
+        def load16(a, i):
+            return tuple(a[i + e] for e in range(n))
         return load16
     return _intrinsic(n)
 

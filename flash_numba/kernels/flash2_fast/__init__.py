@@ -142,9 +142,8 @@ def forward(prob, ops, block, counters):
     dropout, drop_args = _dropout.launch_args(prob)
     dyn = _dynamic_bytes(geometry, prob.d, Br // TY, Bc // TX, prob.dtype)
     (q, q_lay), (k, k_lay), (v, v_lay) = (_views.flat_input(ops[name].dev, name) for name in ("q", "k", "v"))
-    # 16-byte K/V loads where every row allows them (the usual contiguous tensor); a counted run (not timed) reads
-    # the same bytes with the element loads, one build fewer to compile
-    aligned = (not counters.enabled and _tile_ops.vector_columns(Bc, prob.d, prob.dtype.name)[0]
+    # 16-byte K/V loads where every row allows them (the usual contiguous tensor)
+    aligned = (_vector_build(Bc, prob.d, prob.dtype.name, counters.enabled)
                and _vec.aligned16(k, k_lay) and _vec.aligned16(v, v_lay))
     kernel, _ = forward_kernel(prob.d, Br // TY, Bc // TX, prob.dtype.name, prob.causal, counters.enabled,
                                dropout=dropout, dynamic=bool(dyn), aligned=aligned)
@@ -154,6 +153,13 @@ def forward(prob, ops, block, counters):
         q, k, v, o, lse, prob.Nq, prob.Nk, prob.G, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
         q_lay, k_lay, v_lay, *drop_args)
     return o, lse
+
+
+def _vector_build(Bc: int, d: int, dtype_name: str, count: bool) -> bool:
+    """Whether the forward has a build with 16-byte K/V loads (``aligned``) for tiles of Bc keys: where 16-byte
+    loads cover the tile (:func:`.._tile_ops.vector_columns`) and the run is not counted (counted runs are not
+    timed: they read the same bytes element by element, one build fewer).  The launcher and the compile tier ask."""
+    return not count and _tile_ops.vector_columns(Bc, d, dtype_name)[0]
 
 
 def _dynamic_bytes(geometry_of, d: int, TM: int, TN: int, dtype) -> int:
@@ -324,9 +330,7 @@ def _compile_for_cc(cc, dtypes, ds):
                 specs = [(FORWARD_NAME, f"{FORWARD_NAME} {fwd}{' aligned' * aligned}{_dynamic_tag(fwd_dyn)}",
                           forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count, None, drop, bool(fwd_dyn),
                                          aligned)[0], fwd_sig)
-                         # counted runs, and tiles 16-byte loads cannot cover, read element by element
-                         for aligned in ((False, True) if _tile_ops.vector_columns(Bc, d, dt.name)[0] and not count
-                                         else (False,))]
+                         for aligned in ((False, True) if _vector_build(Bc, d, dt.name, count) else (False,))]
                 if fast_bwd:
                     kv_args = (d, bBc // TY, bBr // TX, dt.name, causal, count, None)
                     kv_tag, q_tag = _dynamic_tag(kv_dyn), _dynamic_tag(q_dyn)
