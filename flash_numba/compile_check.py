@@ -47,6 +47,17 @@ CCS = ((7, 5), (9, 0))
 #: :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`): every kernel's dropout
 #: code is compiled and assembled (registers, spills) for both ccs without doubling the tier.
 GROUPS = ((("float16", "float32", "float64"), (64,)), (("float32",), (16, 80, 128)))
+#: Storage dtypes whose counted builds (``count_hbm=True``) the tier compiles: the counters are integer code that
+#: does not change with the data's dtype (float32 builds it at every head dim), and counted runs are not timed.
+#: Session 10: with every dtype counted, CI took 7:09-8:33 on 2 cores, against its 8 minutes.
+COUNTED_DTYPES = ("float32",)
+
+
+def count_variants(dtype) -> tuple[bool, ...]:
+    """The ``count`` values a module's ``compile_all`` builds for storage ``dtype``: (False, True) or (False,)."""
+    return (False, True) if str(dtype) in COUNTED_DTYPES else (False,)
+
+
 #: Groups added for one module: flash2_fast chooses its blocks by TD = ceil(d / 16), and d = 96 (TD = 6) has
 #: blocks of its own (the d = 96 forward spilled under its cap unnoticed until session 8 built it).
 EXTRA_GROUPS = {"flash2_fast": ((("float32",), (96,)),)}

@@ -61,7 +61,7 @@ import numpy as np
 from numba import cuda, types
 
 from .. import _inputs
-from ..compile_check import compile_kernel
+from ..compile_check import compile_kernel, count_variants
 from ..device import STATIC_SHARED_LIMIT, jit
 from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, exp_ieee, group_step, head_grid,
                       input_type, kv_head)
@@ -514,7 +514,7 @@ def compile_all(ccs, dtypes, ds):
                 ("backward", _backward_kernels, BACKWARD_NAMES),
             ):
                 Br, Bc = SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT)
-                variants = ((count, causal, drop) for count in (False, True) for causal in (False, True)
+                variants = ((count, causal, drop) for count in count_variants(dt) for causal in (False, True)
                             for drop in _dropout.compile_variants(dt, d, count))
                 for count, causal, drop in variants:
                     kernels = factory(d, Br, Bc, dt, causal, count, drop)

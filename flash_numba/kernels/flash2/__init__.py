@@ -94,7 +94,7 @@ import numpy as np
 from numba import types
 
 from ... import _inputs
-from ...compile_check import compile_kernel
+from ...compile_check import compile_kernel, count_variants
 from ...device import STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
 from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid_2d, input_type
@@ -168,7 +168,7 @@ def compile_all(ccs, dtypes, ds):
         dq_sig = (XI, XI, XI, XI, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
         for d in ds:
             fwd, bwd = (SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT) for pass_ in ("forward", "backward"))
-            for count in (False, True):
+            for count in count_variants(dt):
                 tail = f"d={d} {dt}{' count' * count}"
                 specs = [(f"{BACKWARD_NAMES[0]} {tail}", _rowsum.rowsum_kernel(d, dt, count), _rowsum.signature(dt))]
                 # grouped (G > 1) builds, not counting: they differ from G = 1's in one line (the key/value head),

@@ -63,7 +63,7 @@ import numpy as np
 from numba import cuda, types
 
 from ... import _inputs, _launch_plan, _views
-from ...compile_check import compile_kernel
+from ...compile_check import compile_kernel, count_variants
 from ...device import SIMULATOR, dynamic_shared_limit
 from .. import _dropout, _rowsum, _smem, _tile_ops, _vec
 from .. import flash2 as _flash2
@@ -321,7 +321,7 @@ def _compile_for_cc(cc, dtypes, ds):
             fwd_dyn = _dynamic_bytes(geometry, d, Br // TY, Bc // TX, dt)
             kv_dyn = _dynamic_bytes(geometry_kv, d, bBc // TY, bBr // TX, dt)
             q_dyn = _dynamic_bytes(geometry_q, d, bBr // TY, bBc // TX, dt)
-            variants = ((count, causal, drop) for count, causal in itertools.product((False, True), (False, True))
+            variants = ((count, causal, drop) for count, causal in itertools.product(count_variants(dt), (False, True))
                         for drop in _dropout.compile_variants(dt, d, count))
             for count, causal, drop in variants:
                 tag = f"{' causal' * causal} {dt}{' count' * count}{' dropout' * drop}"

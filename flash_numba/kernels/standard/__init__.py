@@ -170,7 +170,7 @@ def compile_all(ccs, dtypes, ds):
     """PTX of every kernel at the chosen blocks for each d, causal or not, counting or not (the dropout
     variants of rowprod and grad_scores for :data:`flash_numba.kernels._dropout.COMPILED_WITH_DROPOUT`
     only), as ``[(label, ptx)]``; then lesson 4's 16 x 16 product (:mod:`.matmul16`)."""
-    from ...compile_check import compile_ptx
+    from ...compile_check import compile_ptx, count_variants
     from .. import matmul16
 
     out = []
@@ -184,7 +184,7 @@ def compile_all(ccs, dtypes, ds):
         for d in ds:
             fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward")
             bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
-            for count in (False, True):
+            for count in count_variants(dt):
                 for causal in (False, True):
                     tag = f"d={d} {dt}{' causal' * causal}{' count' * count}"
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
