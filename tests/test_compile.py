@@ -92,3 +92,9 @@ def test_a_compiled_item_without_a_cap_reads_as_uncapped():
 def test_compile_check_refuses_to_run_in_the_simulator(capsys):
     assert compile_check.main([]) == 2
     assert "NUMBA_ENABLE_CUDASIM=0" in capsys.readouterr().err
+
+
+def test_counted_builds_are_float32_at_d_64_only():
+    assert compile_check.count_variants("float32", 64) == (False, True)
+    assert compile_check.count_variants("float32", 128) == (False,)
+    assert compile_check.count_variants("float16", 64) == (False,)

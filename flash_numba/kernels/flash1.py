@@ -514,7 +514,7 @@ def compile_all(ccs, dtypes, ds):
                 ("backward", _backward_kernels, BACKWARD_NAMES),
             ):
                 Br, Bc = SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT)
-                variants = ((count, causal, drop) for count in count_variants(dt) for causal in (False, True)
+                variants = ((count, causal, drop) for count in count_variants(dt, d) for causal in (False, True)
                             for drop in _dropout.compile_variants(dt, d, count))
                 for count, causal, drop in variants:
                     kernels = factory(d, Br, Bc, dt, causal, count, drop)

@@ -168,7 +168,7 @@ def compile_all(ccs, dtypes, ds):
         dq_sig = (XI, XI, XI, XI, A2, A2, X3, COUNTER_TYPE, I64, I64, I64, ACC, *DROP)
         for d in ds:
             fwd, bwd = (SPEC.block(d, dt, pass_, budget=STATIC_SHARED_LIMIT) for pass_ in ("forward", "backward"))
-            for count in count_variants(dt):
+            for count in count_variants(dt, d):
                 tail = f"d={d} {dt}{' count' * count}"
                 specs = [(f"{BACKWARD_NAMES[0]} {tail}", _rowsum.rowsum_kernel(d, dt, count), _rowsum.signature(dt))]
                 # grouped (G > 1) builds, not counting: they differ from G = 1's in one line (the key/value head),

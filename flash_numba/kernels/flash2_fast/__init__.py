@@ -321,7 +321,8 @@ def _compile_for_cc(cc, dtypes, ds):
             fwd_dyn = _dynamic_bytes(geometry, d, Br // TY, Bc // TX, dt)
             kv_dyn = _dynamic_bytes(geometry_kv, d, bBc // TY, bBr // TX, dt)
             q_dyn = _dynamic_bytes(geometry_q, d, bBr // TY, bBc // TX, dt)
-            variants = ((count, causal, drop) for count, causal in itertools.product(count_variants(dt), (False, True))
+            variants = ((count, causal, drop)
+                        for count, causal in itertools.product(count_variants(dt, d), (False, True))
                         for drop in _dropout.compile_variants(dt, d, count))
             for count, causal, drop in variants:
                 tag = f"{' causal' * causal} {dt}{' count' * count}{' dropout' * drop}"

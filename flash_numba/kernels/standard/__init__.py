@@ -184,7 +184,7 @@ def compile_all(ccs, dtypes, ds):
         for d in ds:
             fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward")
             bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
-            for count in count_variants(dt):
+            for count in count_variants(dt, d):
                 for causal in (False, True):
                     tag = f"d={d} {dt}{' causal' * causal}{' count' * count}"
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
