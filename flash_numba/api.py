@@ -51,8 +51,9 @@ class BackwardResult:
     block: tuple[int, int] | None
 
 
-def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"):
-    """The ``(Br, Bc)`` a call would use (``None`` for kernels with fixed tiles).
+def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward", deterministic: bool = True):
+    """The ``(Br, Bc)`` a call would use (``None`` for kernels with fixed tiles); ``deterministic``: that option of
+    the backward call (the atomic backward may choose its own block).
 
     Its arguments are checked as the attention functions check theirs: ``d`` an integer in
     1..128 (NumPy integers accepted), ``dtype`` float16, float32 or float64.
@@ -68,7 +69,9 @@ def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"
         raise TypeError(f"dtype: {dtype!r} is not a dtype; use float16, float32 or float64") from None
     if dt not in _inputs.SUPPORTED_DTYPES:
         raise TypeError(f"dtype: {dt} is not supported; use float16, float32 or float64")
-    return spec.block(int(d), dt, pass_, block)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
+    return spec.block(int(d), dt, pass_, block, deterministic=bool(deterministic))
 
 
 def _check_count(count_hbm) -> bool:
@@ -153,7 +156,7 @@ def _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hb
         {"q": q, "k": k, "v": v}, causal=causal, scale=scale, extra={"o": o, "lse": lse, "do": do}
     )
     _set_dropout(prob, dropout_p, dropout_seed, draw=False)
-    blk = spec.block(prob.d, prob.dtype, "backward", block)
+    blk = spec.block(prob.d, prob.dtype, "backward", block, deterministic=bool(deterministic))
     run = spec.run_backward(bool(deterministic))  # the atomic backward where the kernel has one
     counters = Counters(count_hbm)
     counters.describe(kernel, prob, blk, "backward", bool(deterministic) or not spec.supports_atomic)

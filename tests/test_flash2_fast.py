@@ -94,6 +94,27 @@ def test_backward_falls_back_to_flash2_for_other_blocks(rng):
         assert np.abs(ours - ref).max() < 1e-5 * max(1.0, np.abs(ref).max())
 
 
+@pytest.mark.parametrize("d, dtype, budget, want", [
+    (64, np.float32, 227 * 1024, (32, 64)),  # an H200: 64 keys a block, dynamic shared memory
+    (64, np.float16, 227 * 1024, (32, 64)),  # float16 tiles hold float32
+    (64, np.float32, 48 * 1024, None),  # a T4: the tiles do not fit, the deterministic block
+    (64, np.float64, 227 * 1024, None),  # float64 stays within 48 KB
+    (128, np.float32, 227 * 1024, None),  # measured at d = 64 only
+])
+def test_the_atomic_backward_chooses_its_own_block(d, dtype, budget, want):
+    want = want or flash2_fast.choose_block(d, dtype, budget, "backward")
+    assert flash2_fast.choose_atomic_block(d, dtype, budget) == want
+    assert flash2_fast.SPEC.block(d, dtype, "backward", budget=budget, deterministic=False) == want
+    assert flash2_fast.SPEC.block(d, dtype, "forward", budget=budget, deterministic=False) == \
+        flash2_fast.choose_block(d, dtype, budget)  # the option is the backward's
+    assert flash2_fast.SPEC.block(64, dtype, "backward", block=(16, 16), budget=budget, deterministic=False) == (16, 16)
+    here = blocks.dynamic_budget()
+    assert fn.resolve_block("flash2_fast", d, dtype, pass_="backward", deterministic=False) == \
+        flash2_fast.choose_atomic_block(d, dtype, here)
+    with pytest.raises(TypeError, match="deterministic"):
+        fn.resolve_block("flash2_fast", d, dtype, pass_="backward", deterministic=None)
+
+
 def test_block_choice_fits_and_validates():
     for d in (16, 32, 64, 80, 128):
         for dt in (np.float16, np.float32, np.float64):
@@ -278,9 +299,12 @@ ATOMIC_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ", "flash2_fast dK, dV, 
         (np.float16, (2,), 19, 21, 16, False, (16, 16)),  # accumulator in float32, then a cast
         (np.float64, (), 12, 17, 64, False, (16, 16)),  # TD = 4: dK, dV columns in one quad
         (np.float32, (), 9, 20, 120, True, (16, 16)),  # TD = 8: two quads 64 apart, the last one partial
+        (np.float32, (), 9, 70, 64, True, (32, 64)),  # the atomic path's block at d = 64 on an H200 (dynamic tiles)
     ],
 )
 def test_backward_atomic_dq(rng, monkeypatch, dtype, lead, Nq, Nk, d, causal, block):
+    if flash2_fast.backward_smem(*block, d, dtype) > blocks.dynamic_budget():  # as on a GPU that lets a block have it
+        monkeypatch.setattr(blocks, "dynamic_budget", lambda: 227 * 1024)
     q, k, v = _qkv(rng, lead, Nq, Nk, d, dtype)
     do = rng.standard_normal(q.shape).astype(dtype)
     f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast", block=(8, 16))

@@ -46,7 +46,7 @@ def backward(kernel: str, BH, Nq, Nk, d, dtype, causal=False, block=None, determ
 
     _check_group(BH, G)
     spec = kernels.get(kernel)
-    block = spec.block(d, dtype, "backward") if block is None else block
+    block = spec.block(d, dtype, "backward", deterministic=deterministic) if block is None else block
     model = spec.io_model("backward", deterministic)(BH, Nq, Nk, d, dtype, causal, block, G=G)
     split = terms.split(kernel, "backward", BH, Nq, Nk, d, dtype, causal, block, deterministic, G)
     return HBMCount(model.per_kernel, split)

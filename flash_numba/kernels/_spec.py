@@ -61,6 +61,7 @@ class KernelSpec:
         shared_bytes(Br, Bc, d, dtype, pass_) -> int   # shared memory of a block (static, or dynamic above 48 KB)
         block_limits(d, dtype, pass_) -> (max_Br, max_Bc)
         choose_block(d, dtype, budget, pass_) -> (Br, Bc)   # optional: else blocks.choose
+        choose_atomic_block(d, dtype, budget) -> (Br, Bc)   # optional: the atomic backward's own choice
         check_block(block, d, dtype, pass_) -> None         # optional: shape rules of its own
 
     ``compile_all(ccs, dtypes, ds)`` returns the compile tier's ``[(label, ptx, ...)]``.
@@ -81,6 +82,7 @@ class KernelSpec:
     shared_bytes: Callable | None = None
     block_limits: Callable | None = None
     choose_block: Callable | None = None
+    choose_atomic_block: Callable | None = None  # deterministic=False's block, where it differs (None: choose_block's)
     check_block: Callable | None = None
     backward_atomic: Callable | None = None
     atomic_backward_launches: tuple[str, ...] = ()
@@ -125,9 +127,10 @@ class KernelSpec:
             return self.atomic_backward_launches
         return self.backward_launches
 
-    def block(self, d: int, dtype, pass_: str, block=None, budget: int | None = None):
+    def block(self, d: int, dtype, pass_: str, block=None, budget: int | None = None, deterministic: bool = True):
         """The ``(Br, Bc)`` a call runs: ``block`` validated, or the kernel's choice for ``budget``
-        bytes of shared memory (default: this device's); None for kernels with fixed tiles."""
+        bytes of shared memory (default: this device's); None for kernels with fixed tiles.  ``deterministic=False``:
+        the backward of a call with that option (the atomic backward's own choice, where the kernel has one)."""
         check_pass(pass_)
         if not self.uses_blocks:
             if block is not None:
@@ -145,6 +148,8 @@ class KernelSpec:
         if budget is None:
             budget = blocks.dynamic_budget() if self.dynamic_shared else blocks.shared_budget()
         if block is None:
+            if pass_ == "backward" and not deterministic and self.supports_atomic and self.choose_atomic_block:
+                return self.choose_atomic_block(d, dtype, budget)
             if self.choose_block is not None:
                 return self.choose_block(d, dtype, budget, pass_)
             return blocks.choose(d, dtype, fp, max_Br=max_Br, max_Bc=max_Bc, budget=budget)

@@ -91,6 +91,7 @@ from .layout import (
     backward_smem,
     block_limits,
     check_block,
+    choose_atomic_block,
     choose_block,
     geometry,
     geometry_kv,
@@ -103,7 +104,7 @@ from .layout import (
 __all__ = [
     "SPEC", "forward", "backward", "backward_atomic", "compile_all", "forward_kernel", "dkdv_kernel", "dq_kernel",
     "zero_kernel", "cast_kernel", "geometry", "geometry_kv", "geometry_q", "backward_smem", "shared_bytes",
-    "block_limits", "check_block", "choose_block", "uses_fast_backward", "NT", "LOG2E",
+    "block_limits", "check_block", "choose_block", "choose_atomic_block", "uses_fast_backward", "NT", "LOG2E",
 ]
 
 
@@ -318,6 +319,9 @@ def _compile_for_cc(cc, dtypes, ds):
             Br, Bc = choose_block(d, dt, budget)
             bBr, bBc = choose_block(d, dt, budget, "backward")
             fast_bwd = uses_fast_backward(bBr, bBc, d, dt, budget)
+            aBr, aBc = choose_atomic_block(d, dt, budget)  # deterministic=False's block, where it differs
+            own_atomic = (aBr, aBc) != (bBr, bBc) and uses_fast_backward(aBr, aBc, d, dt, budget)
+            a_dyn = _dynamic_bytes(geometry_kv, d, aBc // TY, aBr // TX, dt)
             fwd_dyn = _dynamic_bytes(geometry, d, Br // TY, Bc // TX, dt)
             kv_dyn = _dynamic_bytes(geometry_kv, d, bBc // TY, bBr // TX, dt)
             q_dyn = _dynamic_bytes(geometry_q, d, bBr // TY, bBc // TX, dt)
@@ -342,7 +346,12 @@ def _compile_for_cc(cc, dtypes, ds):
                          dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count, drop, bool(q_dyn))[0], q_sig),
                         (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}{kv_tag}",
                          dkdv_kernel(*kv_args, atomic_dq=True, dropout=drop, dynamic=bool(kv_dyn))[0], kv_sig),
-                    ]
+                    ]  # the atomic kernel at the deterministic block: the split backward's
+                if own_atomic:
+                    a_label = f"{BACKWARD_KVQ_NAME} d={d} Br={aBr} Bc={aBc}{tag}{_dynamic_tag(a_dyn)}"
+                    specs.append((BACKWARD_KVQ_NAME, a_label,
+                                  dkdv_kernel(d, aBc // TY, aBr // TX, dt.name, causal, count, None, atomic_dq=True,
+                                              dropout=drop, dynamic=bool(a_dyn))[0], kv_sig))
                 if fast_bwd and causal and d == ds[0] and not drop:  # the element-wise kernels (atomic, split), once
                     A1, c = array_type(acc, 1), " count" * count
                     specs.append((ZERO_DQ_NAME, f"{ZERO_DQ_NAME} {dt}{c}", zero_kernel(acc.name, count),
@@ -367,4 +376,5 @@ SPEC = KernelSpec(
     atomic_backward_launches=(_rowsum.NAME, ZERO_DQ_NAME, BACKWARD_KVQ_NAME, CAST_DQ_NAME),
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
     max_registers=MAX_REGISTERS, register_rule=register_cap, dynamic_shared=True,
+    choose_atomic_block=choose_atomic_block,
 )
