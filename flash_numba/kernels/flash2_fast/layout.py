@@ -110,12 +110,14 @@ _PREFERENCE = {4: ((8, 4), (8, 3)) + _FALLBACK, 5: _FALLBACK, 6: ((8, 1),) + _FA
 #   d = 128: 16x16 55.7 / 35.6, 32x16 44.4 / 31.9, 16x32 42.8 / 27.2, 32x32 37.4 / 25.3
 _BACKWARD_BLOCKS = ((32, 32), (32, 16), (16, 32), (16, 16))
 _BACKWARD_PREFERENCE = {5: _BACKWARD_BLOCKS, 6: ((16, 32),) + _BACKWARD_BLOCKS, 8: _BACKWARD_BLOCKS}
-# The atomic backward's own blocks (``deterministic=False``), by TD, where they differ.  d = 64, N = 4096, B*H = 32,
-# backward only, ms (s11/A, B, three runs): 32x64 10.96-10.97 (causal 5.41-5.42) against 32x32 11.53-11.69
-# (5.81-5.85); 64x32 11.89, 16x64 13.10.  32 x 64 holds 64 keys a block (TM = 8): half the dQ atomics per FLOP;
-# its tiles (69,888 bytes) are dynamic shared memory and its build uncapped (ptxas: 167 registers, 3 blocks an
-# SM).  The deterministic backward is slower there (12.69-12.92 against 12.12-12.24) and keeps 32 x 32.
-_ATOMIC_BACKWARD_PREFERENCE = {4: ((32, 64),) + _BACKWARD_BLOCKS}
+# The atomic backward's own blocks (``deterministic=False``) for TD <= 4 (d <= 64).  N = 4096, B*H = 32, backward
+# only, ms (s11/A, B, C): d = 64: 32x64 10.96-10.97 (causal 5.41-5.42) against 32x32 11.53-11.69 (5.81-5.85); 64x32
+# 11.89, 16x64 13.10.  d = 32: 32x64 5.90 (3.13) against 7.80 (3.82).  32 x 64 holds 64 keys a block (TM = 8): half
+# the dQ atomics per FLOP; at d = 64 its tiles (69,888 bytes) are dynamic shared memory and its build uncapped
+# (ptxas: 167 registers, 3 blocks an SM).  The deterministic backward is slower there at d = 64 (12.69-12.92
+# against 12.12-12.24) and keeps 32 x 32.  d = 16 and 33..48 take the rule of their neighbours (s11/D).
+_ATOMIC_BACKWARD_BLOCKS = ((32, 64),) + _BACKWARD_BLOCKS
+_ATOMIC_BACKWARD_MAX_TD = 4
 
 
 def _by_head_dim(table: dict, d: int) -> tuple:
@@ -209,13 +211,14 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
 
 
 def choose_atomic_block(d: int, dtype, budget: int) -> tuple[int, int]:
-    """The atomic backward's block (``deterministic=False``): the fastest measured for its head dim that fits
-    ``budget`` bytes (:data:`_ATOMIC_BACKWARD_PREFERENCE`), else the deterministic backward's
+    """The atomic backward's block (``deterministic=False``): for d <= 64 the first of
+    :data:`_ATOMIC_BACKWARD_BLOCKS` that fits ``budget`` bytes, else the deterministic backward's
     (:func:`choose_block`)."""
     usable = _usable(budget, dtype)
-    for Br, Bc in _ATOMIC_BACKWARD_PREFERENCE.get(-(-d // TX), ()):
-        if backward_smem(Br, Bc, d, dtype) <= usable:
-            return Br, Bc
+    if -(-d // TX) <= _ATOMIC_BACKWARD_MAX_TD:
+        for Br, Bc in _ATOMIC_BACKWARD_BLOCKS:
+            if backward_smem(Br, Bc, d, dtype) <= usable:
+                return Br, Bc
     return choose_block(d, dtype, budget, "backward")
 
 
