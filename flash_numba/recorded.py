@@ -40,9 +40,9 @@ STANDARD_BENCH_CSV = STANDARD / "bench.csv"
 STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
 NCU_CSV = STANDARD / "ncu_bytes.csv"
 SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
-#: The latest harness run (session 10, ``E/``, the final kernels of that session): flash2_fast (both backwards) and
-#: PyTorch's SDPA at d = 64 and 128, N = 4096.
-LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s10" / "E" / "run_4096.csv"
+#: The latest harness run (session 11, ``C/``, the final kernels of that session): flash2_fast (both backwards) and
+#: PyTorch's SDPA at d = 32, 64, 96 and 128, N = 4096 (d = 32's atomic backward before its 32 x 64 block: ``D/``).
+LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s11" / "C" / "run_4096.csv"
 #: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
 #: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``B/``).
@@ -60,6 +60,10 @@ SESSION10 = RESULTS.parent / "h200-2026-12-01-s10"
 FORWARD_STEP_FOLDERS = (SESSION10 / "A", SESSION10 / "B")
 #: Nsight Compute on the forward after the fix (session 10, ``C/``): d = 64, the 64 x 64 block it chooses, N = 4096.
 FORWARD_NCU_AFTER_TXT = SESSION10 / "C" / "ncu.txt"
+SESSION11 = RESULTS.parent / "h200-2026-12-01-s11"
+#: flash2_fast's backward at explicit blocks (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), session 11: d = 64
+#: (``A/``, the sweep that chose the atomic backward's 32 x 64 block) and d = 32 (``C/``).
+ATOMIC_BLOCK_CSVS = (SESSION11 / "A" / "sweep64.csv", SESSION11 / "C" / "sweep32.csv")
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -67,7 +71,7 @@ L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 def available() -> bool:
     """True when the committed results are on disk (a clone of the repository)."""
     return all(p.exists() for p in (BENCH_CSV, LESSON1_LOG, STANDARD_BENCH_CSV, STANDARD_KERNELS_CSV, NCU_CSV,
-                                    LATEST_BENCH_CSV, BLOCK_SWEEP_CSV, BACKWARD_PATHS_CSV))
+                                    LATEST_BENCH_CSV, BLOCK_SWEEP_CSV, BACKWARD_PATHS_CSV, *ATOMIC_BLOCK_CSVS))
 
 
 def provenance(path: Path = BENCH_CSV) -> dict:
@@ -199,6 +203,17 @@ def backward_path_rows(N: int | None = None, d: int | None = None, path: Path | 
     peak_MB, bitwise_repeat (strings), at ``N`` and ``d`` where given."""
     return [r for r in _csv_rows(path or BACKWARD_PATHS_CSV)
             if (N is None or r["N"] == str(N)) and (d is None or r["d"] == str(d))]
+
+
+def atomic_block_rows(Bcs=(32, 64), paths=ATOMIC_BLOCK_CSVS) -> list[dict]:
+    """The atomic backward (``deterministic=False``) at Br = 32 and key blocks ``Bcs``, from the session-11 sweeps:
+    d, Br, Bc, causal, ms (strings), and ``file``, ``device`` of the file they come from."""
+    out = []
+    for path in paths:
+        where = folder_provenance(path)
+        out += [dict(r, file=where["file"], device=where["device"]) for r in _csv_rows(path)
+                if r["mode"] == "atomic" and r["Br"] == "32" and int(r["Bc"]) in Bcs]
+    return out
 
 
 def shared_store_conflicts(path: Path = FORWARD_NCU_TXT) -> list[dict]:

@@ -105,6 +105,18 @@ def test_the_recorded_sweep_and_latest_run_read_with_their_provenance():
     assert all(r["d"] == "64" and r["causal"] == "False" for r in latest)
 
 
+def test_the_recorded_atomic_blocks_read_with_their_provenance():
+    """Lesson 9's recorded atomic backward at 32 and 64 keys a block: both head dims, both masks, from the H200."""
+    from flash_numba import recorded
+
+    rows = recorded.atomic_block_rows()
+    assert {(r["d"], r["Bc"], r["causal"]) for r in rows} == {
+        (d, Bc, c) for d in ("32", "64") for Bc in ("32", "64") for c in ("False", "True")}
+    assert all(r["device"] == "NVIDIA H200" and float(r["ms"]) > 0 for r in rows)
+    ms = {(r["d"], r["Bc"], r["causal"]): float(r["ms"]) for r in rows}
+    assert all(ms[d, "64", c] < ms[d, "32", c] for d in ("32", "64") for c in ("False", "True"))  # why it ships
+
+
 def test_the_recorded_forward_steps_read_with_their_commits():
     """Session 10's forward, change by change (lesson 4): every tree timed twice at d = 64 and 128, each row with
     its tree's commit; and Nsight Compute after the fix, whose counts agree with each other."""

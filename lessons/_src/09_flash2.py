@@ -262,8 +262,8 @@ else:
 # FlashAttention-2 itself saves the third kernel by adding each block's contribution to $dQ$ in HBM with
 # atomic float additions, whose order, and so whose rounding, changes from run to run.
 # `flash_attention_backward(..., kernel="flash2_fast", deterministic=False)` does that too: one pass
-# over the key blocks instead of two, 12.2 ms of kernels instead of 16.9 ms on an H200 at N = 4096
-# (B*H = 32, d = 64, float32), and a `dq` whose last bits differ between two identical calls.
+# over the key blocks instead of two (the recorded times are below), and a `dq` whose last bits differ between
+# two identical calls.
 
 # %%
 do = rng.standard_normal((BH, N, d)).astype(np.float32)
@@ -274,6 +274,62 @@ grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do)
 bitwise = all(np.array_equal(x, y) for x, y in zip((g_a.dq, g_a.dk, g_a.dv), (g_b.dq, g_b.dk, g_b.dv)))
 g_err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip((g_a.dq, g_a.dk, g_a.dv), grads_ref))
 print(f"two runs bitwise identical: {bitwise}; max relative error of dQ, dK, dV: {g_err:.1e}")
+
+# %% [markdown]
+# ### How many atomic additions? More keys a block, fewer
+#
+# A thread block of the atomic backward owns $B_c$ keys. For every query row it visits it adds its part of
+# $dQ$, $dS_{ij} K_j$, into all $d$ columns of that row in HBM: one atomic addition per element, which reads
+# and writes 4 bytes (float32). With no mask every block visits every query row, so a call makes
+# $T_c \cdot N_q \cdot d$ additions, $T_c = \lceil N_k / B_c \rceil$: twice the keys a block, half the additions.
+# The counters count each addition as 4 bytes read and 4 written.
+#
+# **Predict.** One head, $N_q = N_k = 64$, $d = 16$, float32. How many bytes does the dK/dV/dQ launch write with
+# key blocks of $B_c = 16$, and of $B_c = 32$? (Besides the additions it writes $dK$ and $dV$ once each.)
+
+# %%
+from flash_numba.kernels import flash2_fast as fast_kernels
+
+
+def fast_layout_tiles(d_):
+    """Shared bytes of the atomic backward's block of 32 queries x 64 keys at head dim d_."""
+    return fast_kernels.backward_smem(32, 64, d_, np.float32)
+
+
+my_written_16 = None  # bytes written by the dK, dV, dQ (atomic) launch, Bc = 16
+my_written_32 = None  # the same, Bc = 32
+
+# %%
+n_a, d_a = 64, 16
+qa, ka, va, doa = (rng.standard_normal((1, n_a, d_a)).astype(np.float32) for _ in range(4))
+fa = fn.flash_attention_forward(qa, ka, va, kernel="flash2_fast")
+atomic_written = {}
+for Bc in (16, 32):  # block = (Br, Bc): 16 query rows a step, Bc keys a block
+    ga = fn.flash_attention_backward(qa, ka, va, fa.o, fa.lse, doa, kernel="flash2_fast", deterministic=False,
+                                     block=(16, Bc), count_hbm=True)
+    atomic_written[Bc] = ga.hbm.per_kernel["flash2_fast dK, dV, dQ (atomic)"].bytes_written
+lessonkit.compare_prediction("bytes written, Bc = 16", my_written_16, atomic_written[16])
+lessonkit.compare_prediction("bytes written, Bc = 32", my_written_32, atomic_written[32])
+print(f"dK and dV: {2 * n_a * d_a * 4} B; the additions: {atomic_written[16] - 2 * n_a * d_a * 4} B at Bc = 16, "
+      f"{atomic_written[32] - 2 * n_a * d_a * 4} B at Bc = 32")
+
+# %% [markdown]
+# On the H200 the same halving paid (recorded below: the backward alone, N = 4096, B*H = 32, float32). A block
+# of 64 keys also keeps a larger $dK_j$, $dV_j$ in registers, so each number loaded from shared memory feeds
+# more multiply-adds. flash2_fast's atomic backward therefore takes 64 keys a block at $d \le 64$ where the
+# tiles fit (`fn.resolve_block("flash2_fast", 64, np.float32, pass_="backward", deterministic=False)`), while the
+# deterministic backward keeps 32: it measured slower with 64.
+
+# %%
+if recorded.available():
+    for r in recorded.atomic_block_rows():
+        print(f"{recorded.LABEL}: {r['device']}, d = {r['d']:>2}, {r['Bc']} keys a block, causal {r['causal']:5}: "
+              f"{float(r['ms']):6.2f} ms  ({r['file']})")
+from flash_numba import blocks
+
+print(f"this device's choice at d = 64, {blocks.dynamic_budget() // 1024} KB of shared memory a block:",
+      fn.resolve_block("flash2_fast", 64, np.float32, pass_="backward", deterministic=False),
+      f"(64 keys need {fast_layout_tiles(64) // 1024} KB there)")
 
 # %% [markdown]
 # ### A third way: a copy of $dQ$ for each block that runs at once
@@ -416,6 +472,8 @@ lessonkit.compare_prediction("element reads of K", my_prediction, k_reads)
 
 # %%
 assert err_np < 1e-12, err_np
+for Bc in (16, 32):  # dK, dV once, and one addition per element of dQ per key block
+    assert atomic_written[Bc] == 2 * n_a * d_a * 4 + 4 * d_a * n_a * (n_a // Bc), (Bc, atomic_written[Bc])
 for r in results.values():
     assert np.abs(r.o - o_ref).max() / np.abs(o_ref).max() < 1e-5
 assert results["flash2"].hbm.total < results["flash1"].hbm.total
