@@ -263,10 +263,13 @@ DQ_COPIES_LIMIT = 1 << 30
 #: The split backward runs where its blocks keep at least this share of the GPU's block slots busy
 #: (:func:`dq_copies`); below, the two-pass backward, whose 7 block products (against 5) cost about that.
 DQ_SPLIT_MIN_EFFICIENCY = 0.7
-#: Registers per thread of the uncapped dK/dV/dQ kernel (ptxas, sm_90, float32) by TD = ceil(d / 16),
-#: for the resident-block estimate; capped kernels use their cap, other head dims (and ccs below 9.0, where
-#: the kernel runs uncapped) :data:`_UNCAPPED_KVQ_DEFAULT`.
-_UNCAPPED_KVQ_REGISTERS = {5: 128, 6: 142, 8: 168}  # session 10's kernel (s8's: 6: 128, 8: 159)
+#: Registers per thread of the uncapped dK/dV/dQ kernel on sm_90, float32, by TD = ceil(d / 16), for the
+#: resident-block estimate; capped kernels use their cap, other head dims (and ccs below 9.0, where the kernel runs
+#: uncapped) :data:`_UNCAPPED_KVQ_DEFAULT`.  TD = 5 and 6 hold what the H200 showed, not what ptxas 13.5 reports
+#: here (128 and 142): with the forced copies of dQ (s11/E, N = 4096, B*H = 32, backward), d = 80 ran 12 copies
+#: (3 blocks an SM) in 25.6 ms against 16 copies' 37.9, d = 96 16 copies (4 an SM) in 25.5 against 12's 30.0.  Session
+#: 10 had set them from ptxas (d = 96 then chose 12 copies: fwd+bwd 39.0 ms in s11/C against 34.0 in s10/D).
+_UNCAPPED_KVQ_REGISTERS = {5: 136, 6: 128, 8: 168}
 #: What ptxas took for the other uncapped builds measured: 159-168 (sm_75 at d = 64, sm_90 at d = 128).
 _UNCAPPED_KVQ_DEFAULT = 168
 #: Tests and benchmarks set this to run a given number of dQ copies (0: the two-pass backward) whatever
