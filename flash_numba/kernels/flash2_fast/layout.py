@@ -111,11 +111,11 @@ _PREFERENCE = {4: ((8, 4), (8, 3)) + _FALLBACK, 5: _FALLBACK, 6: ((8, 1),) + _FA
 _BACKWARD_BLOCKS = ((32, 32), (32, 16), (16, 32), (16, 16))
 _BACKWARD_PREFERENCE = {5: _BACKWARD_BLOCKS, 6: ((16, 32),) + _BACKWARD_BLOCKS, 8: _BACKWARD_BLOCKS}
 # The atomic backward's own blocks (``deterministic=False``) for TD <= 4 (d <= 64).  N = 4096, B*H = 32, backward
-# only, ms (s11/A, B, C): d = 64: 32x64 10.96-10.97 (causal 5.41-5.42) against 32x32 11.53-11.69 (5.81-5.85); 64x32
-# 11.89, 16x64 13.10.  d = 32: 32x64 5.90 (3.13) against 7.80 (3.82).  32 x 64 holds 64 keys a block (TM = 8): half
-# the dQ atomics per FLOP; at d = 64 its tiles (69,888 bytes) are dynamic shared memory and its build uncapped
-# (ptxas: 167 registers, 3 blocks an SM).  The deterministic backward is slower there at d = 64 (12.69-12.92
-# against 12.12-12.24) and keeps 32 x 32.  d = 16 and 33..48 take the rule of their neighbours (s11/D).
+# only, ms (s11/A-D): d = 64: 32x64 10.96-10.97 (causal 5.41-5.42) against 32x32 11.53-11.69 (5.81-5.85); 64x32
+# 11.89, 16x64 13.10.  d = 32: 5.90 (3.13) against 7.80 (3.82); d = 16: 4.60 (2.29) against 5.28 (2.60); d = 48:
+# 12.69 (5.91) against 12.64 (6.22).  32 x 64 holds 64 keys a block (TM = 8): half the dQ atomics per FLOP; at
+# d = 64 its tiles (69,888 bytes) are dynamic shared memory and its build uncapped (ptxas: 167 registers, 3 blocks
+# an SM).  The deterministic backward is slower there at d = 64 (12.69-12.92 against 12.12-12.24) and keeps 32 x 32.
 _ATOMIC_BACKWARD_BLOCKS = ((32, 64),) + _BACKWARD_BLOCKS
 _ATOMIC_BACKWARD_MAX_TD = 4
 
