@@ -288,14 +288,6 @@ print(f"two runs bitwise identical: {bitwise}; max relative error of dQ, dK, dV:
 # key blocks of $B_c = 16$, and of $B_c = 32$? (Besides the additions it writes $dK$ and $dV$ once each.)
 
 # %%
-from flash_numba.kernels import flash2_fast as fast_kernels
-
-
-def fast_layout_tiles(d_):
-    """Shared bytes of the atomic backward's block of 32 queries x 64 keys at head dim d_."""
-    return fast_kernels.backward_smem(32, 64, d_, np.float32)
-
-
 my_written_16 = None  # bytes written by the dK, dV, dQ (atomic) launch, Bc = 16
 my_written_32 = None  # the same, Bc = 32
 
@@ -321,15 +313,17 @@ print(f"dK and dV: {2 * n_a * d_a * 4} B; the additions: {atomic_written[16] - 2
 # deterministic backward keeps 32: it measured slower with 64.
 
 # %%
+from flash_numba import blocks
+from flash_numba.kernels import flash2_fast as fast_kernels
+
 if recorded.available():
     for r in recorded.atomic_block_rows():
         print(f"{recorded.LABEL}: {r['device']}, d = {r['d']:>2}, {r['Bc']} keys a block, causal {r['causal']:5}: "
               f"{float(r['ms']):6.2f} ms  ({r['file']})")
-from flash_numba import blocks
-
+tiles_64_keys = fast_kernels.backward_smem(32, 64, 64, np.float32)  # shared bytes of 32 queries x 64 keys, d = 64
 print(f"this device's choice at d = 64, {blocks.dynamic_budget() // 1024} KB of shared memory a block:",
       fn.resolve_block("flash2_fast", 64, np.float32, pass_="backward", deterministic=False),
-      f"(64 keys need {fast_layout_tiles(64) // 1024} KB there)")
+      f"(64 keys need {tiles_64_keys // 1024} KB there)")
 
 # %% [markdown]
 # ### A third way: a copy of $dQ$ for each block that runs at once
