@@ -308,9 +308,10 @@ print(f"dK and dV: {2 * n_a * d_a * 4} B; the additions: {atomic_written[16] - 2
 # %% [markdown]
 # On the H200 the same halving paid (recorded below: the backward alone, N = 4096, B*H = 32, float32). A block
 # of 64 keys also keeps a larger $dK_j$, $dV_j$ in registers, so each number loaded from shared memory feeds
-# more multiply-adds. flash2_fast's atomic backward therefore takes 64 keys a block at $d \le 64$ where the
-# tiles fit (`fn.resolve_block("flash2_fast", 64, np.float32, pass_="backward", deterministic=False)`), while the
-# deterministic backward keeps 32: it measured slower with 64.
+# more multiply-adds. flash2_fast's atomic backward therefore takes 64 keys a block at $d \le 64$ on GPUs that give
+# a block more than 48 KB of shared memory, like the H200 where it was measured
+# (`fn.resolve_block("flash2_fast", 64, np.float32, pass_="backward", deterministic=False)`); the deterministic
+# backward keeps 32: it measured slower with 64.
 
 # %%
 from flash_numba import blocks

@@ -116,6 +116,8 @@ _BACKWARD_PREFERENCE = {5: _BACKWARD_BLOCKS, 6: ((16, 32),) + _BACKWARD_BLOCKS, 
 # 12.69 (5.91) against 12.64 (6.22).  32 x 64 holds 64 keys a block (TM = 8): half the dQ atomics per FLOP; at
 # d = 64 its tiles (69,888 bytes) are dynamic shared memory and its build uncapped (ptxas: 167 registers, 3 blocks
 # an SM).  The deterministic backward is slower there at d = 64 (12.69-12.92 against 12.12-12.24) and keeps 32 x 32.
+# Only where a block may have more than 48 KB (cc 9.0 up, where it was measured): a T4's 64 KB an SM would hold one
+# 32 x 64 block at d = 32 (44 KB) where it holds two of 32 x 32 (28 KB), unmeasured.
 _ATOMIC_BACKWARD_BLOCKS = ((32, 64),) + _BACKWARD_BLOCKS
 _ATOMIC_BACKWARD_MAX_TD = 4
 
@@ -211,11 +213,11 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
 
 
 def choose_atomic_block(d: int, dtype, budget: int) -> tuple[int, int]:
-    """The atomic backward's block (``deterministic=False``): for d <= 64 the first of
-    :data:`_ATOMIC_BACKWARD_BLOCKS` that fits ``budget`` bytes, else the deterministic backward's
-    (:func:`choose_block`)."""
+    """The atomic backward's block (``deterministic=False``): for d <= 64, on a device that gives a block more than
+    48 KB, the first of :data:`_ATOMIC_BACKWARD_BLOCKS` that fits ``budget`` bytes; else the deterministic
+    backward's (:func:`choose_block`)."""
     usable = _usable(budget, dtype)
-    if -(-d // TX) <= _ATOMIC_BACKWARD_MAX_TD:
+    if -(-d // TX) <= _ATOMIC_BACKWARD_MAX_TD and budget > STATIC_SHARED_LIMIT:
         for Br, Bc in _ATOMIC_BACKWARD_BLOCKS:
             if backward_smem(Br, Bc, d, dtype) <= usable:
                 return Br, Bc
