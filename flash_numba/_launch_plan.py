@@ -16,8 +16,10 @@ buffer that lives as long as the CUDA context (:func:`persistent`).  If every
 pointer is accounted for, the call becomes a :class:`Plan`; a later call with the
 same key allocates the buffers, writes the new pointers into the recorded
 parameters (packed once, :class:`_Launch`) and launches the same functions with
-the driver's ``cuLaunchKernel``.  A pointer that matches nothing (a copy made inside the
-call) makes the key uncacheable: those calls keep the normal path.
+the driver's ``cuLaunchKernel``, called through ctypes.  A small buffer that the call
+uses only inside (the backward's D) is kept by the plan and reused (:func:`_scratch`).
+A pointer that matches nothing (a copy made inside the call) makes the key
+uncacheable: those calls keep the normal path.
 
 Which calls: PyTorch CUDA tensors only (q, k, v and, for the backward, o, lse, do),
 without ``count_hbm`` and without dropout.  The key holds everything the normal
@@ -47,6 +49,10 @@ ENABLED = not SIMULATOR and os.environ.get("FLASH_NUMBA_LAUNCH_PLANS", "1") != "
 
 #: Plans kept at most (all are dropped when the table is full: shapes in a real model repeat).
 MAX_PLANS = 256
+
+#: Bytes of scratch a plan may keep: buffers a call allocates unfilled and does not return (the backward's D)
+#: are reused by every replay up to this size in all, instead of allocated per call (a torch.empty is ~3 us).
+SCRATCH_BYTES = 1 << 20
 
 _PLANS: dict = {}  # key -> Plan, or None for a key that cannot be replayed
 _PERSISTENT: dict = {}  # data pointer -> array, for buffers that live as long as the CUDA context
@@ -105,32 +111,85 @@ class _Launch:
     pointers into the values named by ``slots`` and calls the driver: no Python object
     per parameter is built or converted per call (``cuda.core``'s ``launch``, which
     Numba calls, converts all of them every time: 20-25 microseconds for 67 parameters).
+    The driver is called through ctypes where libcuda can be opened (:func:`_ctypes_launch`),
+    else through ``cuda.bindings``, whose wrapper builds a helper and an enum per call.
     """
 
     def __init__(self, function, griddim, blockdim, sharedmem, stream, params, slots):
         import ctypes
-
-        from cuda.bindings import driver
 
         values = [ctypes.c_int64(p) if isinstance(p, int) else type(p)(p.value) for p in params]
         self._values = values  # keeps the memory the addresses below point to
         self._addresses = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         self.slots = [(values[i], src, off) for i, src, off in slots]  # (value, source, byte offset)
         grid, block = (tuple(dims) + (1,) * (3 - len(dims)) for dims in (_dims(griddim), _dims(blockdim)))
-        self.args = (function.handle, *grid, *block, int(sharedmem), _stream_handle(stream),
-                     ctypes.addressof(self._addresses), 0)
-        self._launch, self._ok = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+        launch = _ctypes_launch()
+        if launch is None:  # cuda.bindings' wrapper: its own handle objects, a CUresult back
+            from cuda.bindings import driver
+
+            handle, stream_handle, ok, extra = function.handle, _stream_handle(stream), driver.CUresult.CUDA_SUCCESS, 0
+            launch = driver.cuLaunchKernel
+        else:  # plain integers for ctypes, 0 back on success
+            handle, stream_handle, ok, extra = _as_int(function.handle), _as_int(_stream_handle(stream)), 0, None
+        self.args = (handle, *grid, *block, int(sharedmem), stream_handle, ctypes.addressof(self._addresses), extra)
+        self._launch, self._ok = launch, ok
 
     def run(self, bases, buffer_bases) -> None:
         for value, src, off in self.slots:
             value.value = (bases[src] if src >= 0 else buffer_bases[~src]) + off
-        err, = self._launch(*self.args)
+        err = self._launch(*self.args)
         if err != self._ok:
-            raise RuntimeError(f"flash_numba: cuLaunchKernel failed ({err.name}) replaying a launch plan")
+            raise RuntimeError(f"flash_numba: cuLaunchKernel failed ({_error_name(err)}) replaying a launch plan")
+
+
+_CTYPES_LAUNCH = []  # [libcuda's cuLaunchKernel, or None], looked up once
+
+
+def _ctypes_launch():
+    """libcuda's ``cuLaunchKernel`` as a ctypes function (None if the library cannot be opened).
+
+    One launch through it costs the driver's own work and ctypes' conversion of 11 integers; through
+    ``cuda.bindings.driver.cuLaunchKernel`` it also builds a parameter helper and a result enum.  Both
+    call the same function of the same library (a process loads libcuda once), on the context current
+    on the calling thread, with legacy default-stream semantics for stream 0, as Numba's launches.
+    """
+    if not _CTYPES_LAUNCH:
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+            f = lib.cuLaunchKernel
+        except (OSError, AttributeError):
+            f = None
+        else:
+            f.restype = ctypes.c_int
+            f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        _CTYPES_LAUNCH.append(f)
+    return _CTYPES_LAUNCH[0]
+
+
+def _error_name(err) -> str:
+    """A CUresult's name, from the enum or from ctypes' integer."""
+    if hasattr(err, "name"):
+        return err.name
+    from cuda.bindings import driver
+
+    try:
+        return driver.CUresult(err).name
+    except ValueError:
+        return f"error {err}"
 
 
 def _dims(dims) -> tuple:
     return (int(dims),) if isinstance(dims, int) else tuple(int(x) for x in dims)
+
+
+def _as_int(handle) -> int:
+    """A driver handle (a ``cuda.bindings`` object, a ctypes pointer, an int or None) as the integer it holds."""
+    if handle is None:
+        return 0
+    value = getattr(handle, "value", handle)  # ctypes.c_void_p
+    return int(value or 0)
 
 
 def _stream_handle(stream):
@@ -148,6 +207,7 @@ class Plan:
     launches: list
     results: list  # index in buffers of each result, in order
     block: object = None  # the (Br, Bc) the recorded call used
+    kept: list = field(default_factory=list)  # scratch reused by every replay (its pointers stay in the launches)
     lock: object = field(default_factory=threading.Lock)  # replays share the packed parameters
 
     def replay(self, tensors: tuple) -> list:
@@ -235,6 +295,7 @@ def _build(rec: _Recorder, tensors, results):
             return None  # a result that is not a whole fresh buffer
         buffers[j][0] = tuple(r.shape)  # allocated in the shape returned: no view per call
         outs.append(j)
+    kept = _scratch(rec, outs)
     launches = []
     for function, griddim, blockdim, sharedmem, stream, params, arrays in rec.launches:
         slots = []
@@ -244,10 +305,41 @@ def _build(rec: _Recorder, tensors, results):
                 if ptr in _PERSISTENT:
                     continue  # a context-long buffer: its pointer stays in params
                 return None  # a buffer we did not see allocated (a copy): not replayable
+            if src[0] < 0 and ~src[0] in kept:
+                continue  # scratch the plan keeps: its pointer stays in params
             slots.append((i, *src))
-        launches.append(_Launch(function, griddim, blockdim, sharedmem, stream, params, slots))
+        launches.append((function, griddim, blockdim, sharedmem, stream, params, slots))
+    # the buffers allocated per replay, renumbered without the kept ones
+    fresh = [j for j in range(len(buffers)) if j not in kept]
+    index = {j: n for n, j in enumerate(fresh)}
+    launches = [_Launch(*launch[:6], [(i, src if src >= 0 else ~index[~src], off) for i, src, off in launch[6]])
+                for launch in launches]
     device = rec.buffers[0][3].device if rec.buffers else tensors[0].device
-    return Plan(device, [tuple(b) for b in buffers], launches, outs)
+    return Plan(device, [tuple(buffers[j]) for j in fresh], launches, [index[j] for j in outs],
+                kept=[rec.buffers[j][3] for j in sorted(kept)])
+
+
+def _scratch(rec: _Recorder, outs) -> set:
+    """Indices of the recorded buffers a plan keeps and reuses: unfilled, not returned, SCRATCH_BYTES in all.
+
+    Only where every launch ran on the legacy default stream: then each replay's kernels run after the
+    previous replay's, from any thread, and one buffer serves them all (as PyTorch's caching allocator
+    hands a freed block to the next allocation on its stream).  With per-thread default streams two
+    threads' replays could overlap, so nothing is kept.
+    """
+    from numba.core import config
+
+    if getattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0):
+        return set()
+    if any(_as_int(_stream_handle(launch[4])) != 0 for launch in rec.launches):
+        return set()
+    kept, total = set(), 0
+    for j, (_, _, fill, t) in enumerate(rec.buffers):
+        nbytes = t.numel() * t.element_size()
+        if j not in outs and fill is None and total + nbytes <= SCRATCH_BYTES:
+            kept.add(j)
+            total += nbytes
+    return kept
 
 
 def note_buffer(shape, dtype, fill, tensor) -> None:

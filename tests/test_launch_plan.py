@@ -167,3 +167,89 @@ def test_the_torch_drop_in_replays_forward_and_backward(rng, monkeypatch):
     want = _normal(monkeypatch, step, *(t.detach().clone().requires_grad_() for t in (q, k, v)))
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a.cpu().numpy(), b.cpu().numpy())
+
+
+class _Function:
+    """Stands in for a compiled function in a recorded launch (only its handle is read)."""
+
+    handle = 0
+
+
+def _recorded(buffers, returned, stream=0):
+    """A recorder of one launch whose parameters are the data pointers of an input and of ``buffers``
+    ((tensor, fill) pairs; CPU tensors: only their pointers and sizes are read), the buffers' 8 bytes in;
+    the plan _build makes of it, with ``returned`` (indices into buffers) as the call's results."""
+    import ctypes
+
+    q = torch.zeros(4)
+    rec = _launch_plan._Recorder()
+    for t, fill in buffers:
+        rec.buffers.append((tuple(t.shape), t.dtype, fill, t))
+    ptrs = [q.data_ptr()] + [t.data_ptr() + 8 for t, _ in buffers]
+    params = [ctypes.c_void_p(p) for p in ptrs]
+    rec.launches.append((_Function(), 4, 128, 0, stream, params, list(enumerate(ptrs))))
+    return _launch_plan._build(rec, (q,), [buffers[i][0] for i in returned]), q, ptrs
+
+
+def test_a_plan_keeps_small_scratch_and_allocates_the_rest():
+    """A buffer the call neither returns nor fills is kept, up to SCRATCH_BYTES in all; its pointer stays in the
+    launch; every other buffer is allocated per replay and written into its slot."""
+    small, big = torch.empty(16), torch.empty(_launch_plan.SCRATCH_BYTES // 4)  # 64 B; 1 MiB: over, with small
+    filled, out = torch.zeros(8), torch.empty(2, 3)
+    plan, q, ptrs = _recorded([(small, None), (big, None), (filled, 0.0), (out, None)], returned=[3])
+    assert [t is small for t in plan.kept] == [True]
+    assert [b[0] for b in plan.buffers] == [tuple(big.shape), (8,), (2, 3)]  # allocated per replay, in order
+    assert plan.results == [2]
+    (launch,) = plan.launches
+    slots = [(src, off) for _, src, off in launch.slots]
+    assert slots == [(0, 0), (~0, 8), (~1, 8), (~2, 8)]  # q, big, filled, out: small is not a slot
+    launched = []
+    launch._launch = lambda *args: launched.append(args) or launch._ok  # no GPU here: note the call
+    launch.run([1000], [2000, 3000, 4000])  # what a replay writes
+    assert [v.value for v in launch._values] == [1000, ptrs[1], 2008, 3008, 4008]
+    assert launched == [launch.args] and launch.args[1:7] == (4, 1, 1, 128, 1, 1)
+
+
+def test_scratch_is_kept_only_on_the_legacy_default_stream(monkeypatch):
+    """On another stream, or with per-thread default streams, two replays could overlap: nothing is kept."""
+    from numba.core import config
+
+    scratch = [(torch.empty(16), None), (torch.empty(4), None)]
+    assert len(_recorded(scratch, returned=[1])[0].kept) == 1
+    assert _recorded(scratch, returned=[1], stream=7)[0].kept == []
+    monkeypatch.setattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 1, raising=False)
+    assert _recorded(scratch, returned=[1])[0].kept == []
+    monkeypatch.setattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0, raising=False)
+    monkeypatch.setattr(_launch_plan, "SCRATCH_BYTES", 63)  # 64 bytes do not fit
+    assert _recorded(scratch, returned=[1])[0].kept == []
+
+
+def test_the_launch_error_names_the_driver_result():
+    assert _launch_plan._error_name(1) == "CUDA_ERROR_INVALID_VALUE"
+    assert _launch_plan._error_name(123456) == "error 123456"
+
+
+@gpu
+def test_replays_back_to_back_and_from_threads_share_the_kept_scratch(rng, monkeypatch):
+    """The backward's plan keeps D (scratch it reuses): replays launched one after the other with no wait, and
+    from four threads at once, each give what the normal path gives, bit for bit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shapes = [(1, 4, 130, 64)] * 4
+    calls = []
+    for _ in range(9):
+        q, k, v, do = _tensors(rng, shapes)
+        f = api.attention_forward(q, k, v, kernel="flash2_fast")
+        calls.append((q, k, v, f.o, f.lse, do))
+    backward = api.attention_backward
+    backward(*calls[0], kernel="flash2_fast")  # records the plan
+    key = api._plan_key("backward", "flash2_fast", calls[0], False, 0.0, None, False, None, None, True)
+    plan = _launch_plan.lookup(key)
+    assert isinstance(plan, _launch_plan.Plan) and len(plan.kept) == 1  # D
+    got = [backward(*c, kernel="flash2_fast") for c in calls[1:5]]  # back to back
+    with ThreadPoolExecutor(4) as pool:
+        got += list(pool.map(lambda c: backward(*c, kernel="flash2_fast"), calls[5:]))
+    for c, b in zip(calls[1:], got):
+        b0 = _normal(monkeypatch, backward, *c, kernel="flash2_fast")
+        for x, y in ((b.dq, b0.dq), (b.dk, b0.dk), (b.dv, b0.dv)):
+            _same(x, y)
