@@ -11,10 +11,12 @@ once.  Per (batch, head), with item sizes s (storage) and a (accumulation)::
 so Theta(N d + N^2 d / Br) as for flash2.
 
 Backward (when the block is a micro-tile shape; otherwise flash2's backward and
-model): D = rowsum(dO * O) (flash2's kernel); the dK/dV kernel reads K_j, V_j once
-and, for every query block it visits (from the first one that sees key block j),
-Q_i, dO_i, L_i, D_i, then writes dK_j, dV_j; the dQ kernel reads Q_i, dO_i, L_i,
-D_i once and the K, V rows of every key block it visits, then writes dQ_i.
+model), two-pass: the dQ kernel reads Q_i, dO_i, L_i and O_i once (it computes
+D_i = rowsum(dO_i * O_i) itself and writes it) and the K, V rows of every key block
+it visits, then writes dQ_i; the dK/dV kernel reads K_j, V_j once and, for every
+query block it visits (from the first one that sees key block j), Q_i, dO_i, L_i,
+D_i, then writes dK_j, dV_j.  The other backwards start with flash2's
+D = rowsum(dO * O) kernel.
 
 By term (:mod:`.terms`): the forward's re-reads are flash2's, ``2 s d (sum_i n_i Bc - Nk)``
 (K and V again per query block); the backward's re-reads include D, the second pass's
@@ -80,7 +82,7 @@ def _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G):
 
 
 def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
-    """D = rowsum(dO*O), then "dK, dV" and "dQ" (two-pass) or the split backward's zeroed copies, its
+    """"dQ" (with D) and "dK, dV" (two-pass), or D = rowsum(dO*O), the split backward's zeroed copies, its
     dK/dV/dQ kernel and their sum (:func:`~flash_numba.kernels.flash2_fast.layout.split_dq_copies` picks, by
     the device); flash2's model for blocks that run flash2's backward.  ``G`` query heads per key/value head."""
     parts = _fast_parts(BH, Nq, Nk, d, dtype, causal, block, G)
@@ -94,9 +96,9 @@ def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
                          layout.BACKWARD_KVQ_SPLIT_NAME: KernelBytes(kv_read + atomics, kv_written + atomics),
                          layout.SUM_DQ_NAME: KernelBytes(copies * n * a, n * s)})
     keys = visited_keys(Nq, Nk, *block, causal)
-    dq = KernelBytes(BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * keys), BH * s * Nq * d)
-    return HBMCount({_rowsum.NAME: rowsum, layout.BACKWARD_KV_NAME: KernelBytes(kv_read, kv_written),
-                     layout.BACKWARD_Q_NAME: dq})
+    # Q_i, dO_i, O_i and L_i read once, K and V per visited key block; dQ_i and D_i written
+    dq = KernelBytes(BH * ((3 * s * d + a) * Nq + 2 * s * d * keys), BH * (s * d + a) * Nq)
+    return HBMCount({layout.BACKWARD_Q_NAME: dq, layout.BACKWARD_KV_NAME: KernelBytes(kv_read, kv_written)})
 
 
 def backward_atomic(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:

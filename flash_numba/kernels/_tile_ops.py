@@ -330,15 +330,16 @@ def padded_loader(rows: int, d: int, DP: int, S: int, pair: bool, acc_name: str,
 
 
 @functools.lru_cache(maxsize=None)
-def stats_loader(rows: int, acc_name: str, count: bool):
-    """Device function ``load(Ls, Ds, lse, D, bh, r0, n, tid)``: L_i (log2 units) and D_i of a query block.
+def stats_loader(rows: int, acc_name: str, count: bool, with_d: bool = True):
+    """Device function ``load(Ls, Ds, lse, D, bh, r0, n, tid)``: L_i (log2 units) and D_i of a query block
+    (L_i only, Ds and D untouched, without ``with_d``); the number of elements read.
 
     Thread r < rows loads row r0 + r, L as given (a row that sees no key has L = -inf: the
     kernels select P = 0 on its masked entries); a row past n gets L = +inf, exp2(S - L) = 0.
     """
     POS_INF = np.dtype(acc_name).type(np.inf)
     ZERO, LOG2E = _zero(acc_name), np.dtype(acc_name).type(1.4426950408889634)
-    COUNT = count
+    COUNT, WITH_D = count, with_d
     assert rows <= NT  # one thread per row
 
     @jit(device=True, forceinline=True)
@@ -350,11 +351,13 @@ def stats_loader(rows: int, acc_name: str, count: bool):
             r = uint32(r0) + uint32(tid)
             if r < uint32(n):  # unsigned compares: uint32 < int64 would compare as float64
                 Lr = lse[uint32(bh), r] * LOG2E
-                Dr = D[uint32(bh), r]
+                if WITH_D:
+                    Dr = D[uint32(bh), r]
                 if COUNT:
-                    got = 2
+                    got = 1 + WITH_D
             Ls[tid] = Lr
-            Ds[tid] = Dr
+            if WITH_D:
+                Ds[tid] = Dr
         return got
 
     return load

@@ -169,10 +169,14 @@ def _dynamic_bytes(geometry_of, d: int, TM: int, TN: int, dtype) -> int:
     return nbytes if _smem.is_dynamic(nbytes) else 0
 
 
-def _backward_inputs(prob, ops, counters):
-    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts): D = rowsum(dO * O) launched, dk and dv
-    allocated; q, k, v, do flat and ``layouts`` their layouts (:func:`flash_numba._views.flat_input`)."""
-    D = _rowsum.rowsum(prob, ops["o"].dev, ops["do"].dev, counters)
+def _backward_inputs(prob, ops, counters, launch_d: bool = True):
+    """(q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts): D = rowsum(dO * O) launched (allocated only,
+    without ``launch_d``: the two-pass dQ kernel computes it), dk and dv allocated; q, k, v, do flat and
+    ``layouts`` their layouts (:func:`flash_numba._views.flat_input`)."""
+    if launch_d:
+        D = _rowsum.rowsum(prob, ops["o"].dev, ops["do"].dev, counters)
+    else:
+        D = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_views.flat_input(ops[name].dev, name)
                                                         for name in ("q", "k", "v", "do"))
     dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
@@ -182,13 +186,14 @@ def _backward_inputs(prob, ops, counters):
 
 
 def backward(prob, ops, block, counters):
-    """dQ, dK, dV, deterministic: D = rowsum(dO*O), then the split backward where it keeps the GPU busy
+    """dQ, dK, dV, deterministic: the split backward where it keeps the GPU busy
     (:func:`.layout.split_dq_copies`), else the two-pass one.
 
-    Split: S zeroed copies of dQ, the dK/dV/dQ kernel on a grid of S * B*Hkv blocks, block s adding into
-    copy s only (one block, one order), then dq = copy 0 + copy 1 + ... in that order.  Two-pass: dK/dV
-    per key block (1-D grid of Tc * B*Hkv), then dQ per query block.  Blocks the fast kernels cannot run
-    (:func:`uses_fast_backward`) run flash2's backward.
+    Split: D = rowsum(dO*O), S zeroed copies of dQ, the dK/dV/dQ kernel on a grid of S * B*Hkv blocks, block s
+    adding into copy s only (one block, one order), then dq = copy 0 + copy 1 + ... in that order.  Two-pass:
+    D and dQ per query block (the dQ kernel computes D_i from the dO_i it loads, and writes D), then dK/dV
+    per key block (1-D grid of Tc * B*Hkv): two launches, the fewest host work of any backward at small N.
+    Blocks the fast kernels cannot run (:func:`uses_fast_backward`) run flash2's backward.
     """
     Br, Bc = block
     BH, Nq, Nk, d, dt = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype
@@ -198,20 +203,21 @@ def backward(prob, ops, block, counters):
     if copies:
         return _backward_dq_copies(prob, ops, block, counters, copies)
     count = counters.enabled
-    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters)
+    q, k, v, do, lse, D, dk, dv, scale, scale_log2, layouts = _backward_inputs(prob, ops, counters, launch_d=False)
+    o, o_lay = _views.flat_input(ops["o"].dev, "o")
     dropout, drop_args = _dropout.launch_args(prob)
-    kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
-    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout, dynamic=bool(kv_dyn))
     grid = grids(prob, block)
-    _smem.configure(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
-        q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, 0, scale, scale_log2,
-        counters.array(BACKWARD_KV_NAME), *layouts, *drop_args)
     dq = _inputs.empty((BH, Nq, d), dt)
     q_dyn = _dynamic_bytes(geometry_q, d, Br // TY, Bc // TX, dt)
     qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count, dropout, dynamic=bool(q_dyn))
-    _smem.configure(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
-        q, k, v, do, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2, counters.array(BACKWARD_Q_NAME), *layouts,
-        *drop_args)
+    _smem.configure(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(  # D_i and dQ_i: D for the dK/dV kernel
+        q, k, v, do, o, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2, counters.array(BACKWARD_Q_NAME), *layouts,
+        o_lay, *drop_args)
+    kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
+    kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout, dynamic=bool(kv_dyn))
+    _smem.configure(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
+        q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, 0, scale, scale_log2,
+        counters.array(BACKWARD_KV_NAME), *layouts, *drop_args)
     return dq, dk, dv
 
 
@@ -314,7 +320,8 @@ def _compile_for_cc(cc, dtypes, ds):
         fwd_sig = (X1, X1, X1, X3, A2, I64, I64, I64, ACC, COUNTER_TYPE, LAY, LAY, LAY, *DROP)
         kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY,
                   LAY, *DROP)
-        q_sig = (X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY, *DROP)
+        q_sig = (X1, X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, ACC, ACC, COUNTER_TYPE, LAY, LAY, LAY, LAY, LAY,
+                 *DROP)
         for d in ds:
             Br, Bc = choose_block(d, dt, budget)
             bBr, bBc = choose_block(d, dt, budget, "backward")
@@ -371,8 +378,9 @@ SPEC = KernelSpec(
     name="flash2_fast", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
     backward_atomic=backward_atomic,  # deterministic=False
     forward_launches=(FORWARD_NAME,),
-    backward_launches=(_rowsum.NAME, BACKWARD_KV_NAME, BACKWARD_Q_NAME, ZERO_DQ_COPIES_NAME, BACKWARD_KVQ_SPLIT_NAME,
-                       SUM_DQ_NAME),  # two-pass or split: split_dq_copies picks
+    # two-pass (dQ with D, then dK/dV) or split (D, zeroed copies, dK/dV/dQ, their sum): split_dq_copies picks
+    backward_launches=(BACKWARD_Q_NAME, BACKWARD_KV_NAME, _rowsum.NAME, ZERO_DQ_COPIES_NAME, BACKWARD_KVQ_SPLIT_NAME,
+                       SUM_DQ_NAME),
     atomic_backward_launches=(_rowsum.NAME, ZERO_DQ_NAME, BACKWARD_KVQ_NAME, CAST_DQ_NAME),
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
     max_registers=MAX_REGISTERS, register_rule=register_cap, dynamic_shared=True,

@@ -32,7 +32,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, int64, uint32
+from numba import cuda, int64, uint32, uint64
 
 from ...device import jit
 from .. import _dropout, _smem, _tile_ops
@@ -267,10 +267,13 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 @lru_cache(maxsize=None)
 def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, dropout: bool = False,
               dynamic: bool = False):
-    """``(kernel, geometry)``: dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j.
+    """``(kernel, geometry)``: D_i and dQ_i for one query block of Br = 8 TM rows; walks over the key blocks j.
 
-    Arguments: ``(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
-    seed, threshold, inv_keep)`` (as for :func:`dkdv_kernel`, and ``dynamic``).
+    The two-pass backward's first launch: it computes D_i = rowsum(dO_i * O_i) itself, from the dO_i it holds
+    and O_i read once, uses it, and writes D for the dK/dV kernel (no separate D launch: one launch less per
+    call, and dO read once less).  Arguments: ``(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2,
+    counter, q_lay, k_lay, v_lay, do_lay, o_lay, seed, threshold, inv_keep)`` (as for :func:`dkdv_kernel`, with
+    o flat and its layout; ``D`` written), and ``dynamic``.
     """
     acc, ACC, SB, AB = _kernel_constants(dtype_name)
     MUL_RN = rounded_mul(acc)  # scale * S rounded as the forward rounds it
@@ -281,15 +284,15 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     block_tiles = _smem.tiles(g["tiles"], acc, dynamic)
     load_q = _tile_ops.padded_loader(Br, d, DP, QS, True, acc, count)
     load_kv, zero_kv_padding = _tile_ops.pair_loader(Bc, d, DP, KS, KS, True, acc, count)  # K_j^T, V_j^T
-    load_stats = _tile_ops.stats_loader(Br, acc, count)
+    load_stats = _tile_ops.stats_loader(Br, acc, count, with_d=False)  # L_i only: D_i is computed here
     s_dp_product = _tile_ops.strided_product(TM, TN, DP, QS, TN, 1, KS, True, True, acc)  # S = Q K^T, dP = dO V^T
     dq_product = _tile_ops.strided_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
     dq_masked = _tile_ops.strided_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
     store = _tile_ops.strided_store(TM, TD, d, False, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
-    def kernel(q, k, v, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay, seed,
-               threshold, inv_keep):
+    def kernel(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+               o_lay, seed, threshold, inv_keep):
         # Q_i^T, dO_i^T (DP, QS); K_j^T, V_j^T (DP, KS), KS odd; dS_ij^T (Bc, PS); L_i, D_i (Br)
         QT, dOT, KT, VT, dST, Ls, Ds = block_tiles()
         s = cuda.local.array((TM, TN), ACC)
@@ -305,10 +308,24 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
         nr = nw = 0
 
         n = load_q(QT, dOT, q, do, q_lay, do_lay, bh, r0, Nq, tid)  # Q_i, dO_i -> QT, dOT once
-        n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)  # L_i (log2 units) and D_i
+        n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)  # L_i (log2 units)
         if COUNT:
             nr += n * SB + n_stats * AB
         zero_kv_padding(KT, VT, tid)
+        cuda.syncthreads()
+        # D_i = rowsum(dO_i * O_i): thread r sums row r0 + r, columns in order (deterministic), dO_i from QT's twin
+        if tid < Br:
+            D_row = ZERO
+            row = uint32(r0) + uint32(tid)
+            if row < uint32(Nq):
+                o0 = _tile_ops.head_starts(o_lay, o_lay, bh)[0] + uint64(row * uint32(o_lay[3]))
+                for x in range(d):
+                    D_row += dOT[x * QS + tid] * ACC(o[o0 + uint64(x)])
+                D[uint32(bh), row] = D_row
+                if COUNT:
+                    nr += d * SB
+                    nw += AB
+            Ds[tid] = D_row
         cuda.syncthreads()
         for a in range(TM):
             L2[a] = Ls[ty * TM + a]
