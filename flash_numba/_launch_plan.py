@@ -16,7 +16,8 @@ buffer that lives as long as the CUDA context (:func:`persistent`).  If every
 pointer is accounted for, the call becomes a :class:`Plan`; a later call with the
 same key allocates the buffers, writes the new pointers into the recorded
 parameters (packed once, :class:`_Launch`) and launches the same functions with
-the driver's ``cuLaunchKernel``, called through ctypes.  A small buffer that the call
+the driver's ``cuLaunchKernel``, in the recorded CUDA context (made current for the
+launches where the calling thread has another or none).  A small buffer that the call
 uses only inside (the backward's D) is kept by the plan and reused (:func:`_scratch`).
 A pointer that matches nothing (a copy made inside the call) makes the key
 uncacheable: those calls keep the normal path.
@@ -111,73 +112,30 @@ class _Launch:
     pointers into the values named by ``slots`` and calls the driver: no Python object
     per parameter is built or converted per call (``cuda.core``'s ``launch``, which
     Numba calls, converts all of them every time: 20-25 microseconds for 67 parameters).
-    The driver is called through ctypes where libcuda can be opened (:func:`_ctypes_launch`),
-    else through ``cuda.bindings``, whose wrapper builds a helper and an enum per call.
+    What is left is the driver's own work, about 8 microseconds a launch on the H200's host
+    (calling it through ctypes instead of ``cuda.bindings`` measured the same, s12/B).
     """
 
     def __init__(self, function, griddim, blockdim, sharedmem, stream, params, slots):
         import ctypes
+
+        from cuda.bindings import driver
 
         values = [ctypes.c_int64(p) if isinstance(p, int) else type(p)(p.value) for p in params]
         self._values = values  # keeps the memory the addresses below point to
         self._addresses = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         self.slots = [(values[i], src, off) for i, src, off in slots]  # (value, source, byte offset)
         grid, block = (tuple(dims) + (1,) * (3 - len(dims)) for dims in (_dims(griddim), _dims(blockdim)))
-        launch = _ctypes_launch()
-        if launch is None:  # cuda.bindings' wrapper: its own handle objects, a CUresult back
-            from cuda.bindings import driver
-
-            handle, stream_handle, ok, extra = function.handle, _stream_handle(stream), driver.CUresult.CUDA_SUCCESS, 0
-            launch = driver.cuLaunchKernel
-        else:  # plain integers for ctypes, 0 back on success
-            handle, stream_handle, ok, extra = _as_int(function.handle), _as_int(_stream_handle(stream)), 0, None
-        self.args = (handle, *grid, *block, int(sharedmem), stream_handle, ctypes.addressof(self._addresses), extra)
-        self._launch, self._ok = launch, ok
+        self.args = (function.handle, *grid, *block, int(sharedmem), _stream_handle(stream),
+                     ctypes.addressof(self._addresses), 0)
+        self._launch, self._ok = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
 
     def run(self, bases, buffer_bases) -> None:
         for value, src, off in self.slots:
             value.value = (bases[src] if src >= 0 else buffer_bases[~src]) + off
-        err = self._launch(*self.args)
+        err, = self._launch(*self.args)
         if err != self._ok:
-            raise RuntimeError(f"flash_numba: cuLaunchKernel failed ({_error_name(err)}) replaying a launch plan")
-
-
-_CTYPES_LAUNCH = []  # [libcuda's cuLaunchKernel, or None], looked up once
-
-
-def _ctypes_launch():
-    """libcuda's ``cuLaunchKernel`` as a ctypes function (None if the library cannot be opened).
-
-    One launch through it costs the driver's own work and ctypes' conversion of 11 integers; through
-    ``cuda.bindings.driver.cuLaunchKernel`` it also builds a parameter helper and a result enum.  Both
-    call the same function of the same library (a process loads libcuda once), on the context current
-    on the calling thread, with legacy default-stream semantics for stream 0, as Numba's launches.
-    """
-    if not _CTYPES_LAUNCH:
-        import ctypes
-
-        try:
-            lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-            f = lib.cuLaunchKernel
-        except (OSError, AttributeError):
-            f = None
-        else:
-            f.restype = ctypes.c_int
-            f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        _CTYPES_LAUNCH.append(f)
-    return _CTYPES_LAUNCH[0]
-
-
-def _error_name(err) -> str:
-    """A CUresult's name, from the enum or from ctypes' integer."""
-    if hasattr(err, "name"):
-        return err.name
-    from cuda.bindings import driver
-
-    try:
-        return driver.CUresult(err).name
-    except ValueError:
-        return f"error {err}"
+            raise RuntimeError(f"flash_numba: cuLaunchKernel failed ({err.name}) replaying a launch plan")
 
 
 def _dims(dims) -> tuple:
@@ -208,6 +166,7 @@ class Plan:
     results: list  # index in buffers of each result, in order
     block: object = None  # the (Br, Bc) the recorded call used
     kept: list = field(default_factory=list)  # scratch reused by every replay (its pointers stay in the launches)
+    context: int = 0  # the CUDA context the launches were recorded in (0: not known, left as the thread has it)
     lock: object = field(default_factory=threading.Lock)  # replays share the packed parameters
 
     def replay(self, tensors: tuple) -> list:
@@ -219,10 +178,45 @@ class Plan:
                 torch.full(shape, fill, dtype=dt, device=dev) for shape, dt, fill in self.buffers]
         bases = [t.data_ptr() for t in tensors]
         buffer_bases = [b.data_ptr() for b in bufs]
-        with self.lock:
+        with self.lock, _current(self.context):
             for launch in self.launches:
                 launch.run(bases, buffer_bases)
         return [bufs[i] for i in self.results]
+
+
+class _current:
+    """``with _current(ctx):`` the launches inside run in CUDA context ``ctx`` (an int handle; 0: as they are).
+
+    A launch runs in the calling thread's current context.  Numba's normal path makes the context of the
+    tensors' device current; a replay that skips it could find none (a thread that never used CUDA through
+    the driver: cuLaunchKernel fails with CUDA_ERROR_INVALID_CONTEXT) or another device's.  So the recorded
+    context is pushed for the launches where it is not the current one, and popped after: one driver query
+    per replay otherwise.
+    """
+
+    __slots__ = ("ctx", "pushed")
+
+    def __init__(self, ctx: int):
+        self.ctx, self.pushed = ctx, False
+
+    def __enter__(self):
+        if self.ctx:
+            from cuda.bindings import driver
+
+            err, cur = driver.cuCtxGetCurrent()
+            if _as_int(cur) != self.ctx:
+                err, = driver.cuCtxPushCurrent(driver.CUcontext(self.ctx))
+                if err != driver.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(f"flash_numba: cuCtxPushCurrent failed ({err.name}) replaying a launch plan")
+                self.pushed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            from cuda.bindings import driver
+
+            driver.cuCtxPopCurrent()
+        return False
 
 
 @dataclass
@@ -230,6 +224,7 @@ class _Recorder:
     buffers: list = field(default_factory=list)  # (shape, torch dtype, fill, tensor)
     # (function, griddim, blockdim, sharedmem, stream, params, [(index in params, data pointer)])
     launches: list = field(default_factory=list)
+    context: int = 0  # the CUDA context current at the launches (the tensors' device; -1: more than one)
 
 
 def lookup(k):
@@ -275,6 +270,8 @@ class recording:
 
 
 def _build(rec: _Recorder, tensors, results):
+    if rec.context == -1:
+        return None  # launches in two CUDA contexts: a plan replays in one
     inputs = [t.data_ptr() for t in tensors]
     spans = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for *_, b in rec.buffers]
 
@@ -316,7 +313,7 @@ def _build(rec: _Recorder, tensors, results):
                 for launch in launches]
     device = rec.buffers[0][3].device if rec.buffers else tensors[0].device
     return Plan(device, [tuple(buffers[j]) for j in fresh], launches, [index[j] for j in outs],
-                kept=[rec.buffers[j][3] for j in sorted(kept)])
+                kept=[rec.buffers[j][3] for j in sorted(kept)], context=rec.context)
 
 
 def _scratch(rec: _Recorder, outs) -> set:
@@ -368,6 +365,7 @@ def _install() -> None:
     if _INSTALLED:
         return
     from cuda.core import launch
+    from numba import cuda
     from numba.cuda import dispatcher, types
 
     _LAUNCH = launch
@@ -390,6 +388,8 @@ def _install() -> None:
         for writeback in retr:
             writeback()
         rec.launches.append((cufunc.kernel, griddim, blockdim, sharedmem, stream, params, arrays))
+        context = _as_int(cuda.current_context().handle)
+        rec.context = context if rec.context in (0, context) else -1  # -1: two contexts, not replayable
 
     dispatcher._Kernel.launch = recorded_launch
     _INSTALLED = True

@@ -204,7 +204,7 @@ def test_a_plan_keeps_small_scratch_and_allocates_the_rest():
     slots = [(src, off) for _, src, off in launch.slots]
     assert slots == [(0, 0), (~0, 8), (~1, 8), (~2, 8)]  # q, big, filled, out: small is not a slot
     launched = []
-    launch._launch = lambda *args: launched.append(args) or launch._ok  # no GPU here: note the call
+    launch._launch = lambda *args: launched.append(args) or (launch._ok,)  # no GPU here: note the call
     launch.run([1000], [2000, 3000, 4000])  # what a replay writes
     assert [v.value for v in launch._values] == [1000, ptrs[1], 2008, 3008, 4008]
     assert launched == [launch.args] and launch.args[1:7] == (4, 1, 1, 128, 1, 1)
@@ -215,6 +215,8 @@ def test_scratch_is_kept_only_on_the_legacy_default_stream(monkeypatch):
     from numba.core import config
 
     scratch = [(torch.empty(16), None), (torch.empty(4), None)]
+    plan = _recorded(scratch, returned=[1])[0]
+    assert plan.context == 0  # a recorder that saw no context (no GPU here): replays leave the thread's as it is
     assert len(_recorded(scratch, returned=[1])[0].kept) == 1
     assert _recorded(scratch, returned=[1], stream=7)[0].kept == []
     monkeypatch.setattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 1, raising=False)
@@ -222,11 +224,6 @@ def test_scratch_is_kept_only_on_the_legacy_default_stream(monkeypatch):
     monkeypatch.setattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0, raising=False)
     monkeypatch.setattr(_launch_plan, "SCRATCH_BYTES", 63)  # 64 bytes do not fit
     assert _recorded(scratch, returned=[1])[0].kept == []
-
-
-def test_the_launch_error_names_the_driver_result():
-    assert _launch_plan._error_name(1) == "CUDA_ERROR_INVALID_VALUE"
-    assert _launch_plan._error_name(123456) == "error 123456"
 
 
 @gpu
@@ -258,3 +255,8 @@ def test_replays_back_to_back_and_from_threads_share_the_kept_scratch(rng, monke
         b0 = _normal(monkeypatch, backward, *c, kernel="flash2_fast")
         for x, y in ((b.dq, b0.dq), (b.dk, b0.dk), (b.dv, b0.dv)):
             _same(x, y)
+
+
+def test_launches_in_two_contexts_make_no_plan():
+    rec = _launch_plan._Recorder(context=-1)
+    assert _launch_plan._build(rec, (torch.zeros(1),), []) is None
