@@ -399,3 +399,23 @@ def test_a_figure_writes_its_csv_before_its_png(tmp_path, monkeypatch, capsys):
     rows = read_csv(tmp_path / "fig3_hbm_vs_seqlen.csv")
     assert rows and all(r["source"] == "model" for r in rows)
     assert len(common.read_points(tmp_path / "fig3_points.csv")) == len(rows)
+
+
+def test_launch_times_name_a_repeated_launch_once(monkeypatch):
+    """The split backward launches its dK/dV/dQ kernel once per round of key tiles: launch_times gives it one
+    name, in the counters' order (figure 6 matches them), its time the sum of its launches."""
+    import numpy as np
+
+    import flash_numba as fn
+    from flash_numba.kernels import flash2_fast
+
+    monkeypatch.setattr(flash2_fast.layout, "FORCE_DQ_COPIES", 1)  # one copy: a round per key tile
+    monkeypatch.setattr(timing, "LAUNCH_REPEATS", 1)
+    monkeypatch.setattr(timing.LaunchTimer, "stop", lambda self: {n: float(self.names.count(n)) for n in self.names})
+    q, k, v, do = passes.random_inputs(1, 40, 8)
+    f = passes.forward("flash2_fast", q, k, v)
+    arrays = {"q": q, "k": k, "v": v, "o": f.o, "lse": f.lse, "do": do}
+    names, ms = timing.launch_times("flash2_fast", "backward", arrays)
+    assert names == list(passes.model("flash2_fast", "backward", 1, 40, 8).per_kernel)
+    Bc = fn.resolve_block("flash2_fast", 8, np.float32, pass_="backward")[1]
+    assert ms["flash2_fast dK, dV, dQ (split)"] == -(-40 // Bc) > 1  # every round timed, summed

@@ -98,16 +98,21 @@ class LaunchTimer(Counters):
 
 def launch_times(kernel: str, pass_: str, arrays: dict):
     """``(names, ms per name)``: each launch of one pass timed with :class:`LaunchTimer`
-    (median of :data:`LAUNCH_REPEATS` passes after an untimed one); ms is None in the simulator."""
+    (median of :data:`LAUNCH_REPEATS` passes after an untimed one); ms is None in the simulator.
+
+    ``names`` in the order they first launched, each once: a name launched several times (the split
+    backward's rounds) is one entry, its time the sum of its launches, as the counters sum its bytes.
+    """
     passes.run_pass(kernel, pass_, arrays, Counters(False))
     samples = []
     for _ in range(LAUNCH_REPEATS):
         timer = LaunchTimer()
         passes.run_pass(kernel, pass_, arrays, timer)
         samples.append(timer.stop())
+    names = list(dict.fromkeys(timer.names))
     if samples[0] is None:
-        return timer.names, None
-    return timer.names, {n: statistics.median(s[n] for s in samples) for n in timer.names}
+        return names, None
+    return names, {n: statistics.median(s[n] for s in samples) for n in names}
 
 
 def out_of_memory(exc: BaseException) -> bool:
