@@ -419,3 +419,27 @@ def test_launch_times_name_a_repeated_launch_once(monkeypatch):
     assert names == list(passes.model("flash2_fast", "backward", 1, 40, 8).per_kernel)
     Bc = fn.resolve_block("flash2_fast", 8, np.float32, pass_="backward")[1]
     assert ms["flash2_fast dK, dV, dQ (split)"] == -(-40 // Bc) > 1  # every round timed, summed
+
+
+def test_launch_timer_gives_each_launch_its_own_events(monkeypatch):
+    """The i-th launch's two events time the i-th counter asked for; a name's launches are summed; a launch
+    count that differs from the counters' is an error, not a shifted table (fake events: no GPU here)."""
+    from numba import cuda
+
+    class Event:
+        def __init__(self, t):
+            self.t = t
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(timing.device, "SIMULATOR", False)
+    monkeypatch.setattr(cuda, "event_elapsed_time", lambda a, b: b.t - a.t, raising=False)
+    timer = timing.LaunchTimer()
+    for name in ("S", "P", "S"):  # asked for up front, as the standard forward does
+        timer.array(name)
+    timer._pairs += [(Event(0), Event(2)), (Event(5), Event(6)), (Event(9), Event(12))]  # gaps: host time
+    assert timer.stop() == {"S": 5, "P": 1}
+    timer._pairs.pop()
+    with pytest.raises(RuntimeError, match="2 launches timed for 3 counters"):
+        timer.stop()
