@@ -40,9 +40,9 @@ STANDARD_BENCH_CSV = STANDARD / "bench.csv"
 STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
 NCU_CSV = STANDARD / "ncu_bytes.csv"
 SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
-#: The latest harness run (session 11, ``C/``, the final kernels of that session): flash2_fast (both backwards) and
-#: PyTorch's SDPA at d = 32, 64, 96 and 128, N = 4096 (d = 32's atomic backward before its 32 x 64 block: ``D/``).
-LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s11" / "C" / "run_4096.csv"
+#: The latest harness run (session 12, ``D/``, the final kernels of that session): flash2_fast (both backwards) and
+#: PyTorch's SDPA at d = 32, 64, 80, 96 and 128, N = 4096.
+LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s12" / "D" / "run_4096.csv"
 #: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
 #: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``B/``).
@@ -64,6 +64,11 @@ SESSION11 = RESULTS.parent / "h200-2026-12-01-s11"
 #: flash2_fast's backward at explicit blocks (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), session 11: d = 64
 #: (``A/``, the sweep that chose the atomic backward's 32 x 64 block) and d = 32 (``C/``).
 ATOMIC_BLOCK_CSVS = (SESSION11 / "A" / "sweep64.csv", SESSION11 / "C" / "sweep32.csv")
+SESSION12 = RESULTS.parent / "h200-2026-12-01-s12"
+#: Host time of one call (``benchmarks/host_overhead.py``, N = 128, B*H = 32, d = 64), session 12: before (commit
+#: ab3ab04: flash2_fast's deterministic backward launched D, dK/dV, dQ) and after (its dQ kernel computes D: two
+#: launches), alternating, two runs each (``C/host_<tree>_<run>.csv``).
+HOST_CSVS = {(tree, run): SESSION12 / "C" / f"host_{tree}_{run}.csv" for tree in ("before", "after") for run in (1, 2)}
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -71,7 +76,8 @@ L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 def available() -> bool:
     """True when the committed results are on disk (a clone of the repository)."""
     return all(p.exists() for p in (BENCH_CSV, LESSON1_LOG, STANDARD_BENCH_CSV, STANDARD_KERNELS_CSV, NCU_CSV,
-                                    LATEST_BENCH_CSV, BLOCK_SWEEP_CSV, BACKWARD_PATHS_CSV, *ATOMIC_BLOCK_CSVS))
+                                    LATEST_BENCH_CSV, BLOCK_SWEEP_CSV, BACKWARD_PATHS_CSV, *ATOMIC_BLOCK_CSVS,
+                                    *HOST_CSVS.values()))
 
 
 def provenance(path: Path = BENCH_CSV) -> dict:
@@ -213,6 +219,17 @@ def atomic_block_rows(Bcs=(32, 64), paths=ATOMIC_BLOCK_CSVS) -> list[dict]:
         where = folder_provenance(path)
         out += [dict(r, file=where["file"], device=where["device"]) for r in _csv_rows(path)
                 if r["mode"] == "atomic" and r["Br"] == "32" and int(r["Bc"]) in Bcs]
+    return out
+
+
+def host_rows(paths=HOST_CSVS) -> list[dict]:
+    """Session 12's host time of one call on PyTorch tensors (launch plans replayed): ``tree`` (before / after),
+    ``run``, ``kernel``, ``pass``, ``host_us`` (float), ``file`` and ``device`` of the file."""
+    out = []
+    for (tree, run), path in paths.items():
+        where = folder_provenance(path)
+        out += [dict(r, tree=tree, run=run, host_us=float(r["host_us"]), file=where["file"], device=where["device"])
+                for r in _csv_rows(path) if r["inputs"] == "torch"]
     return out
 
 

@@ -117,6 +117,20 @@ def test_the_recorded_atomic_blocks_read_with_their_provenance():
     assert all(ms[d, "64", c] < ms[d, "32", c] for d in ("32", "64") for c in ("False", "True"))  # why it ships
 
 
+def test_the_recorded_host_times_read_before_and_after():
+    """Lesson 10's host time of one call (session 12): both trees, both runs, each kernel and pass, from the H200;
+    flash2_fast's backward (one launch fewer after) is the faster in every pairing of runs."""
+    from flash_numba import recorded
+
+    rows = recorded.host_rows()
+    keys = {(r["tree"], r["run"], r["kernel"], r["pass"]) for r in rows}
+    assert keys == {(t, n, k, p) for t in ("before", "after") for n in (1, 2) for k in ("flash2_fast", "flash2")
+                    for p in ("fwd", "bwd")}
+    assert all(r["device"] == "NVIDIA H200" and r["host_us"] > 0 for r in rows)
+    bwd = {(r["tree"], r["run"]): r["host_us"] for r in rows if (r["kernel"], r["pass"]) == ("flash2_fast", "bwd")}
+    assert max(bwd["after", n] for n in (1, 2)) < min(bwd["before", n] for n in (1, 2))
+
+
 def test_the_recorded_forward_steps_read_with_their_commits():
     """Session 10's forward, change by change (lesson 4): every tree timed twice at d = 64 and 128, each row with
     its tree's commit; and Nsight Compute after the fix, whose counts agree with each other."""

@@ -325,6 +325,62 @@ if recorded.available():
 # thread blocks, so that a single query still fills the GPU. Each attacks the bytes of the cache; none of
 # them is the $N \times N$ problem FlashAttention solved.
 #
+# ## What a call costs besides its kernels
+#
+# At $N = 4096$ the kernels take milliseconds. At $N = 128$ they take microseconds, and the time of a call is
+# the host's: Python checking the arguments, PyTorch allocating the outputs, and one driver call
+# (`cuLaunchKernel`) per kernel launch. flash_numba records the launches of a call the first time it sees its
+# shapes (a *launch plan*, `flash_numba/_launch_plan.py`) and replays them after that, so what is left is
+# the allocations and the launches. On the H200's host the driver took about 8 microseconds a launch. So the
+# number of launches of a pass is the number to make small.
+#
+# **Predict.** How many kernels does each backward launch at a small $N$?
+#
+# * flash2's backward: $D = \mathrm{rowsum}(dO \circ O)$, then $dK, dV$ per key block, then $dQ$ per query block.
+# * flash2_fast's default (deterministic) backward. At a small $N$ it takes two passes, and its $dQ$ kernel
+#   computes $D_i$ itself from the $dO_i$ it has already loaded (it writes $D$ for the $dK, dV$ kernel).
+# * flash2_fast with `deterministic=False`: $D$, then a zeroed $dQ$ accumulator, then $dK, dV, dQ$ with atomics.
+
+# %%
+my_launches = {"flash2": None, "flash2_fast": None, "flash2_fast atomic": None}  # your three numbers
+
+# %% [markdown]
+# **Run.** With `count_hbm=True` every launch adds its bytes under its own name, so the counters list the
+# launches. (A kernel launched in rounds, as flash2_fast's split backward is at large $N$, keeps one name.)
+
+# %%
+rng_h = np.random.default_rng(11)
+qh, kh, vh, doh = (rng_h.standard_normal((1, 1, 32, 16)).astype(np.float32) for _ in range(4))
+launches = {}
+for label, kernel, det in (("flash2", "flash2", True), ("flash2_fast", "flash2_fast", True),
+                           ("flash2_fast atomic", "flash2_fast", False)):
+    fh = fn.attention_forward(qh, kh, vh, kernel=kernel)
+    bwd_h = fn.attention_backward(qh, kh, vh, fh.o, fh.lse, doh, kernel=kernel, deterministic=det, count_hbm=True)
+    launches[label] = list(bwd_h.hbm.per_kernel)
+    print(f"{label:<19} {len(launches[label])} launches: {', '.join(launches[label])}")
+    lessonkit.compare_prediction(f"{label} launches", my_launches[label], len(launches[label]))
+
+# %% [markdown]
+# **See it in microseconds.** The project timed one call on the H200 (PyTorch tensors, $N = 128$, $B \cdot H = 32$,
+# $d = 64$, launch plans replayed; `benchmarks/host_overhead.py`), the library before and after flash2_fast's $dQ$
+# kernel took over $D$, alternating, two runs each. Recorded, not measured now:
+
+# %%
+if recorded.available():
+    host = recorded.host_rows()
+    print(f"{'kernel':<12} {'pass':<5} {'before (us)':>12} {'after (us)':>11}   ({host[0]['device']}, "
+          f"{host[0]['file'].rsplit('/', 1)[0]})")
+    for kernel, pass_ in (("flash2_fast", "fwd"), ("flash2_fast", "bwd"), ("flash2", "bwd")):
+        us = {t: [r["host_us"] for r in host if (r["tree"], r["kernel"], r["pass"]) == (t, kernel, pass_)]
+              for t in ("before", "after")}
+        print(f"{kernel:<12} {pass_:<5} {' / '.join(map(str, us['before'])):>12} {' / '.join(map(str, us['after'])):>11}")
+
+# %% [markdown]
+# flash2_fast's backward, one launch fewer (and one allocation: a plan now keeps the small $D$ buffer instead of
+# allocating it every call), lost about 6 microseconds a call. flash2's backward, whose launches did not change,
+# is the control: it moved by a few microseconds between runs, which is the noise of the host, and so did the
+# forward. Kernel time hides none of this at small $N$: the GPU waits for the host.
+#
 # ## Where to go next
 #
 # * Read `flash_numba/kernels/flash2_fast/`: the same algorithm as flash2, rearranged for speed, with
@@ -342,6 +398,7 @@ if recorded.available():
 #   $d = 32$, not yet at $d = 64$).
 # * Shared memory per block is not fixed at 48 KB: with dynamic shared memory, opted in, an H200 gives a block up to
 #   227 KB, and larger tiles (more reuse per number loaded) made our $d = 128$ forward 1.5x faster.
+# * At small $N$ a call's time is the host's, mostly one driver call per kernel launch: count the launches.
 # * The KV cache is a different memory problem: it grows with every token kept, $2 \cdot$ layers $\cdot$ heads $\cdot
 #   d \cdot$ tokens $\cdot$ batch elements.
 #
@@ -351,6 +408,7 @@ if recorded.available():
 assert per_seq == 2 * 32 * 32 * 128 * 4096 * 2 and per_seq == 2 * 2**30
 assert tiles(128, 8, 2, 4) > 48 * 1024 >= tiles(64, 8, 2, 4) and same_bits
 assert 0.9 < intensity < 1.1
+assert [len(launches[x]) for x in ("flash2", "flash2_fast", "flash2_fast atomic")] == [3, 2, 3], launches
 if TORCH_GPU:
     ran = [r for r in sdpa_rows if r[2] != "refused"]
     assert len(ran) >= 2 and all(float(r[3]) < 1e-2 for r in ran), sdpa_rows
