@@ -373,7 +373,8 @@ if recorded.available():
     for kernel, pass_ in (("flash2_fast", "fwd"), ("flash2_fast", "bwd"), ("flash2", "bwd")):
         us = {t: [r["host_us"] for r in host if (r["tree"], r["kernel"], r["pass"]) == (t, kernel, pass_)]
               for t in ("before", "after")}
-        print(f"{kernel:<12} {pass_:<5} {' / '.join(map(str, us['before'])):>12} {' / '.join(map(str, us['after'])):>11}")
+        before, after = (" / ".join(map(str, us[t])) for t in ("before", "after"))
+        print(f"{kernel:<12} {pass_:<5} {before:>12} {after:>11}")
 
 # %% [markdown]
 # flash2_fast's backward, one launch fewer (and one allocation: a plan now keeps the small $D$ buffer instead of
