@@ -6,8 +6,9 @@ over the key blocks, the dK/dV kernel adding dS K_j into dQ with atomics: into o
 with ``deterministic=False`` (FlashAttention-2's way), or, deterministic, into S copies
 of dQ, block s of a head into copy s, the key tiles dealt out one launch per round of S,
 then summed in a fixed order ("split").  Where S copies would not fill the GPU within
-:data:`.layout.DQ_COPIES_LIMIT`, two passes: dK/dV per key block, then dQ per query
-block (its kernel recomputes S and dP: 7 block products instead of 5).  Blocks the
+:data:`.layout.DQ_COPIES_LIMIT`, two passes: D and dQ per query block (the dQ kernel
+computes D_i from the dO_i it loads, and writes D), then dK/dV per key block (7 block
+products instead of 5, and two launches: at small N a call's time is the host's).  Blocks the
 fast backward kernels cannot run (not micro-tile shapes, or too large, e.g. float64
 at d = 128) run flash2's backward.
 
@@ -50,7 +51,7 @@ The measurements behind each choice are in docs/PERFORMANCE.md.  Kernels:
 
 Counters: "flash2_fast forward"; "D = rowsum(dO*O)", "flash2_fast zero dQ copies",
 "flash2_fast dK, dV, dQ (split)" and "flash2_fast sum dQ copies" (split backward), or
-"D = rowsum(dO*O)", "flash2_fast dK, dV" and "flash2_fast dQ" (two-pass); "D = rowsum(dO*O)", "flash2_fast zero dQ",
+"flash2_fast dQ" (with D) and "flash2_fast dK, dV" (two-pass); "D = rowsum(dO*O)", "flash2_fast zero dQ",
 "flash2_fast dK, dV, dQ (atomic)" and, for float16, "flash2_fast dQ to storage dtype"
 (atomic backward).  :mod:`flash_numba.iomodel.flash2_fast` predicts them.
 """
