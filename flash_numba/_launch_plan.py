@@ -293,6 +293,8 @@ def _build(rec: _Recorder, tensors, results):
         buffers[j][0] = tuple(r.shape)  # allocated in the shape returned: no view per call
         outs.append(j)
     kept = _scratch(rec, outs)
+    fresh = [j for j in range(len(buffers)) if j not in kept]  # the buffers a replay allocates, renumbered
+    index = {j: n for n, j in enumerate(fresh)}
     launches = []
     for function, griddim, blockdim, sharedmem, stream, params, arrays in rec.launches:
         slots = []
@@ -302,15 +304,11 @@ def _build(rec: _Recorder, tensors, results):
                 if ptr in _PERSISTENT:
                     continue  # a context-long buffer: its pointer stays in params
                 return None  # a buffer we did not see allocated (a copy): not replayable
-            if src[0] < 0 and ~src[0] in kept:
+            where, off = src
+            if where < 0 and ~where in kept:
                 continue  # scratch the plan keeps: its pointer stays in params
-            slots.append((i, *src))
-        launches.append((function, griddim, blockdim, sharedmem, stream, params, slots))
-    # the buffers allocated per replay, renumbered without the kept ones
-    fresh = [j for j in range(len(buffers)) if j not in kept]
-    index = {j: n for n, j in enumerate(fresh)}
-    launches = [_Launch(*launch[:6], [(i, src if src >= 0 else ~index[~src], off) for i, src, off in launch[6]])
-                for launch in launches]
+            slots.append((i, where if where >= 0 else ~index[~where], off))
+        launches.append(_Launch(function, griddim, blockdim, sharedmem, stream, params, slots))
     device = rec.buffers[0][3].device if rec.buffers else tensors[0].device
     return Plan(device, [tuple(buffers[j]) for j in fresh], launches, [index[j] for j in outs],
                 kept=[rec.buffers[j][3] for j in sorted(kept)], context=rec.context)
