@@ -260,3 +260,30 @@ def test_replays_back_to_back_and_from_threads_share_the_kept_scratch(rng, monke
 def test_launches_in_two_contexts_make_no_plan():
     rec = _launch_plan._Recorder(context=-1)
     assert _launch_plan._build(rec, (torch.zeros(1),), []) is None
+
+
+def test_a_replay_makes_the_recorded_context_current_and_restores(monkeypatch):
+    """_current pushes the plan's context where the thread has none or another, pops it after (also when a launch
+    raises), and touches nothing where it is already current (driver calls faked: no GPU here)."""
+    from cuda.bindings import driver
+
+    calls, current = [], [0]
+    ok = driver.CUresult.CUDA_SUCCESS
+    monkeypatch.setattr(driver, "cuCtxGetCurrent", lambda: (ok, driver.CUcontext(current[0])))
+    monkeypatch.setattr(driver, "cuCtxPushCurrent", lambda ctx: calls.append(("push", int(ctx))) or (ok,))
+    monkeypatch.setattr(driver, "cuCtxPopCurrent", lambda: calls.append(("pop",)) or (ok, driver.CUcontext(0)))
+    with _launch_plan._current(77):  # no context current: pushed, then popped
+        assert calls == [("push", 77)]
+    assert calls == [("push", 77), ("pop",)]
+    calls.clear()
+    current[0] = 77
+    with _launch_plan._current(77):  # already current: left alone
+        pass
+    current[0] = 5
+    with pytest.raises(ValueError), _launch_plan._current(77):  # another device's context: swapped for the block
+        raise ValueError
+    assert calls == [("push", 77), ("pop",)]
+    calls.clear()
+    with _launch_plan._current(0):  # a plan that saw no context (recorded off the GPU): nothing asked
+        pass
+    assert calls == []
