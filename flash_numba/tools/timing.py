@@ -61,12 +61,10 @@ class LaunchTimer(Counters):
     Every kernel module asks ``counters.array(name)`` once per launch, for the counter of launch
     ``name``, in launch order (it may ask for several before launching them: the standard forward
     does); that gives the names.  Inside ``with timer:`` every Numba kernel launch is bracketed by
-    two CUDA events on the default stream, so the i-th launch's time is that of its kernel alone:
-    not the host's work before it (allocating the next buffer, say), which an event per
-    ``array()`` call also timed.  That first version drew the standard forward's S = QK^T at 0.02 ms
-    (a point at 3400 TFLOP/s on the H200's roofline) and the D = rowsum launches at 0.5-0.8 ms of host
-    time (figures 5b and 6 before session 12).  The kernels run uncounted; launches from other threads
-    inside the block are timed too (a benchmark tool).
+    two CUDA events on the default stream, so the i-th launch's time is that of its kernel alone,
+    not the host's work before it (an event per ``array()`` call timed that too: docs/PERFORMANCE.md,
+    session 12).  The kernels run uncounted; launches from other threads inside the block are timed
+    too (a benchmark tool).
     """
 
     def __init__(self) -> None:
