@@ -215,7 +215,7 @@ def test_figure4_measures_memory_and_stops_at_out_of_memory(tmp_path, fake_gpu, 
 
 def test_figure5_times_and_breaks_down_the_standard_path(tmp_path, fake_gpu, monkeypatch):
     monkeypatch.setattr(passes, "warm_up", lambda kernel, d: None)
-    monkeypatch.setattr(timing, "time_passes", lambda kernel, BH, N, d, shrink: ((N / 8, N / 4), BH))
+    monkeypatch.setattr(timing, "time_passes", lambda kernel, BH, N, d, shrink, torch=None: ((N / 8, N / 4), BH))
 
     def run_pass(kernel, pass_, arrays, counters):  # the launches' names, as the kernels ask for them
         for name in passes.model(kernel, pass_, 1, 8, 8).per_kernel:

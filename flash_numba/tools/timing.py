@@ -201,12 +201,18 @@ def peak_memory(kernel: str, BH: int, N: int, d: int) -> int:
     return peak
 
 
-def time_passes(kernel: str, BH: int, N: int, d: int, shrink: bool = True):
-    """((forward ms, backward ms) scaled to B*H, B*H timed); ``shrink``: halve B*H while out of memory."""
+def time_passes(kernel: str, BH: int, N: int, d: int, shrink: bool = True, torch=None):
+    """((forward ms, backward ms) scaled to B*H, B*H timed); ``shrink``: halve B*H while out of memory.
+
+    ``torch``: the module (:func:`torch_cuda`) to call the kernels on PyTorch CUDA tensors, as a PyTorch user
+    does (a call then replays its launch plan: tens of microseconds of host time); None: on Numba device arrays
+    (a call's host work, 0.5-1 ms on the H200's host, is then inside its time)."""
     BHt = BH
     while True:
         try:
             q, k, v, do = passes.random_inputs(BHt, N, d)
+            if torch is not None:
+                q, k, v, do = (torch.as_tensor(x.copy_to_host(), device="cuda") for x in (q, k, v, do))
             f = passes.forward(kernel, q, k, v)
             t_fwd = median_ms(lambda: passes.forward(kernel, q, k, v))
             t_bwd = median_ms(lambda: passes.backward(kernel, q, k, v, f.o, f.lse, do))

@@ -2,11 +2,12 @@
 
 Every kernel (and PyTorch SDPA when it is installed with CUDA), forward and
 forward + backward; then the time of each kernel launch of the standard path,
-the elementwise kernels hatched.  Our kernels are called on Numba device arrays,
-so a call's host work (output allocation with ``cudaMalloc``, Numba's dispatch:
-0.5-1 ms on the H200's host) is inside its events and sets the floor at small N;
-SDPA runs on PyTorch tensors.  ``benchmarks/bench.py`` calls every implementation on
-PyTorch tensors (launch plans: about 25-45 us of host time a call).
+the elementwise kernels hatched.  Where PyTorch with CUDA is installed, our kernels
+are called on PyTorch tensors, as SDPA is and as ``benchmarks/bench.py`` calls them: a
+call replays its launch plan (about 25-45 us of host time on the H200's host).  Without
+PyTorch they are called on Numba device arrays, and a call's host work (output
+allocation with ``cudaMalloc``, Numba's dispatch: 0.5-1 ms there) is inside its events
+and sets the floor at small N.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ def make(run: Run) -> list:
         raise Skipped("needs a GPU: runtimes are measured")
     s = run.sizes
     d, BH = s.d, s.time_BH
-    rows = kernel_series(run, 5, s.time_N, lambda kernel, N: _ms(*timing.time_passes(kernel, BH, N, d, False)[0]),
+    torch = timing.torch_cuda()  # ours on PyTorch tensors where it is there (launch plans), as SDPA
+    rows = kernel_series(run, 5, s.time_N,
+                         lambda kernel, N: _ms(*timing.time_passes(kernel, BH, N, d, False, torch)[0]),
                          key="implementation", BH=BH, d=d)
-    torch = timing.torch_cuda()
     if torch is not None:
         rows += series(run, 5, {"implementation": "torch SDPA"}, s.time_N, lambda N: _ms(*_torch_ms(torch, BH, N, d)),
                        s.slow_s, BH=BH, d=d)
@@ -34,8 +36,10 @@ def make(run: Run) -> list:
         print("figure 5: PyTorch with CUDA not importable; no SDPA series")
     paths = [write_data(run, "fig5_runtime", rows,
         f"Figure 5: runtime vs sequence length (B*H = {BH}, d = {d}, float32)",
-        "median of 3-10 calls after one untimed call, CUDA events; ours on Numba device arrays (a call's host work, "
-        "0.5-1 ms, included: the floor at small N); torch SDPA on PyTorch tensors, backend chosen by PyTorch")]
+        "median of 3-10 calls after one untimed call, CUDA events; "
+        + ("ours and torch SDPA on PyTorch tensors (ours: launch plans, tens of us of host time a call), SDPA's "
+           "backend chosen by PyTorch" if torch is not None else
+           "ours on Numba device arrays (a call's host work, 0.5-1 ms, included: the floor at small N)"))]
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     for ax, key, what in zip(axes, ("fwd_ms", "total_ms"), ("forward", "forward + backward")):
