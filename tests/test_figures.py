@@ -189,26 +189,57 @@ def test_figures_1_2_6_on_a_faked_gpu(tmp_path, fake_gpu, monkeypatch):
             int(r["flops"]) / (float(r["ms"]) * 1e9), rel=1e-4)
 
 
+def test_figure1_counts_at_the_full_size_where_bytes_are_not_linear_in_heads(tmp_path, fake_gpu, monkeypatch):
+    """flash2_fast's split backward keeps more copies of dQ for fewer heads: scaling a count up would be wrong."""
+    from flash_numba.kernels.flash2_fast import layout
+
+    monkeypatch.setattr(layout, "split_dq_copies", lambda BH, *args: 3)
+    assert fig1_paper_table.linear_in_heads("flash2_fast", 2, 8, 64, 16)
+    monkeypatch.setattr(layout, "split_dq_copies", lambda BH, *args: 3 if BH < 8 else 1)
+    assert not fig1_paper_table.linear_in_heads("flash2_fast", 2, 8, 64, 16)
+    assert fig1_paper_table.linear_in_heads("flash2", 2, 8, 64, 16)
+    seen = []
+    monkeypatch.setattr(passes, "counted", lambda kernel, BH, N, d: (seen.append(BH),
+                        tuple(passes.model(kernel, p, BH, N, d) for p in ("forward", "backward")))[1])
+    monkeypatch.setattr(timing, "time_passes", lambda kernel, BH, N, d: ((1.0, 2.0), BH))
+    sizes = replace_sizes(tiny_run(tmp_path, ("flash2_fast", "flash2"), gpu=True), table=(2, 4, 64),
+                          table_count_BH=2)
+    rows = read_csv(fig1_paper_table.make(sizes)[0])
+    assert seen == [8, 2]  # flash2_fast counted at B*H = 8, flash2 at 2 and scaled
+    for r in rows:
+        assert float(r["counted_gb"]) == pytest.approx(float(r["model_gb"])), r
+
+
 def test_figure4_measures_memory_and_stops_at_out_of_memory(tmp_path, fake_gpu, monkeypatch, capsys):
     assert timing.peak_memory("flash1", 1, 8, 8) == 2 * 2**20  # the faked free memory drops 1 MiB a reading
 
-    def peak(kernel, BH, N, d):
+    def peak(kernel, BH, N, d, deterministic=True):
         if kernel == "standard" and N > 8:
             raise RuntimeError("[CUresult.CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc results in "
                                "CUDA_ERROR_OUT_OF_MEMORY")
+        if kernel == "flash2_fast" and deterministic:  # the split backward's copies of dQ
+            return N * N // 2 * 2**20
         return (N * N if kernel == "standard" else N) * 2**20
 
     monkeypatch.setattr(timing, "peak_memory", peak)
     monkeypatch.setattr(passes, "warm_up", lambda kernel, d: None)
-    run = replace_sizes(tiny_run(tmp_path, ("standard", "flash2"), gpu=True), mem_N=(8, 16, 32))
-    rows = read_csv(fig4_memory.make(run)[0])
+    run = replace_sizes(tiny_run(tmp_path, ("standard", "flash2", "flash2_fast"), gpu=True), mem_N=(8, 16, 32))
+    paths = fig4_memory.make(run)
+    rows = read_csv(paths[0])
     assert [(r["kernel"], r["N"], r["peak_mib"], r["standard_over_this"], r["note"]) for r in rows] == [
         ("standard", "8", "64.0", "1.0", ""),
         ("standard", "16", "", "", "out of memory at N = 16"),
         ("flash2", "8", "8.0", "8.0", ""),
         ("flash2", "16", "16.0", "", ""),
         ("flash2", "32", "32.0", "", ""),
+        ("flash2_fast", "8", "32.0", "2.0", ""),
+        ("flash2_fast", "16", "128.0", "", ""),
+        ("flash2_fast", "32", "512.0", "", ""),
+        ("flash2_fast (deterministic=False)", "8", "8.0", "8.0", ""),
+        ("flash2_fast (deterministic=False)", "16", "16.0", "", ""),
+        ("flash2_fast (deterministic=False)", "32", "32.0", "", ""),
     ]
+    assert paths[1].stat().st_size > 0
     assert "standard: out of memory at N = 16; series stopped" in capsys.readouterr().out
     assert not timing.out_of_memory(ValueError("bad block"))
 

@@ -100,8 +100,8 @@ def forward(kernel: str, q, k, v, count: bool = False):
     return attention_forward(q, k, v, kernel=kernel, count_hbm=count)
 
 
-def backward(kernel: str, q, k, v, o, lse, do, count: bool = False):
-    return attention_backward(q, k, v, o, lse, do, kernel=kernel, count_hbm=count)
+def backward(kernel: str, q, k, v, o, lse, do, count: bool = False, deterministic: bool = True):
+    return attention_backward(q, k, v, o, lse, do, kernel=kernel, count_hbm=count, deterministic=deterministic)
 
 
 def counted(kernel: str, BH: int, N: int, d: int):

@@ -173,8 +173,9 @@ def free_bytes() -> int:
     return cuda.current_context().get_memory_info().free
 
 
-def peak_memory(kernel: str, BH: int, N: int, d: int) -> int:
-    """Device bytes in use at the peak of forward + backward, inputs included.
+def peak_memory(kernel: str, BH: int, N: int, d: int, deterministic: bool = True) -> int:
+    """Device bytes in use at the peak of forward + backward, inputs included (``deterministic``: the backward's
+    option, see :func:`flash_numba.attention_backward`).
 
     Numba frees device arrays lazily; inside ``cuda.defer_cleanup()`` it frees
     none, so the free memory just after a pass, against a baseline taken before
@@ -193,7 +194,7 @@ def peak_memory(kernel: str, BH: int, N: int, d: int) -> int:
         peak = free0 - free_bytes()
     free_pending()
     with cuda.defer_cleanup():
-        passes.backward(kernel, q, k, v, f.o, f.lse, do)
+        passes.backward(kernel, q, k, v, f.o, f.lse, do, deterministic=deterministic)
         device.synchronize()
         peak = max(peak, free0 - free_bytes())
     del q, k, v, do, f

@@ -3,6 +3,12 @@
 Standard attention holds N x N matrices and runs out of memory first;
 FlashAttention holds O(N d).  Each series stops at its first out-of-memory
 error (marked on the plot) or once a point is slow.
+
+flash2_fast's default backward is deterministic: where the GPU has block slots to spare it runs the split
+backward, which keeps one copy of dQ per key-block slot (up to
+:data:`flash_numba.kernels.flash2_fast.layout.DQ_COPIES_LIMIT`, 1 GiB) and adds them in a fixed order, trading
+memory for speed.  So its curve is drawn twice: as called by default, and with ``deterministic=False`` (the
+atomic backward: one dQ, O(N d) like flash2).
 """
 
 from __future__ import annotations
@@ -10,13 +16,16 @@ from __future__ import annotations
 import time
 
 from .. import timing
-from .common import COLORS, Run, Skipped, against_n, kernel_series, pyplot, save, sig, write_data
+from .common import COLORS, Run, Skipped, against_n, kernel_series, pyplot, save, series, sig, write_data
 
 
-def _peak_mib(kernel: str, BH: int, N: int, d: int):
+ATOMIC = "flash2_fast (deterministic=False)"
+
+
+def _peak_mib(kernel: str, BH: int, N: int, d: int, deterministic: bool = True):
     """({"peak_mib": MiB at the peak of forward + backward}, wall seconds it took)."""
     start = time.perf_counter()
-    mib = sig(timing.peak_memory(kernel, BH, N, d) / 2**20)
+    mib = sig(timing.peak_memory(kernel, BH, N, d, deterministic) / 2**20)
     return {"peak_mib": mib}, time.perf_counter() - start
 
 
@@ -27,6 +36,9 @@ def make(run: Run) -> list:
     s = run.sizes
     d, BH = s.d, s.mem_BH
     rows = kernel_series(run, 4, s.mem_N, lambda kernel, N: _peak_mib(kernel, BH, N, d), d=d, BH=BH)
+    if "flash2_fast" in run.kernels:  # its atomic backward: one dQ, where the default may keep copies
+        rows += series(run, 4, {"kernel": ATOMIC}, s.mem_N, lambda N: _peak_mib("flash2_fast", BH, N, d, False),
+                       s.slow_s, d=d, BH=BH)
     std = {r["N"]: r["peak_mib"] for r in rows if r["kernel"] == "standard" and "peak_mib" in r}
     for r in rows:
         if "peak_mib" in r and r["N"] in std:
@@ -36,13 +48,14 @@ def make(run: Run) -> list:
         "peak_mib: inputs q, k, v, dO included; measured from the free device memory with frees deferred")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.6))
-    for kernel in run.kernels:
+    for kernel in dict.fromkeys(r["kernel"] for r in rows):
         pts = [r for r in rows if r["kernel"] == kernel and "peak_mib" in r]
-        ax.plot([r["N"] for r in pts], [r["peak_mib"] for r in pts], marker="o", color=COLORS.get(kernel),
-                label=kernel)
+        ax.plot([r["N"] for r in pts], [r["peak_mib"] for r in pts], marker="o",
+                color=COLORS.get(kernel, COLORS["flash2_fast"]), ls="--" if kernel == ATOMIC else "-",
+                label=kernel + (" (default: copies of dQ)" if kernel == "flash2_fast" else ""))
         oom = [r for r in rows if r["kernel"] == kernel and "out of memory" in r.get("note", "")]
         if oom:
-            ax.axvline(oom[0]["N"], color=COLORS.get(kernel), ls=":", lw=0.8)
+            ax.axvline(oom[0]["N"], color=COLORS.get(kernel, COLORS["flash2_fast"]), ls=":", lw=0.8)
             ax.text(oom[0]["N"], 0.03, f"{kernel}: out of memory", transform=ax.get_xaxis_transform(),
                     fontsize=7, rotation=90, va="bottom", ha="right")
     for r in rows:
