@@ -228,7 +228,7 @@ def test_dq_copies_rule():
     assert dq_copies(32, 128, DQ_COPIES_LIMIT // 8, 528) == 0  # 8 copies at most: 256 blocks, half the slots
 
 
-@pytest.mark.parametrize("d, copies", [(64, 16), (80, 12), (96, 16), (128, 8)])
+@pytest.mark.parametrize("d, copies", [(64, 16), (80, 12), (96, 16), (128, 12)])
 def test_split_copies_on_an_h200_are_the_measured_best(d, copies):
     """The copies an H200 (132 SMs, 228 KB a SM, cc 9.0) gets at B*H = 32, N = 4096: at d = 80 and 96 those forced
     copies measured fastest (s11/E: 12 against 16 at d = 80, 16 against 12 at d = 96)."""
@@ -237,6 +237,33 @@ def test_split_copies_on_an_h200_are_the_measured_best(d, copies):
     block = layout.choose_block(d, np.float32, 227 * 1024, "backward")
     per_sm = layout.kvq_blocks_per_sm(*block, d, np.float32, (9, 0), 228 * 1024)
     assert layout.dq_copies(32, -(-4096 // block[1]), 32 * 4096 * d * 4, 132 * per_sm) == copies
+
+
+def test_p_and_ds_share_a_tile_from_td_8_and_d_128_fits_three_blocks_on_an_h200():
+    """At d = 128 the dK/dV kernel keeps P and dS in one tile: 4,608 bytes less a block, three blocks in 228 KB."""
+    from flash_numba.kernels.flash2_fast import layout
+
+    for d, share in ((64, False), (112, False), (113, True), (128, True)):
+        g = layout.geometry_kv(d, 4, 2, np.float32)
+        assert g["share_p_ds"] is share and len(g["tiles"]) == (7 if share else 8)
+    assert layout.backward_smem(32, 32, 128, np.float32) == 75520  # 80,128 with two tiles
+    assert layout.kvq_blocks_per_sm(32, 32, 128, np.float32, (9, 0), 228 * 1024) == 3
+
+
+@pytest.mark.parametrize("copies", [0, 2])  # the two-pass backward, the split one
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_backward_with_p_and_ds_in_one_tile(rng, monkeypatch, copies, causal):
+    """TD = 8 (d = 120: two quads of columns 64 apart, the last partial): P, then dS, in one shared tile."""
+    monkeypatch.setattr(flash2_fast.layout, "FORCE_DQ_COPIES", copies)
+    q, k, v = _qkv(rng, (), 9, 40, 120, np.float32)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    f = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_fast", block=(8, 16))
+    b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, causal=causal, kernel="flash2_fast", block=(16, 16),
+                                    count_hbm=True)
+    assert list(b.hbm.per_kernel) == (SPLIT_NAMES if copies else TWO_PASS_NAMES)
+    ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=causal)
+    for ours, r in zip((b.dq, b.dk, b.dv), ref):
+        assert np.abs(ours - r).max() < 2e-6 * max(1.0, np.abs(r).max())
 
 
 @pytest.mark.skipif(ON_GPU, reason="the simulator's stand-in device; on a GPU: test_gpu_split_backward_* (real sizes)")

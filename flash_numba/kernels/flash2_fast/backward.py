@@ -105,6 +105,10 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     X0, XOFF, XCOL, QUADS = _tile_ops.thread_columns(TD)
     dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, True, False, acc, False, QUADS)
     dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, True, False, acc, True, QUADS)
+    # P and dS in one tile (layout.SHARE_P_DS_MIN_TD): the two products one after the other
+    SHARE = g["share_p_ds"]
+    one_product = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, False, False, acc, False, QUADS)
+    one_masked = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, False, False, acc, True, QUADS)
     store = _tile_ops.strided_store(TM, TD, d, True, count, (X0, XOFF))  # the products' columns
     PS_U = np.uint32(PS)
 
@@ -148,7 +152,11 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, rnd, scale, scale_log2, counter, q_lay, k_lay, v_lay,
                do_lay, seed, threshold, inv_keep):
         # K_j^T, V_j^T (DP, KS); Q_i, dO_i (Br, QS); P_ij, dS_ij (Br, PS); L_i in log2 units (+inf past Nq), D_i (Br)
-        KT, VT, Qs, dOs, Ps, dSs, Ls, Ds = block_tiles()
+        if SHARE:
+            KT, VT, Qs, dOs, Ps, Ls, Ds = block_tiles()
+            dSs = Ps  # P, then dS
+        else:
+            KT, VT, Qs, dOs, Ps, dSs, Ls, Ds = block_tiles()
         sT = cuda.local.array((TM, TN), ACC)  # S^T micro-tile, then P^T
         dpT = cuda.local.array((TM, TN), ACC)  # dP^T micro-tile, then dS^T
         dk_acc = cuda.local.array((TM, TD), ACC)
@@ -229,10 +237,26 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 at = uint32(rl) * PS_U + uint32(ty * TM)  # TM adjacent keys of query rl: 16-byte stores
                 for a in range(TM):
                     Ps[at + uint32(a)] = sT[a, b]
-                    dSs[at + uint32(a)] = dpT[a, b]
+                    if not SHARE:
+                        dSs[at + uint32(a)] = dpT[a, b]
             cuda.syncthreads()
 
-            if diagonal:  # masked entries (P = dS = 0) add nothing, even against Inf or NaN in dO_i, Q_i
+            if SHARE:  # dV_j += P^T dO_i; then dS over P (every thread done with P); dK_j += dS^T Q_i below
+                if diagonal:
+                    one_masked(dv_acc, dv_acc, Ps, Ps, dOs, dOs, ty, tx)
+                else:
+                    one_product(dv_acc, dv_acc, Ps, Ps, dOs, dOs, ty, tx)
+                cuda.syncthreads()
+                for b in range(TN):
+                    at = uint32(tx + TX * b) * PS_U + uint32(ty * TM)
+                    for a in range(TM):
+                        dSs[at + uint32(a)] = dpT[a, b]
+                cuda.syncthreads()
+                if diagonal:
+                    one_masked(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx)
+                else:
+                    one_product(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx)  # scale applied to dK at the end
+            elif diagonal:  # masked entries (P = dS = 0) add nothing, even against Inf or NaN in dO_i, Q_i
                 dv_dk_masked(dv_acc, dk_acc, Ps, dSs, dOs, Qs, ty, tx)
             else:
                 dv_dk_product(dv_acc, dk_acc, Ps, dSs, dOs, Qs, ty, tx)  # scale applied to dK at the end

@@ -224,15 +224,26 @@ def choose_atomic_block(d: int, dtype, budget: int) -> tuple[int, int]:
     return choose_block(d, dtype, budget, "backward")
 
 
+#: From this TD = ceil(d / 16) on (d > 112), the dK/dV kernel keeps P_ij and dS_ij in one shared tile, one after the
+#: other: dV_j += P^T dO_i first, then dS over P, then dK_j += dS^T Q_i (and dQ), two barriers more a step.  At
+#: d = 128 and 32 x 32 that takes its tiles from 80,128 to 75,520 bytes: three blocks in the H200's 228 KB an SM
+#: instead of two (its 168 registers allow three), 12 warps instead of 8 (Nsight Compute, s13/A: 42% of cycles with
+#: no eligible warp, waiting on shared-memory results).
+SHARE_P_DS_MIN_TD = 8
+
+
 def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
     """dK/dV kernel: Bc = 8 TM keys per block (thread rows), Br = 16 TN queries per step (a thread's 16 apart, as the
-    forward's keys), Q_i and dO_i row-major with stride QS = DP + 4."""
+    forward's keys), Q_i and dO_i row-major with stride QS = DP + 4; ``share_p_ds``: P and dS take turns in one
+    tile (:data:`SHARE_P_DS_MIN_TD`)."""
     a, vec, TD, DP = _columns(d, dtype)
     Bc, Br = TY * TM, TX * TN
     KS, QS, PS = Bc + vec, DP + vec, Bc + vec
-    # K_j^T, V_j^T, Q_i, dO_i (row-major), P, dS, L, D
-    tiles = (DP * KS, DP * KS, Br * QS, Br * QS, Br * PS, Br * PS, Br, Br)
-    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, tiles=tiles, smem=_smem.total_bytes(tiles, a))
+    share = TD >= SHARE_P_DS_MIN_TD
+    # K_j^T, V_j^T, Q_i, dO_i (row-major), P, dS (or P then dS), L, D
+    tiles = (DP * KS, DP * KS, Br * QS, Br * QS) + ((Br * PS,) if share else (Br * PS, Br * PS)) + (Br, Br)
+    return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, tiles=tiles, share_p_ds=share,
+                smem=_smem.total_bytes(tiles, a))
 
 
 def geometry_q(d: int, TM: int, TN: int, dtype) -> dict:
