@@ -5,7 +5,8 @@ After D = rowsum(dO * O) (:mod:`flash_numba.kernels._rowsum`):
 * ``dkdv_kernel``: a block owns Bc = 8 TM keys (thread rows), keeps dK_j, dV_j in
   registers and walks over the query blocks of Br = 16 TN rows that see its keys,
   recomputing S^T = K_j Q_i^T and P^T, dP^T = V_j dO_i^T, dS^T = P^T * (dP^T - D),
-  then dV_j += P^T dO_i and dK_j += dS^T Q_i.  With ``atomic_dq`` it also adds
+  then dV_j += P^T dO_i and dK_j += dS^T Q_i (from d = 113 on, one after the other, P and dS
+  taking turns in one shared tile: :data:`.layout.SHARE_P_DS_MIN_TD`).  With ``atomic_dq`` it also adds
   dS_ij K_j into dQ_i in HBM with atomics (FlashAttention-2's way: no second pass).
   On a grid of one block per key tile (``deterministic=False``) the order of the
   additions, so the last bits of dQ, vary from run to run.  On a grid of S blocks per

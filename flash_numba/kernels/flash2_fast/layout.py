@@ -108,6 +108,8 @@ _PREFERENCE = {4: ((8, 4), (8, 3)) + _FALLBACK, 5: _FALLBACK, 6: ((8, 1),) + _FA
 #   d = 64: 32x32 16.6 / 12.0, 32x64 16.5 / 12.2, 64x32 15.9 / 12.5   (so 32x32, which fits 48 KB, stays first)
 #   d = 96: 16x16 50.3 / 29.8, 32x16 44.0 / 30.7, 16x32 41.0 / 23.9, 32x32 43.3 / 25.1
 #   d = 128: 16x16 55.7 / 35.6, 32x16 44.4 / 31.9, 16x32 42.8 / 27.2, 32x32 37.4 / 25.3
+#   (session 13, B*H = 32, backward only, P and dS in one tile: d = 128 32x32 23.34 / 22.30-22.67; 16x64 with two
+#   tiles 24.47-24.92 / 24.52-24.82 but slower causal)
 _BACKWARD_BLOCKS = ((32, 32), (32, 16), (16, 32), (16, 16))
 _BACKWARD_PREFERENCE = {5: _BACKWARD_BLOCKS, 6: ((16, 32),) + _BACKWARD_BLOCKS, 8: _BACKWARD_BLOCKS}
 # The atomic backward's own blocks (``deterministic=False``) for TD <= 4 (d <= 64).  N = 4096, B*H = 32, backward
