@@ -69,6 +69,11 @@ SESSION12 = RESULTS.parent / "h200-2026-12-01-s12"
 #: ab3ab04: flash2_fast's deterministic backward launched D, dK/dV, dQ) and after (its dQ kernel computes D: two
 #: launches), alternating, two runs each (``C/host_<tree>_<run>.csv``).
 HOST_CSVS = {(tree, run): SESSION12 / "C" / f"host_{tree}_{run}.csv" for tree in ("before", "after") for run in (1, 2)}
+SESSION13 = RESULTS.parent / "h200-2026-12-01-s13"
+#: The d = 128 backward at 32 x 32, N = 4096, B*H = 32 (``benchmarks/block_sweep.py``), session 13 (``F/``): P and dS
+#: in two shared tiles (``old1.csv``, commit in ``commit_old.txt``) and in one (``new1.csv``, ``new2.csv``), alternating.
+SHARED_TILE_CSVS = {("two", 1): SESSION13 / "F" / "old1.csv", ("one", 1): SESSION13 / "F" / "new1.csv",
+                    ("one", 2): SESSION13 / "F" / "new2.csv"}
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -77,7 +82,7 @@ def available() -> bool:
     """True when the committed results are on disk (a clone of the repository)."""
     return all(p.exists() for p in (BENCH_CSV, LESSON1_LOG, STANDARD_BENCH_CSV, STANDARD_KERNELS_CSV, NCU_CSV,
                                     LATEST_BENCH_CSV, BLOCK_SWEEP_CSV, BACKWARD_PATHS_CSV, *ATOMIC_BLOCK_CSVS,
-                                    *HOST_CSVS.values()))
+                                    *HOST_CSVS.values(), *SHARED_TILE_CSVS.values()))
 
 
 def provenance(path: Path = BENCH_CSV) -> dict:
@@ -230,6 +235,18 @@ def host_rows(paths=HOST_CSVS) -> list[dict]:
         where = folder_provenance(path)
         out += [dict(r, tree=tree, run=run, host_us=float(r["host_us"]), file=where["file"], device=where["device"])
                 for r in _csv_rows(path) if r["inputs"] == "torch"]
+    return out
+
+
+def shared_tile_rows(paths=SHARED_TILE_CSVS) -> list[dict]:
+    """Session 13's d = 128 backward with P and dS in two shared tiles or one: ``tiles`` ("two" / "one"), ``run``,
+    ``mode``, ``causal``, ``dynamic_bytes``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
+    out = []
+    for (tiles, run), path in paths.items():
+        where = folder_provenance(path)
+        if tiles == "two":  # the tree before the change ran beside the new one
+            where["commit"] = (path.parent / "commit_old.txt").read_text().strip()[:7]
+        out += [dict(r, tiles=tiles, run=run, ms=float(r["ms"]), **where) for r in _csv_rows(path)]
     return out
 
 

@@ -41,6 +41,7 @@ exercise               lesson  the learner writes
 ``flash2_update``      9       FlashAttention-2's step, normalisation delayed
 ``kv_cache_bytes``     10      the size of a KV cache
 ``tile_bytes``         10      the shared memory of one flash2_fast forward block
+``blocks_per_sm``      10      the blocks of a kernel one SM holds at once
 ``bug_zoo``            11      the bug of each mystery kernel, named from its verdict
 ``split_heads``        12      a model's fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)
 =====================  ======  =====================================================

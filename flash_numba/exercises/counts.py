@@ -1,5 +1,5 @@
 """The exercises whose answer is a closed-form count: ``matmul_intensity`` (lesson 1), ``theorem2`` (lesson 6),
-``kv_cache_bytes`` and ``tile_bytes`` (lesson 10)."""
+``kv_cache_bytes``, ``tile_bytes`` and ``blocks_per_sm`` (lesson 10)."""
 
 from __future__ import annotations
 
@@ -98,4 +98,35 @@ def _run_tile_bytes(answer):
     if mismatch is not None and not mismatch.yours.startswith("raised"):
         mismatch.notes += ("four tiles: Q_i^T, K_j, V_j, P_ij^T, rows but V_j's padded by 16 bytes, "
                            "d rounded up to 16",)
+    return n, mismatch
+
+
+# ============================================================================= lesson 10: blocks an SM holds
+
+
+def _blocks_per_sm_solution(tile_bytes, registers, threads, smem_per_sm):
+    # An SM has 65,536 registers, handed out 8 per thread at a time, and smem_per_sm bytes of shared memory, of which
+    # each block also takes 1 KB that the driver reserves.  It holds as many blocks as both allow.
+    by_registers = 65536 // (-(-registers // 8) * 8 * threads)
+    by_shared = smem_per_sm // (tile_bytes + 1024)
+    return min(by_registers, by_shared)
+
+
+@_register("blocks_per_sm", 10, "blocks of a kernel one SM holds at once", _blocks_per_sm_solution)
+def _run_blocks_per_sm(answer):
+    cases = [
+        ("d = 128 backward, P and dS in two tiles: 80,128 bytes, 168 registers, 128 threads, H200 (228 KB)",
+         (80128, 168, 128, 228 * 1024)),
+        ("the same, P and dS in one tile: 75,520 bytes", (75520, 168, 128, 228 * 1024)),
+        ("d = 64 forward: 68,608 bytes, 128 registers, 128 threads, H200", (68608, 128, 128, 228 * 1024)),
+        ("57,600 bytes of tiles (a quarter of 228 KB, less 768), 128 registers, 128 threads, H200",
+         (57600, 128, 128, 228 * 1024)),
+        ("24 KB of tiles, 165 registers, 128 threads, T4 (64 KB)", (24576, 165, 128, 64 * 1024)),
+        ("85 registers (allocated as 88), 1 KB of tiles, 128 threads, H200", (1024, 85, 128, 228 * 1024)),
+        ("no shared memory to speak of: 16 bytes, 32 registers, 256 threads, H200", (16, 32, 256, 228 * 1024)),
+    ]
+    n, mismatch = _compare(cases, answer, _blocks_per_sm_solution, exact=True)
+    if mismatch is not None and not mismatch.yours.startswith("raised"):
+        mismatch.notes += ("the fewer of what the registers (65,536, allocated 8 a thread at a time) and the shared "
+                           "memory (each block's tiles plus 1 KB reserved) allow",)
     return n, mismatch

@@ -294,6 +294,80 @@ elif recorded.available():
             print(f"d = 128, N = 4096, B*H = 32, block ({r['Br']}, {r['Bc']}), {kb:.0f} KB: {float(r['ms']):.2f} ms")
 
 # %% [markdown]
+# ## Your turn: how many blocks an SM holds
+#
+# More shared memory per block buys reuse, but it has a price: an SM runs the blocks whose tiles fit its shared
+# memory *at once*, and those blocks' warps are all it has to switch between. A warp waiting for a shared-memory
+# load leaves the scheduler idle unless another warp is ready. Registers limit the same count: an SM has 65,536,
+# handed out 8 per thread at a time. And the driver keeps 1 KB of shared memory per block for itself.
+#
+# Write the number of blocks of one kernel an SM holds at once: the fewer of the two limits.
+
+# %%
+def blocks_per_sm(tile_bytes, registers, threads, smem_per_sm):
+    """Blocks an SM holds at once: tiles of tile_bytes, registers per thread, threads per block."""
+    # Your turn
+    raise NotImplementedError("min(by registers: 65,536 / (registers rounded up to 8 x threads), "
+                              "by shared memory: smem_per_sm / (tile_bytes + 1 KB))")
+
+
+# %%
+mine_blocks = ex.check("blocks_per_sm", blocks_per_sm)
+assert ex.check_solution("blocks_per_sm")
+per_sm = blocks_per_sm if mine_blocks else ex.solution_fn("blocks_per_sm")
+
+# %% [markdown]
+# `flash2_fast`'s backward kernel for $dK_j, dV_j$ at $d = 128$ runs blocks of 32 keys $\times$ 32 queries with 128
+# threads and 168 registers each. It keeps six tiles in shared memory: $K_j^T$, $V_j^T$, $Q_i$, $dO_i$, $P_{ij}$ and
+# $dS_{ij}$. Nsight Compute found it waiting on shared-memory loads with no warp ready in 42% of its cycles.
+# $P_{ij}$ and $dS_{ij}$ feed two products, $dV_j \mathrel{+}= P^T dO_i$ and $dK_j \mathrel{+}= dS^T Q_i$. Run
+# those one after the other, and $dS$ can be written over $P$ in between, so that one tile serves both.
+#
+# **Predict, then run.** Does that one tile less (4,608 bytes) change how many blocks an H200 SM (228 KB) holds?
+# If it does, by how much should the backward get faster: not at all, a little, or in proportion to the warps?
+
+# %%
+my_prediction = None  # blocks of the kernel an H200 SM holds with P and dS in one tile (two before)
+
+# %%
+H200_SM = 228 * 1024
+g128 = flash2_fast.layout.geometry_kv(128, 4, 2, np.float32)  # the dK/dV kernel's tiles at d = 128, 32 x 32
+one_tile = g128["smem"]
+two_tiles = one_tile + g128["Br"] * g128["PS"] * 4  # dS in a tile of its own, as before session 13
+held = {name: per_sm(b, 168, 128, H200_SM) for name, b in (("two", two_tiles), ("one", one_tile))}
+for name, b in (("two", two_tiles), ("one", one_tile)):
+    print(f"P and dS in {name} tile{'s' * (name == 'two')}: {b:,} bytes a block -> {held[name]} blocks "
+          f"({4 * held[name]} warps) an SM")
+print(f"the library's own count (flash2_fast.layout.kvq_blocks_per_sm): "
+      f"{flash2_fast.layout.kvq_blocks_per_sm(32, 32, 128, np.float32, (9, 0), H200_SM)}")
+lessonkit.compare_prediction("blocks an SM, P and dS in one tile", my_prediction, held["one"])
+
+# %% [markdown]
+# **Measure.** Nothing is timed here (a GPU would need minutes of it); the project measured both builds on an
+# H200, alternating them, and the next cell prints what it recorded.
+
+# %%
+if recorded.available():
+    tile_rows = recorded.shared_tile_rows()
+    print(f"{recorded.LABEL}: {tile_rows[0]['device']}, d = 128, N = 4096, B*H = 32, backward only "
+          f"({', '.join(sorted({r['file'] for r in tile_rows}))})")
+    print(f"{'P, dS in':<10} {'backward':<14} {'causal':<7} {'ms':>7}   commit")
+    for r in sorted(tile_rows, key=lambda r: (r["mode"], r["causal"], r["tiles"] == "one", r["run"])):
+        tiles_ = f"{r['tiles']} tile{'s' * (r['tiles'] == 'two')}"
+        print(f"{tiles_:<10} {r['mode']:<14} {r['causal']:<7} {r['ms']:7.2f}   {r['commit']}")
+    gain = {mode: min(r["ms"] for r in tile_rows if r["mode"] == mode and r["causal"] == "False" and
+                      r["tiles"] == "two") /
+            min(r["ms"] for r in tile_rows if r["mode"] == mode and r["causal"] == "False" and r["tiles"] == "one")
+            for mode in ("deterministic", "atomic")}
+    print("speed-up, no mask: " + ", ".join(f"{m} {g:.2f}x" for m, g in gain.items()))
+
+# %% [markdown]
+# Half again as many warps, and 11-14% less time: the new warps hide part of the waiting, not all of it. The same
+# rule explains why the atomic backward at $d = 64$ stopped at 3 blocks of 32 x 64 (its 167 registers) and
+# why a 64 x 64 block, at 200 registers and 2 blocks an SM, measured slower despite its larger tiles
+# (`docs/PERFORMANCE.md`, session 13).
+
+# %% [markdown]
 # ## Measured on a real GPU
 #
 # In the simulator nothing is timed. The project ran the same kernels on an NVIDIA H200; the table
@@ -398,7 +472,9 @@ if recorded.available():
 #   forward beats PyTorch's memory-efficient fp32 kernel at $d = 64$ on the H200 (its atomic backward beats it at
 #   $d = 32$, not yet at $d = 64$).
 # * Shared memory per block is not fixed at 48 KB: with dynamic shared memory, opted in, an H200 gives a block up to
-#   227 KB, and larger tiles (more reuse per number loaded) made our $d = 128$ forward 1.5x faster.
+#   227 KB, and larger tiles (more reuse per number loaded) made our $d = 128$ forward 1.5x faster. But an SM runs
+#   only as many blocks as its shared memory and registers allow: one tile less at $d = 128$ gave 3 blocks instead
+#   of 2, and the backward took 11-14% less time.
 # * At small $N$ a call's time is the host's, mostly one driver call per kernel launch: count the launches.
 # * The KV cache is a different memory problem: it grows with every token kept, $2 \cdot$ layers $\cdot$ heads $\cdot
 #   d \cdot$ tokens $\cdot$ batch elements.
@@ -408,6 +484,7 @@ if recorded.available():
 # %%
 assert per_seq == 2 * 32 * 32 * 128 * 4096 * 2 and per_seq == 2 * 2**30
 assert tiles(128, 8, 2, 4) > 48 * 1024 >= tiles(64, 8, 2, 4) and same_bits
+assert (held["two"], held["one"]) == (2, 3) and two_tiles - one_tile == 32 * 36 * 4
 assert 0.9 < intensity < 1.1
 assert [len(launches[x]) for x in ("flash2", "flash2_fast", "flash2_fast atomic")] == [3, 2, 3], launches
 if TORCH_GPU:
