@@ -71,7 +71,8 @@ SESSION12 = RESULTS.parent / "h200-2026-12-01-s12"
 HOST_CSVS = {(tree, run): SESSION12 / "C" / f"host_{tree}_{run}.csv" for tree in ("before", "after") for run in (1, 2)}
 SESSION13 = RESULTS.parent / "h200-2026-12-01-s13"
 #: The d = 128 backward at 32 x 32, N = 4096, B*H = 32 (``benchmarks/block_sweep.py``), session 13 (``F/``): P and dS
-#: in two shared tiles (``old1.csv``, commit in ``commit_old.txt``) and in one (``new1.csv``, ``new2.csv``), alternating.
+#: in two shared tiles (``old1.csv``, commit in ``commit_old.txt``) and in one (``new1.csv``, ``new2.csv``),
+#: alternating.
 SHARED_TILE_CSVS = {("two", 1): SESSION13 / "F" / "old1.csv", ("one", 1): SESSION13 / "F" / "new1.csv",
                     ("one", 2): SESSION13 / "F" / "new2.csv"}
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.

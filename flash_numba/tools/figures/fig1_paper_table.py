@@ -92,7 +92,8 @@ def make(run: Run) -> list:
     title = f"Figure 1: standard attention vs FlashAttention, GPT-2 medium (B = {B}, H = {H}, N = {N}, d = {d})"
     csv_path = write_data(run, "fig1_paper_table", rows, title,
                           "model_*: IO model, float32 unless _fp16; counted_gb: counted at a smaller B*H and scaled "
-                          "(exact), or at B*H where a call's path depends on it; paper_*: arXiv v2 (A100, float16) on the total rows")
+                          "(exact), or at B*H where a call's path depends on it; paper_*: arXiv v2 (A100, float16) "
+                          "on the total rows")
     md_path = run.out / "fig1_paper_table.md"
     md_path.write_text(_figure1_markdown(run, rows, title))
     return [csv_path, _figure1_png(run, rows, title), md_path]
