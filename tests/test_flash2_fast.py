@@ -251,6 +251,34 @@ def test_p_and_ds_share_a_tile_from_td_8_and_d_128_fits_three_blocks_on_an_h200(
     assert layout.kvq_blocks_per_sm(32, 32, 128, np.float32, (9, 0), 228 * 1024) == 3
 
 
+def test_p_ds_tiles_switches_the_tiles_and_restores_them(rng):
+    """Lesson 10 times the two builds: within ``p_ds_tiles(share)`` every head dim has one tile or two, and the
+    kernels built there are not the ones used after."""
+    import importlib
+
+    from flash_numba.kernels.flash2_fast import layout
+
+    # flash2_fast.backward is the pass's function: the kernels' module by its full name
+    backward = importlib.import_module("flash_numba.kernels.flash2_fast.backward")
+    q, k, v = _qkv(rng, (), 9, 20, 16, np.float32)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    f = fn.flash_attention_forward(q, k, v, kernel="flash2_fast", block=(8, 16))
+    ref = reference.attention_backward(q, k, v, f.o, f.lse, do)
+    built = {}
+    for share in (True, False):
+        with layout.p_ds_tiles(share):
+            assert layout.geometry_kv(16, 2, 1, np.float32)["share_p_ds"] is share
+            assert layout.geometry_kv(128, 4, 2, np.float32)["share_p_ds"] is share
+            b = fn.flash_attention_backward(q, k, v, f.o, f.lse, do, kernel="flash2_fast", block=(16, 16),
+                                            deterministic=False)
+            built[share] = backward.dkdv_kernel(16, 2, 1, "float32", False, False, None, atomic_dq=True)
+            for ours, r in zip((b.dq, b.dk, b.dv), ref):
+                assert np.abs(ours - r).max() < 2e-6 * max(1.0, np.abs(r).max())
+    assert built[True][1]["share_p_ds"] and not built[False][1]["share_p_ds"]
+    assert not layout.geometry_kv(16, 2, 1, np.float32)["share_p_ds"] and layout.SHARE_P_DS_MIN_TD == 8
+    assert not backward.dkdv_kernel(16, 2, 1, "float32", False, False, None, atomic_dq=True)[1]["share_p_ds"]
+
+
 @pytest.mark.parametrize("copies", [0, 2])  # the two-pass backward, the split one
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_backward_with_p_and_ds_in_one_tile(rng, monkeypatch, copies, causal):

@@ -343,8 +343,26 @@ print(f"the library's own count (flash2_fast.layout.kvq_blocks_per_sm): "
 lessonkit.compare_prediction("blocks an SM, P and dS in one tile", my_prediction, held["one"])
 
 # %% [markdown]
-# **Measure.** Nothing is timed here (a GPU would need minutes of it); the project measured both builds on an
-# H200, alternating them, and the next cell prints what it recorded.
+# **Measure.** On a GPU the next cell builds the kernel both ways (`flash2_fast.layout.p_ds_tiles`) and times the
+# atomic backward at $d = 128$, $N = 4096$, $B \cdot H = 32$, with the blocks an SM of this GPU holds each way.
+# Predict first with `blocks_per_sm` and your GPU's numbers: on a T4 (64 KB an SM, blocks within 48 KB) does the
+# saving buy a block? In the simulator, and below it on any machine, you get what the project recorded on an H200,
+# the two builds alternating.
+
+# %%
+if not SIM:
+    gpu = device.info()
+    xs = [cuda.to_device(rng.standard_normal((32, 4096, 128)).astype(np.float32)) for _ in range(4)]
+    f128 = fn.attention_forward(*xs[:3], kernel="flash2_fast")
+    blk = fn.resolve_block("flash2_fast", 128, np.float32, pass_="backward", deterministic=False)
+    for share in (False, True):
+        with flash2_fast.layout.p_ds_tiles(share):
+            n_blocks = flash2_fast.layout.kvq_blocks_per_sm(*blk, 128, np.float32, gpu.compute_capability,
+                                                            gpu.shared_mem_per_sm)
+            t = median_ms(lambda: fn.attention_backward(*xs[:3], f128.o, f128.lse, xs[3], kernel="flash2_fast",
+                                                        deterministic=False))
+        print(f"{gpu.name}, block {blk}, P and dS in {'one tile' if share else 'two tiles'}: {n_blocks} blocks an SM, "
+              f"backward {t:.2f} ms")
 
 # %%
 if recorded.available():

@@ -21,6 +21,7 @@ array (``geometry(...)["tiles"]``): static up to 48 KB, dynamic shared memory ab
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
@@ -232,6 +233,31 @@ def choose_atomic_block(d: int, dtype, budget: int) -> tuple[int, int]:
 #: instead of two (its 168 registers allow three), 12 warps instead of 8 (Nsight Compute, s13/A: 42% of cycles with
 #: no eligible warp, waiting on shared-memory results).
 SHARE_P_DS_MIN_TD = 8
+
+
+@contextmanager
+def p_ds_tiles(share: bool):
+    """Within: the dK/dV kernel keeps P and dS in one tile (``share``) or in two, at every head dim, to time the two
+    (lesson 10).  The kernels, the blocks-per-SM table and the launch plans built from the tiles are dropped on entry
+    and on exit, so that each call builds what it runs."""
+    global SHARE_P_DS_MIN_TD
+    saved = SHARE_P_DS_MIN_TD
+    SHARE_P_DS_MIN_TD = 0 if share else 1 << 30
+    _drop_tile_builds()
+    try:
+        yield
+    finally:
+        SHARE_P_DS_MIN_TD = saved
+        _drop_tile_builds()
+
+
+def _drop_tile_builds() -> None:
+    from ... import _launch_plan
+    from .backward import dkdv_kernel
+
+    dkdv_kernel.cache_clear()
+    kvq_blocks_per_sm.cache_clear()
+    _launch_plan._PLANS.clear()
 
 
 def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
