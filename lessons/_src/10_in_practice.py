@@ -346,8 +346,8 @@ lessonkit.compare_prediction("blocks an SM, P and dS in one tile", my_prediction
 # **Measure.** On a GPU the next cell builds the kernel both ways (`flash2_fast.layout.p_ds_tiles`) and times the
 # atomic backward at $d = 128$, $N = 4096$, $B \cdot H = 32$, with the blocks an SM of this GPU holds each way.
 # Predict first with `blocks_per_sm` and your GPU's numbers: on a T4 (64 KB an SM, blocks within 48 KB) does the
-# saving buy a block? In the simulator, and below it on any machine, you get what the project recorded on an H200,
-# the two builds alternating.
+# saving buy a block? The cell after it runs anywhere, the simulator included: it prints what the project recorded
+# on an H200, the two builds alternating.
 
 # %%
 if not SIM:
