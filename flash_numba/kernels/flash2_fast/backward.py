@@ -53,6 +53,7 @@ from .layout import (
     geometry_kv,
     geometry_q,
     scalars,
+    split_s_dp,
 )
 
 ELEMWISE_THREADS = 256
@@ -100,11 +101,13 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     # Q_i, dO_i row-major (16-byte global loads here measured slower, s10/C)
     load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, False, acc, count, False)
     load_stats = _tile_ops.stats_loader(Br, acc, count)
-    # S^T = K Q^T in warps 0-1, dP^T = V dO^T in warps 2-3 (SPLIT_S_DP of the 128 threads each): a thread's
-    # TM x 2TN micro-tile of one of them, its keys ry*TM .., its queries rx + 8 b (8 apart: rows of Q_i, dO_i read
-    # 16 bytes at a time, 8 rows a warp on all banks).  TM + 2TN shared loads per 2 TM TN multiply-adds where one
-    # thread computing both (TM x TN of each) took 2 TM + 2 TN
-    s_dp_product = _tile_ops.strided_product(TM, 2 * TN, DP, KS, QS, SPLIT_X * QS, 1, False, True, acc)
+    # S^T = K Q^T and dP^T = V dO^T.  SPLIT (:func:`.layout.split_s_dp`): S^T in warps 0-1 (role 0), dP^T in warps
+    # 2-3 (role 1), a thread's TM x 2TN micro-tile of one of them: its keys ry*TM .., its queries rx + 8 b (8
+    # apart: rows of Q_i, dO_i read 16 bytes at a time, 8 rows a warp on all banks), TM + 2TN shared loads a step
+    # for 2 TM TN multiply-adds.  Else a thread computes both, TM x TN of each, its queries tx + 16 b: 2 TM + 2 TN
+    # loads for as many (rows of Q_i, dO_i read 16 bytes at a time, and the stores of P, dS below on all banks)
+    s_or_dp_product = _tile_ops.strided_product(TM, 2 * TN, DP, KS, QS, SPLIT_X * QS, 1, False, True, acc)
+    s_dp_product = _tile_ops.strided_product(TM, TN, DP, KS, QS, TX * QS, 1, True, True, acc)
     # P^T dO_i, dS^T Q_i into this thread's columns of dV, dK: quads 64 apart (TD a multiple of 4, 16-byte reads
     # of dO_i, Q_i rows on all banks), else 16 apart (scalar reads)
     X0, XOFF, XCOL, QUADS = _tile_ops.thread_columns(TD)
@@ -116,7 +119,11 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     one_masked = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, False, False, acc, True, QUADS)
     store = _tile_ops.strided_store(TM, TD, d, True, count, (X0, XOFF))  # the products' columns
     PS_U = np.uint32(PS)
+    launch = BACKWARD_KVQ_NAME if atomic_dq else BACKWARD_KV_NAME
+    maxreg = device_register_cap(launch, d, dtype_name, dynamic, count) if maxreg == -1 else maxreg
+    SPLIT = split_s_dp(atomic_dq, maxreg)
     TN2, DROPOUT = 2 * TN, dropout
+    ST_COLS = TN2 if SPLIT else TN
 
     def dq_partial(skip_zero: bool):
         """``partial(dqp, kq, ds4, KT, dSs, lane, warp)``: dqp = this step's dS_ij K_j for the warp's rows and the
@@ -163,7 +170,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             dSs = Ps  # P, then dS
         else:
             KT, VT, Qs, dOs, Ps, dSs, Ls, Ds = block_tiles()
-        sT = cuda.local.array((TM, TN2), ACC)  # S^T, then P^T (role 0); dP^T, then dS^T (role 1)
+        # SPLIT: S^T, then P^T (role 0); dP^T, then dS^T (role 1).  Else S^T, then P^T, and dP^T, then dS^T
+        sT = cuda.local.array((TM, ST_COLS), ACC)
+        dpT = cuda.local.array((TM, TN), ACC)
         dk_acc = cuda.local.array((TM, TD), ACC)
         dv_acc = cuda.local.array((TM, TD), ACC)
         dqp = cuda.local.array((RW, NX), ACC)  # atomic dQ: this step's partial sums
@@ -218,51 +227,77 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 nr += n * SB + n_stats * AB
             cuda.syncthreads()
 
-            if role == 0:
-                s_dp_product(sT, sT, KT, KT, Qs, Qs, ry, rx)
-            else:
-                s_dp_product(sT, sT, VT, VT, dOs, dOs, ry, rx)
-
-            # P = exp(S - L) (recomputed with the given L, unclamped) by role 0, stored row-major; then role 1
-            # reads it back for the same entries: dS = P * (Zs dP - D), and Zs P over P (Zs: dropout's factor,
-            # regenerated).  Both 0 where masked or past Nk
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
-            if role == 0:
-                for b in range(TN2):
-                    rl = rx + SPLIT_X * b  # this thread's query b
-                    lim = Nk - 1 - (c0 + ry * TM)  # keys c0 + ry*TM + a, a <= lim, exist and are visible
-                    if CAUSAL:
-                        lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ry * TM))
-                    at = uint32(rl) * PS_U + uint32(ry * TM)  # TM adjacent keys of query rl: 16-byte stores
+            if SPLIT:
+                # P = exp(S - L) (recomputed with the given L, unclamped) by role 0, stored row-major; then role 1
+                # reads it back for the same entries: dS = P * (Zs dP - D), and Zs P over P (Zs: dropout's factor,
+                # regenerated).  Both 0 where masked or past Nk
+                if role == 0:
+                    s_or_dp_product(sT, sT, KT, KT, Qs, Qs, ry, rx)
+                    for b in range(TN2):
+                        rl = rx + SPLIT_X * b  # this thread's query b
+                        lim = Nk - 1 - (c0 + ry * TM)  # keys c0 + ry*TM + a, a <= lim, exist and are visible
+                        if CAUSAL:
+                            lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ry * TM))
+                        at = uint32(rl) * PS_U + uint32(ry * TM)  # TM adjacent keys of query rl: 16-byte stores
+                        L2 = Ls[rl]
+                        for a in range(TM):
+                            p = exp2_ieee(MUL_RN(scale_log2, sT[a, b]) - L2)  # rounded as in the forward
+                            if edge and a > lim:
+                                p = ZERO
+                            Ps[at + uint32(a)] = p
+                else:
+                    s_or_dp_product(sT, sT, VT, VT, dOs, dOs, ry, rx)
+                cuda.syncthreads()
+                if role == 1:
+                    for b in range(TN2):
+                        rl = rx + SPLIT_X * b
+                        Dv = Ds[rl]
+                        lim = Nk - 1 - (c0 + ry * TM)
+                        if CAUSAL:
+                            lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ry * TM))
+                        rk = drop_row(head, r0 + rl)  # dropout's hash of the row
+                        at = uint32(rl) * PS_U + uint32(ry * TM)
+                        for a in range(TM):
+                            p = Ps[at + uint32(a)]
+                            zs = drop(rk, c0 + ry * TM + a, threshold, inv_keep)  # dropout's factor (1 without)
+                            ds = p * (zs * sT[a, b] - Dv)
+                            if edge and a > lim:
+                                ds = ZERO
+                            sT[a, b] = ds
+                            if DROPOUT:
+                                Ps[at + uint32(a)] = p * zs
+                            if not SHARE:
+                                dSs[at + uint32(a)] = ds
+                if DROPOUT or not SHARE:
+                    cuda.syncthreads()
+            else:
+                s_dp_product(sT, dpT, KT, VT, Qs, dOs, ty, tx)
+                # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (Zs dP - D), both selected
+                # to 0 where masked or past Nk; stored row-major, P as Zs P (Zs: dropout's factor, regenerated)
+                for b in range(TN):
+                    rl = tx + TX * b  # this thread's query b
                     L2 = Ls[rl]
+                    Dv = Ds[rl]
+                    lim = Nk - 1 - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, exist and are visible
+                    if CAUSAL:
+                        lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
+                    rk = drop_row(head, r0 + rl)  # dropout's hash of the row
                     for a in range(TM):
                         p = exp2_ieee(MUL_RN(scale_log2, sT[a, b]) - L2)  # rounded as in the forward
+                        zs = drop(rk, c0 + ty * TM + a, threshold, inv_keep)  # dropout's factor (1 without)
+                        ds = p * (zs * dpT[a, b] - Dv)
                         if edge and a > lim:
                             p = ZERO
-                        Ps[at + uint32(a)] = p
-            cuda.syncthreads()
-            if role == 1:
-                for b in range(TN2):
-                    rl = rx + SPLIT_X * b
-                    Dv = Ds[rl]
-                    lim = Nk - 1 - (c0 + ry * TM)
-                    if CAUSAL:
-                        lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ry * TM))
-                    rk = drop_row(head, r0 + rl)  # dropout's hash of the row
-                    at = uint32(rl) * PS_U + uint32(ry * TM)
-                    for a in range(TM):
-                        p = Ps[at + uint32(a)]
-                        zs = drop(rk, c0 + ry * TM + a, threshold, inv_keep)  # dropout's factor (1 without)
-                        ds = p * (zs * sT[a, b] - Dv)
-                        if edge and a > lim:
                             ds = ZERO
-                        sT[a, b] = ds
-                        if DROPOUT:
-                            Ps[at + uint32(a)] = p * zs
+                        sT[a, b] = p * zs
+                        dpT[a, b] = ds
+                    at = uint32(rl) * PS_U + uint32(ty * TM)  # TM adjacent keys of query rl: 16-byte stores
+                    for a in range(TM):
+                        Ps[at + uint32(a)] = sT[a, b]
                         if not SHARE:
-                            dSs[at + uint32(a)] = ds
-            if DROPOUT or not SHARE:
+                            dSs[at + uint32(a)] = dpT[a, b]
                 cuda.syncthreads()
 
             if SHARE:  # dV_j += P^T dO_i; then dS over P (every thread done with P); dK_j += dS^T Q_i below
@@ -271,11 +306,17 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 else:
                     one_product(dv_acc, dv_acc, Ps, Ps, dOs, dOs, ty, tx)
                 cuda.syncthreads()
-                if role == 1:
-                    for b in range(TN2):
-                        at = uint32(rx + SPLIT_X * b) * PS_U + uint32(ry * TM)
+                if SPLIT:
+                    if role == 1:
+                        for b in range(TN2):
+                            at = uint32(rx + SPLIT_X * b) * PS_U + uint32(ry * TM)
+                            for a in range(TM):
+                                dSs[at + uint32(a)] = sT[a, b]
+                else:
+                    for b in range(TN):
+                        at = uint32(tx + TX * b) * PS_U + uint32(ty * TM)
                         for a in range(TM):
-                            dSs[at + uint32(a)] = sT[a, b]
+                            dSs[at + uint32(a)] = dpT[a, b]
                 cuda.syncthreads()
                 if diagonal:
                     one_masked(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx)
@@ -307,8 +348,6 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         if COUNT:
             add_counts(counter, nr + int64(n_atomic) * AB, int64(n_atomic) * AB + n * SB)
 
-    launch = BACKWARD_KVQ_NAME if atomic_dq else BACKWARD_KV_NAME
-    maxreg = device_register_cap(launch, d, dtype_name, dynamic, count) if maxreg == -1 else maxreg
     opts = {} if maxreg is None else {"max_registers": maxreg}
     return jit(fastmath=FASTMATH, **opts)(kernel), g
 

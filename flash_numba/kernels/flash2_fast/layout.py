@@ -67,6 +67,10 @@ DKDV_MAX_REGISTERS = 128
 #: with this cap before session 5.  Elsewhere the cap spills: float64 at d = 64 (12-16 bytes), d = 80
 #: and 128 (8-20 bytes), cc 8.0 causal (24-36 bytes); there the kernel runs uncapped.
 ATOMIC_MAX_REGISTERS = 128
+#: Register cap of the atomic kernel where its tiles are dynamic shared memory (d <= 64 at 32 x 64 on cc 9.0 up,
+#: float32 and float16): three blocks of 128 threads an SM.  ptxas builds it in 167 registers uncapped, but
+#: 175-233 with S^T and dP^T in separate warps (:func:`split_s_dp`), causal or with dropout, which leaves 2.
+ATOMIC_DYNAMIC_MAX_REGISTERS = 168
 #: Launch name -> register cap (where :func:`register_cap` applies one).
 MAX_REGISTERS = {
     FORWARD_NAME: FORWARD_MAX_REGISTERS,
@@ -84,12 +88,16 @@ def register_cap(launch: str, cc, d: int, dtype, dynamic: bool = False, count: b
     ``cc`` (None: uncapped); ``dynamic``: its tiles are in dynamic shared memory (larger than 48 KB); ``count``:
     the variant with HBM byte counters (the dK/dV/dQ kernel's spills 4-8 bytes at 128 registers: uncapped,
     its runs count bytes, they are not timed)."""
-    if tuple(cc) < CAPPED_FROM_CC or dynamic:  # tiles above 48 KB hold more accumulators than 128 registers do
+    if tuple(cc) < CAPPED_FROM_CC:
+        return None
+    if dynamic and launch != BACKWARD_KVQ_NAME:  # tiles above 48 KB hold more accumulators than 128 registers do
         return None
     if launch == FORWARD_NAME and -(-d // TX) == 6:  # d = 81..96 (8 x 1 tiles): see FORWARD_MAX_REGISTERS
         return None
     if launch == BACKWARD_KVQ_NAME and (tuple(cc) < (9, 0) or np.dtype(dtype) == np.float64 or d > 64 or count):
         return None
+    if dynamic:
+        return ATOMIC_DYNAMIC_MAX_REGISTERS if launch == BACKWARD_KVQ_NAME else None
     return MAX_REGISTERS.get(launch)
 
 
@@ -233,6 +241,32 @@ def choose_atomic_block(d: int, dtype, budget: int) -> tuple[int, int]:
 #: instead of two (its 168 registers allow three), 12 warps instead of 8 (Nsight Compute, s13/A: 42% of cycles with
 #: no eligible warp, waiting on shared-memory results).
 SHARE_P_DS_MIN_TD = 8
+
+
+#: Force :func:`split_s_dp`'s answer (None: its rule); set it with :func:`s_dp_split`.
+FORCE_SPLIT_S_DP: bool | None = None
+
+
+def split_s_dp(atomic_dq: bool, cap: int | None) -> bool:
+    """Whether the dK/dV kernel computes S^T in half its warps and dP^T in the other half (see :mod:`.backward`),
+    given whether it adds dQ with atomics and its register cap."""
+    if FORCE_SPLIT_S_DP is not None:
+        return FORCE_SPLIT_S_DP
+    return not (atomic_dq and cap is not None and cap <= 128)
+
+
+@contextmanager
+def s_dp_split(split: bool | None):
+    """Within: :data:`FORCE_SPLIT_S_DP` is ``split``; kernels and launch plans dropped on entry and on exit."""
+    global FORCE_SPLIT_S_DP
+    saved = FORCE_SPLIT_S_DP
+    FORCE_SPLIT_S_DP = split
+    _drop_tile_builds()
+    try:
+        yield
+    finally:
+        FORCE_SPLIT_S_DP = saved
+        _drop_tile_builds()
 
 
 @contextmanager
