@@ -279,6 +279,50 @@ def test_p_ds_tiles_switches_the_tiles_and_restores_them(rng):
     assert not backward.dkdv_kernel(16, 2, 1, "float32", False, False, None, atomic_dq=True)[1]["share_p_ds"]
 
 
+def test_split_s_dp_rule():
+    """S^T and dP^T in separate warps where the build has more than 128 registers and Br >= 32 (TN >= 2)."""
+    from flash_numba.kernels.flash2_fast import layout
+
+    assert layout.split_s_dp(2, None) and layout.split_s_dp(2, 168) and layout.split_s_dp(4, None)
+    assert not layout.split_s_dp(2, 128) and not layout.split_s_dp(1, None) and not layout.split_s_dp(1, 168)
+    with layout.s_dp_split(True):
+        assert layout.split_s_dp(1, 128)
+    with layout.s_dp_split(False):
+        assert not layout.split_s_dp(2, None)
+    assert layout.FORCE_SPLIT_S_DP is None
+
+
+@pytest.mark.parametrize("d, causal, p, share", [(16, False, 0.0, False), (16, True, 0.25, False),
+                                                 (40, True, 0.0, True), (40, False, 0.25, True)])
+def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, monkeypatch, d, causal, p, share):
+    """Split or not, each dS, P and product is the same arithmetic in the same order: the deterministic backward's
+    outputs are the same bits (split dQ copies and two-pass), and the atomic one's dK, dV; with dropout (P handed
+    over undropped, Zs P written back), causal masks, and P, dS in one tile (``share``, as from d = 113 on)."""
+    from flash_numba.kernels.flash2_fast import layout
+
+    q, k, v = _qkv(rng, (), 37, 45, d, np.float32)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    f = fn.attention_forward(q, k, v, causal=causal, kernel="flash2_fast", block=(8, 16), dropout_p=p)
+    kw = dict(causal=causal, kernel="flash2_fast", block=(32, 16), dropout_p=p, dropout_seed=f.dropout_seed)
+    out = {}
+    for split in (True, False):
+        with layout.p_ds_tiles(share), layout.s_dp_split(split):
+            for copies in (2, 0):
+                monkeypatch.setattr(layout, "FORCE_DQ_COPIES", copies)
+                out[split, copies] = fn.attention_backward(q, k, v, f.o, f.lse, do, **kw)
+            monkeypatch.setattr(layout, "FORCE_DQ_COPIES", None)
+            out[split, "atomic"] = fn.attention_backward(q, k, v, f.o, f.lse, do, deterministic=False, **kw)
+    for mode in (2, 0):
+        for name in ("dq", "dk", "dv"):
+            assert np.array_equal(getattr(out[True, mode], name), getattr(out[False, mode], name)), (mode, name)
+    assert np.array_equal(out[True, "atomic"].dk, out[False, 2].dk)
+    assert np.array_equal(out[True, "atomic"].dv, out[False, 2].dv)
+    if p == 0:
+        ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=causal)
+        for ours, r in zip((out[True, 2].dq, out[True, 2].dk, out[True, 2].dv), ref):
+            assert np.abs(ours - r).max() < 2e-6 * max(1.0, np.abs(r).max())
+
+
 @pytest.mark.parametrize("copies", [0, 2])  # the two-pass backward, the split one
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_backward_with_p_and_ds_in_one_tile(rng, monkeypatch, copies, causal):

@@ -344,22 +344,28 @@ def _compile_for_cc(cc, dtypes, ds):
                           forward_kernel(d, Br // TY, Bc // TX, dt.name, causal, count, None, drop, bool(fwd_dyn),
                                          aligned)[0], fwd_sig)
                          for aligned in ((False, True) if _vector_build(Bc, d, dt.name, count) else (False,))]
+                # the dK/dV kernels are built with this cc's cap: it decides their code (layout.split_s_dp)
+                kv_cap, kvq_cap, a_cap = (register_cap(launch, cc, d, dt, bool(dyn), count) for launch, dyn in (
+                    (BACKWARD_KV_NAME, kv_dyn), (BACKWARD_KVQ_NAME, kv_dyn), (BACKWARD_KVQ_NAME, a_dyn)))
                 if fast_bwd:
-                    kv_args = (d, bBc // TY, bBr // TX, dt.name, causal, count, None)
+                    kv_args = (d, bBc // TY, bBr // TX, dt.name, causal, count)
                     kv_tag, q_tag = _dynamic_tag(kv_dyn), _dynamic_tag(q_dyn)
                     specs += [
                         (BACKWARD_KV_NAME, f"{BACKWARD_KV_NAME} {bwd}{kv_tag}",
-                         dkdv_kernel(*kv_args, dropout=drop, dynamic=bool(kv_dyn))[0], kv_sig),
+                         dkdv_kernel(*kv_args, kv_cap, dropout=drop,
+                                     dynamic=bool(kv_dyn))[0], kv_sig),
                         (BACKWARD_Q_NAME, f"{BACKWARD_Q_NAME} {bwd}{q_tag}",
                          dq_kernel(d, bBr // TY, bBc // TX, dt.name, causal, count, drop, bool(q_dyn))[0], q_sig),
                         (BACKWARD_KVQ_NAME, f"{BACKWARD_KVQ_NAME} {bwd}{kv_tag}",
-                         dkdv_kernel(*kv_args, atomic_dq=True, dropout=drop, dynamic=bool(kv_dyn))[0], kv_sig),
+                         dkdv_kernel(*kv_args, kvq_cap, atomic_dq=True, dropout=drop,
+                                     dynamic=bool(kv_dyn))[0], kv_sig),
                     ]  # the atomic kernel at the deterministic block: the split backward's
                 if own_atomic:
                     a_label = f"{BACKWARD_KVQ_NAME} d={d} Br={aBr} Bc={aBc}{tag}{_dynamic_tag(a_dyn)}"
                     specs.append((BACKWARD_KVQ_NAME, a_label,
-                                  dkdv_kernel(d, aBc // TY, aBr // TX, dt.name, causal, count, None, atomic_dq=True,
-                                              dropout=drop, dynamic=bool(a_dyn))[0], kv_sig))
+                                  dkdv_kernel(d, aBc // TY, aBr // TX, dt.name, causal, count,
+                                              a_cap, atomic_dq=True, dropout=drop,
+                                              dynamic=bool(a_dyn))[0], kv_sig))
                 if fast_bwd and causal and d == ds[0] and not drop:  # the element-wise kernels (atomic, split), once
                     A1, c = array_type(acc, 1), " count" * count
                     specs.append((ZERO_DQ_NAME, f"{ZERO_DQ_NAME} {dt}{c}", zero_kernel(acc.name, count),

@@ -69,7 +69,9 @@ DKDV_MAX_REGISTERS = 128
 ATOMIC_MAX_REGISTERS = 128
 #: Register cap of the atomic kernel where its tiles are dynamic shared memory (d <= 64 at 32 x 64 on cc 9.0 up,
 #: float32 and float16): three blocks of 128 threads an SM.  ptxas builds it in 167 registers uncapped, but
-#: 175-233 with S^T and dP^T in separate warps (:func:`split_s_dp`), causal or with dropout, which leaves 2.
+#: 175-233 with S^T and dP^T in separate warps (:func:`split_s_dp`), causal or with dropout, which leaves two.
+#: Backward only, N = 4096, B*H = 32 on the H200 (s14/B): 10.48 ms split and capped (10.79 not split, capped),
+#: against 11.08 as it shipped before (not split, uncapped; s14/A).
 ATOMIC_DYNAMIC_MAX_REGISTERS = 168
 #: Launch name -> register cap (where :func:`register_cap` applies one).
 MAX_REGISTERS = {
@@ -247,12 +249,26 @@ SHARE_P_DS_MIN_TD = 8
 FORCE_SPLIT_S_DP: bool | None = None
 
 
-def split_s_dp(atomic_dq: bool, cap: int | None) -> bool:
-    """Whether the dK/dV kernel computes S^T in half its warps and dP^T in the other half (see :mod:`.backward`),
-    given whether it adds dQ with atomics and its register cap."""
+def split_s_dp(TN: int, cap: int | None) -> bool:
+    """Whether the dK/dV kernel of Br = 16 TN queries a step, built with register cap ``cap``, computes S^T in half
+    its warps and dP^T in the other half (a TM x 2TN micro-tile of one), not both in every thread (TM x TN of each).
+
+    Split, a thread loads TM + 2TN values from shared memory per 2 TM TN multiply-adds, not 2 TM + 2 TN, and hands P
+    to its partner through shared memory.  Outputs are the same bit for bit (s14/B).  H200, N = 4096, B*H = 32,
+    backward only, split against not (s14/A, B): d = 128 (32 x 32) 21.87 / 23.25 ms, atomic 20.70 / 22.34; d = 80
+    24.68 / 25.72, atomic 22.52 / 24.58 (but causal 10.74 / 10.29: 168 registers against 128); the atomic 32 x 64 at
+    d = 64 (capped at 168) 10.41-10.48 / 10.79.  Not split:
+
+    * under a cap of 128 registers (d <= 64 in static shared memory on cc 8.0 up): ptxas spills 4-36 bytes
+      there (it was 5% faster at d = 64 on the H200 all the same: 11.57 / 12.23 ms);
+    * at TN = 1 (d = 96's 16 x 32 block): the split build takes 140 registers, not 128, so one block less an SM
+      and a split plan made for four: 39.51 / 25.45 ms.
+
+    On GPUs without a cap (a T4) the rule applies unmeasured.
+    """
     if FORCE_SPLIT_S_DP is not None:
         return FORCE_SPLIT_S_DP
-    return not (atomic_dq and cap is not None and cap <= 128)
+    return TN >= 2 and (cap is None or cap > 128)
 
 
 @contextmanager
