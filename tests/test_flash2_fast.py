@@ -292,7 +292,7 @@ def test_split_s_dp_rule():
     assert layout.FORCE_SPLIT_S_DP is None
 
 
-@pytest.mark.parametrize("d, causal, p, share", [(16, False, 0.0, False), (16, True, 0.25, False),
+@pytest.mark.parametrize("d, causal, p, share", [(32, False, 0.0, False), (32, True, 0.25, False),
                                                  (40, True, 0.0, True), (40, False, 0.25, True)])
 def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, monkeypatch, d, causal, p, share):
     """Split or not, each dS, P and product is the same arithmetic in the same order: the deterministic backward's

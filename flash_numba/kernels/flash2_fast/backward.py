@@ -57,6 +57,7 @@ from .layout import (
     geometry_kv,
     geometry_q,
     scalars,
+    split_dv_dk,
     split_s_dp,
 )
 
@@ -128,6 +129,15 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     SPLIT = split_s_dp(TN, maxreg)
     TN2, DROPOUT = 2 * TN, dropout
     ST_COLS = TN2 if SPLIT else TN
+    # with SPLIT and two tiles for P and dS, dV_j in warps 0-1 and dK_j in warps 2-3 too (split_dv_dk): a thread's
+    # TM x 2TD of one, columns in quads 32 apart (4 rx + u % 4 + 32 (u // 4): a warp's 16-byte reads of a row of
+    # dO_i or Q_i cover 8 adjacent chunks, all banks): TM + 2TD loads a query for 2 TM TD multiply-adds, not 2 TM + 2TD
+    SPLIT_KV = split_dv_dk(SPLIT, g["share_p_ds"], TD)
+    TD2 = 2 * TD
+    KV_COLS = tuple(u % 4 + 32 * (u // 4) for u in range(TD2))
+    kv_product = _tile_ops.strided_product(TM, TD2, Br, PS, 4, 1, QS, False, False, acc, False, 32)
+    kv_masked = _tile_ops.strided_product(TM, TD2, Br, PS, 4, 1, QS, False, False, acc, True, 32)
+    kv_store = _tile_ops.strided_store(TM, TD2, d, False, count, (4, KV_COLS))
 
     def dq_partial(skip_zero: bool):
         """``partial(dqp, kq, ds4, KT, dSs, lane, warp)``: dqp = this step's dS_ij K_j for the warp's rows and the
@@ -179,6 +189,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         dpT = cuda.local.array((TM, TN), ACC)
         dk_acc = cuda.local.array((TM, TD), ACC)
         dv_acc = cuda.local.array((TM, TD), ACC)
+        kv_acc = cuda.local.array((TM, TD2), ACC)  # SPLIT_KV: dV_j (role 0) or dK_j (role 1)
         dqp = cuda.local.array((RW, NX), ACC)  # atomic dQ: this step's partial sums
         kq = cuda.local.array((NX, 4), ACC)
         ds4 = cuda.local.array(4, ACC)
@@ -217,6 +228,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             for u in range(TD):
                 dk_acc[a, u] = ZERO
                 dv_acc[a, u] = ZERO
+            for u in range(TD2):
+                kv_acc[a, u] = ZERO
 
         i_first = first_visible_q_block(c0, Br, Nq, Nk, CAUSAL)
         n_i = (Nq + Br - 1) // Br - i_first
@@ -326,6 +339,16 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     one_masked(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx)
                 else:
                     one_product(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx)  # scale applied to dK at the end
+            elif SPLIT_KV:  # scale applied to dK at the end; masked entries (P = dS = 0) add nothing
+                if role == 0:
+                    if diagonal:
+                        kv_masked(kv_acc, kv_acc, Ps, Ps, dOs, dOs, ry, rx)
+                    else:
+                        kv_product(kv_acc, kv_acc, Ps, Ps, dOs, dOs, ry, rx)
+                elif diagonal:
+                    kv_masked(kv_acc, kv_acc, dSs, dSs, Qs, Qs, ry, rx)
+                else:
+                    kv_product(kv_acc, kv_acc, dSs, dSs, Qs, Qs, ry, rx)
             elif diagonal:  # masked entries (P = dS = 0) add nothing, even against Inf or NaN in dO_i, Q_i
                 dv_dk_masked(dv_acc, dk_acc, Ps, dSs, dOs, Qs, ty, tx)
             else:
@@ -348,7 +371,12 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                                 if COUNT:
                                     n_atomic += uint32(1)
 
-        n = store(dk, dk_acc, scale, dv, dv_acc, ONE, hkv, c0, Nk, ty, tx)
+        if not SPLIT_KV:
+            n = store(dk, dk_acc, scale, dv, dv_acc, ONE, hkv, c0, Nk, ty, tx)
+        elif role == 0:
+            n = kv_store(dv, kv_acc, ONE, dv, kv_acc, ONE, hkv, c0, Nk, ry, rx)
+        else:
+            n = kv_store(dk, kv_acc, scale, dk, kv_acc, scale, hkv, c0, Nk, ry, rx)
         if COUNT:
             add_counts(counter, nr + int64(n_atomic) * AB, int64(n_atomic) * AB + n * SB)
 

@@ -271,6 +271,16 @@ def split_s_dp(TN: int, cap: int | None) -> bool:
     return TN >= 2 and (cap is None or cap > 128)
 
 
+#: Whether a split dK/dV kernel (:func:`split_s_dp`) splits dV_j and dK_j across warps too, where it can.
+SPLIT_DV_DK = True
+
+
+def split_dv_dk(split: bool, share_p_ds: bool, TD: int) -> bool:
+    """Whether the dK/dV kernel keeps dV_j in warps 0-1 and dK_j in warps 2-3 (a thread's TM x 2TD of one): where
+    S^T and dP^T are split, P and dS have a tile each (both products run at once) and 2 TD is a multiple of 4."""
+    return SPLIT_DV_DK and split and not share_p_ds and (2 * TD) % 4 == 0
+
+
 @contextmanager
 def s_dp_split(split: bool | None):
     """Within: :data:`FORCE_SPLIT_S_DP` is ``split``; kernels and launch plans dropped on entry and on exit."""
