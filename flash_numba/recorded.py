@@ -40,9 +40,9 @@ STANDARD_BENCH_CSV = STANDARD / "bench.csv"
 STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
 NCU_CSV = STANDARD / "ncu_bytes.csv"
 SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
-#: The latest harness run (session 13, ``H/``, the final kernels of that session): flash2_fast (both backwards) and
+#: The latest harness run (session 14, ``C/``, S^T and dP^T split across warps): flash2_fast (both backwards) and
 #: PyTorch's SDPA at d = 32, 64, 80, 96 and 128, N = 4096.
-LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s13" / "H" / "run_4096.csv"
+LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s14" / "C" / "run_4096.csv"
 #: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
 #: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``B/``).
@@ -75,6 +75,9 @@ SESSION13 = RESULTS.parent / "h200-2026-12-01-s13"
 #: alternating.
 SHARED_TILE_CSVS = {("two", 1): SESSION13 / "F" / "old1.csv", ("one", 1): SESSION13 / "F" / "new1.csv",
                     ("one", 2): SESSION13 / "F" / "new2.csv"}
+SESSION14 = RESULTS.parent / "h200-2026-12-01-s14"
+#: Session 14's d = 128 backward with S^T and dP^T in every thread ("both") or in separate warps ("split"), A/.
+SPLIT_S_DP_CSVS = {"both": SESSION14 / "A" / "old128.csv", "split": SESSION14 / "A" / "new128a.csv"}
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -83,7 +86,7 @@ def available() -> bool:
     """True when the committed results are on disk (a clone of the repository)."""
     return all(p.exists() for p in (BENCH_CSV, LESSON1_LOG, STANDARD_BENCH_CSV, STANDARD_KERNELS_CSV, NCU_CSV,
                                     LATEST_BENCH_CSV, BLOCK_SWEEP_CSV, BACKWARD_PATHS_CSV, *ATOMIC_BLOCK_CSVS,
-                                    *HOST_CSVS.values(), *SHARED_TILE_CSVS.values()))
+                                    *HOST_CSVS.values(), *SHARED_TILE_CSVS.values(), *SPLIT_S_DP_CSVS.values()))
 
 
 def provenance(path: Path = BENCH_CSV) -> dict:
@@ -248,6 +251,18 @@ def shared_tile_rows(paths=SHARED_TILE_CSVS) -> list[dict]:
         if tiles == "two":  # the tree before the change ran beside the new one
             where["commit"] = (path.parent / "commit_old.txt").read_text().strip()[:7]
         out += [dict(r, tiles=tiles, run=run, ms=float(r["ms"]), **where) for r in _csv_rows(path)]
+    return out
+
+
+def split_s_dp_rows(paths=SPLIT_S_DP_CSVS) -> list[dict]:
+    """Session 14's d = 128 backward, S^T and dP^T computed by every thread or split across warps: ``threads``
+    ("both" / "split"), ``mode``, ``causal``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
+    out = []
+    for threads, path in paths.items():
+        where = folder_provenance(path)
+        if threads == "both":  # the tree before the change ran beside the new one
+            where["commit"] = (path.parent / "commit_old.txt").read_text().strip()[:7]
+        out += [dict(r, threads=threads, ms=float(r["ms"]), **where) for r in _csv_rows(path)]
     return out
 
 

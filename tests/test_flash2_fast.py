@@ -290,6 +290,10 @@ def test_split_s_dp_rule():
     with layout.s_dp_split(False):
         assert not layout.split_s_dp(2, None)
     assert layout.FORCE_SPLIT_S_DP is None
+    # dV, dK split too where S^T, dP^T are, P and dS have a tile each, and 2 TD columns come in quads
+    assert layout.split_dv_dk(True, False, 4) and layout.split_dv_dk(True, False, 2)
+    assert not layout.split_dv_dk(False, False, 4) and not layout.split_dv_dk(True, True, 8)
+    assert not layout.split_dv_dk(True, False, 5)  # d = 80
 
 
 @pytest.mark.parametrize("d, causal, p, share", [(32, False, 0.0, False), (32, True, 0.25, False),
@@ -297,7 +301,8 @@ def test_split_s_dp_rule():
 def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, monkeypatch, d, causal, p, share):
     """Split or not, each dS, P and product is the same arithmetic in the same order: the deterministic backward's
     outputs are the same bits (split dQ copies and two-pass), and the atomic one's dK, dV; with dropout (P handed
-    over undropped, Zs P written back), causal masks, and P, dS in one tile (``share``, as from d = 113 on)."""
+    over undropped, Zs P written back), causal masks, and P, dS in one tile (``share``, as from d = 113 on).  At
+    d = 32 with two tiles, dV and dK are split across warps too (layout.split_dv_dk)."""
     from flash_numba.kernels.flash2_fast import layout
 
     q, k, v = _qkv(rng, (), 37, 45, d, np.float32)
@@ -309,12 +314,13 @@ def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, mo
         with layout.p_ds_tiles(share), layout.s_dp_split(split):
             for copies in (2, 0):
                 monkeypatch.setattr(layout, "FORCE_DQ_COPIES", copies)
-                out[split, copies] = fn.attention_backward(q, k, v, f.o, f.lse, do, **kw)
+                out[split, copies] = fn.attention_backward(q, k, v, f.o, f.lse, do, count_hbm=True, **kw)
             monkeypatch.setattr(layout, "FORCE_DQ_COPIES", None)
             out[split, "atomic"] = fn.attention_backward(q, k, v, f.o, f.lse, do, deterministic=False, **kw)
     for mode in (2, 0):
         for name in ("dq", "dk", "dv"):
             assert np.array_equal(getattr(out[True, mode], name), getattr(out[False, mode], name)), (mode, name)
+        assert out[True, mode].hbm == out[False, mode].hbm  # the bytes counted: each thread stores its own half
     assert np.array_equal(out[True, "atomic"].dk, out[False, 2].dk)
     assert np.array_equal(out[True, "atomic"].dv, out[False, 2].dv)
     if p == 0:

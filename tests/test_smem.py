@@ -131,6 +131,20 @@ def test_the_recorded_host_times_read_before_and_after():
     assert max(bwd["after", n] for n in (1, 2)) < min(bwd["before", n] for n in (1, 2))
 
 
+def test_the_recorded_split_s_dp_backward_reads_with_its_commits():
+    """Lesson 10's d = 128 backward, S^T and dP^T in every thread or in separate warps (session 14): both modes and
+    masks each way, from the H200, each with its tree's commit; the split one faster in each pairing (why it ships)."""
+    from flash_numba import recorded
+
+    rows = recorded.split_s_dp_rows()
+    assert {(r["threads"], r["mode"], r["causal"]) for r in rows} == {
+        (t, m, c) for t in ("both", "split") for m in ("deterministic", "atomic") for c in ("False", "True")}
+    assert all(r["device"] == "NVIDIA H200" and r["d"] == "128" for r in rows)
+    assert {r["threads"]: r["commit"] for r in rows} == {"both": "e6533b3", "split": "4f81286"}
+    ms = {(r["threads"], r["mode"], r["causal"]): r["ms"] for r in rows}
+    assert all(ms["split", m, c] < ms["both", m, c] for m in ("deterministic", "atomic") for c in ("False", "True"))
+
+
 def test_the_recorded_forward_steps_read_with_their_commits():
     """Session 10's forward, change by change (lesson 4): every tree timed twice at d = 64 and 128, each row with
     its tree's commit; and Nsight Compute after the fix, whose counts agree with each other."""

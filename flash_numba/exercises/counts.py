@@ -1,5 +1,5 @@
 """The exercises whose answer is a closed-form count: ``matmul_intensity`` (lesson 1), ``theorem2`` (lesson 6),
-``kv_cache_bytes``, ``tile_bytes`` and ``blocks_per_sm`` (lesson 10)."""
+``kv_cache_bytes``, ``tile_bytes``, ``blocks_per_sm`` and ``loads_per_madd`` (lesson 10)."""
 
 from __future__ import annotations
 
@@ -129,4 +129,34 @@ def _run_blocks_per_sm(answer):
     if mismatch is not None and not mismatch.yours.startswith("raised"):
         mismatch.notes += ("the fewer of what the registers (65,536, allocated 8 a thread at a time) and the shared "
                            "memory (each block's tiles plus 1 KB reserved) allow",)
+    return n, mismatch
+
+
+# ============================================================================= lesson 10: shared loads per multiply-add
+
+
+def _loads_per_madd_solution(TM, TN, split):
+    # flash2_fast's dK/dV kernel, per step k of the inner dimension (one column of K_j^T and V_j^T, one element of
+    # a row of Q_i and of dO_i).  Not split, a thread owns TM x TN of S^T = K Q^T and TM x TN of dP^T = V dO^T: it
+    # loads TM values of K^T, TM of V^T, TN of Q, TN of dO.  Split, a thread owns TM x 2TN of one of them: TM values
+    # of K^T (or V^T), 2TN of Q (or dO).  Either way 2 TM TN multiply-adds.
+    loads = TM + 2 * TN if split else 2 * TM + 2 * TN
+    return loads / (2 * TM * TN)
+
+
+@_register("loads_per_madd", 10, "shared loads per multiply-add of the dK/dV kernel's S^T, dP^T loop",
+           _loads_per_madd_solution)
+def _run_loads_per_madd(answer):
+    cases = [
+        ("d = 128, 32 x 32 block (TM = 4, TN = 2), each thread both products", (4, 2, False)),
+        ("the same, S^T and dP^T in separate warps", (4, 2, True)),
+        ("d = 64 atomic, 32 x 64 block (TM = 8, TN = 2), both products", (8, 2, False)),
+        ("the same, split", (8, 2, True)),
+        ("d = 96, 16 x 32 block (TM = 4, TN = 1), split", (4, 1, True)),
+        ("TM = TN = 1, both products", (1, 1, False)),
+    ]
+    n, mismatch = _compare(cases, answer, _loads_per_madd_solution, rtol=1e-12)
+    if mismatch is not None and not mismatch.yours.startswith("raised"):
+        mismatch.notes += ("not split, TM values of K^T and of V^T, TN of Q and of dO; split, one product of a "
+                           "TM x 2TN tile; 2 TM TN multiply-adds either way",)
     return n, mismatch

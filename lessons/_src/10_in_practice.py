@@ -386,6 +386,74 @@ if recorded.available():
 # (`docs/PERFORMANCE.md`, session 13).
 
 # %% [markdown]
+# ## Your turn: shared loads per multiply-add
+#
+# More warps hide the wait for shared memory; fewer loads shorten it. In the same kernel's largest loop every
+# thread computes a $T_M \times T_N$ micro-tile of $S^T = K_j Q_i^T$ *and* one of $dP^T = V_j\, dO_i^T$. For each
+# step $k$ of the inner dimension it loads $T_M$ values of $K_j^T$, $T_M$ of $V_j^T$, $T_N$ of $Q_i$ and $T_N$ of
+# $dO_i$, and does $2 T_M T_N$ multiply-adds. Session 14 gave $S^T$ to warps 0-1 and $dP^T$ to warps 2-3: each
+# thread a $T_M \times 2T_N$ tile of one product, as many multiply-adds and accumulators. (The price: $dS = P \circ
+# (dP - D)$ needs $P$ from the other warps, handed over through the $P$ tile in shared memory, which was written
+# anyway.)
+#
+# Write the loads per multiply-add, split or not.
+
+# %%
+def loads_per_madd(TM, TN, split):
+    """Shared-memory loads per multiply-add of the S^T, dP^T loop, one product a thread (split) or both."""
+    # Your turn
+    raise NotImplementedError("(loads of one step k) / (2 TM TN): 2 TM + 2 TN loads, or TM + 2 TN split")
+
+
+# %%
+mine_loads = ex.check("loads_per_madd", loads_per_madd)
+assert ex.check_solution("loads_per_madd")
+per_madd = loads_per_madd if mine_loads else ex.solution_fn("loads_per_madd")
+
+# %% [markdown]
+# **Predict, then run.** At $d = 128$ the block is 32 x 32 ($T_M = 4$, $T_N = 2$). Split, the loop loads a third
+# fewer values for the same arithmetic, with the same registers (168) and blocks an SM (3). How much faster is
+# the whole backward: a third, about a tenth of that loop's share of the time, or not at all (the loop waits on
+# load *latency*, not on their number)?
+
+# %%
+my_prediction = None  # backward time split / not split, d = 128 atomic, e.g. 0.95
+
+# %%
+for TM, TN, what in ((4, 2, "d = 128, 32 x 32"), (8, 2, "d = 64 atomic, 32 x 64")):
+    print(f"{what}: {per_madd(TM, TN, False):.3f} loads per multiply-add both in a thread, "
+          f"{per_madd(TM, TN, True):.3f} split")
+split_ratio = None
+if not SIM:  # both builds of the kernel, timed here (flash2_fast.layout.s_dp_split)
+    blk = fn.resolve_block("flash2_fast", 128, np.float32, pass_="backward", deterministic=False)
+    xs = [cuda.to_device(rng.standard_normal((32, 4096, 128)).astype(np.float32)) for _ in range(4)]
+    f128 = fn.attention_forward(*xs[:3], kernel="flash2_fast")
+    split_ms = {}
+    for split in (False, True):
+        with flash2_fast.layout.s_dp_split(split):
+            split_ms[split] = median_ms(lambda: fn.attention_backward(*xs[:3], f128.o, f128.lse, xs[3],
+                                                                      kernel="flash2_fast", deterministic=False))
+        print(f"{device.info().name}, block {blk}, S^T and dP^T {'split' if split else 'in every thread'}: "
+              f"backward {split_ms[split]:.2f} ms")
+    split_ratio = split_ms[True] / split_ms[False]
+if recorded.available():
+    split_rows = recorded.split_s_dp_rows()
+    print(f"{recorded.LABEL}: {split_rows[0]['device']}, d = 128, N = 4096, B*H = 32, backward only")
+    for r in sorted(split_rows, key=lambda r: (r["mode"], r["causal"], r["threads"])):
+        print(f"  {r['mode']:<14} causal={r['causal']:<6} {r['threads']:<6} {r['ms']:7.2f} ms   {r['commit']}")
+    rec = {(r["threads"], r["mode"]): r["ms"] for r in split_rows if r["causal"] == "False"}
+    split_ratio = split_ratio or rec["split", "atomic"] / rec["both", "atomic"]
+if split_ratio is not None:
+    lessonkit.compare_prediction("backward time, split / not", my_prediction, round(split_ratio, 3))
+
+# %% [markdown]
+# A third fewer loads in the largest loop, 6-7% less time for the whole backward: the loop waits less, but it is
+# one part of five products, the softmax, the barriers and the atomics. Where the split made a build need more
+# registers, it lost a block an SM and ran slower ($d = 96$: `docs/PERFORMANCE.md`, session 14), so the library
+# splits only where the registers allow (`flash2_fast.layout.split_s_dp`). Fewer loads and more warps are two
+# answers to one question: what does a warp do while it waits?
+
+# %% [markdown]
 # ## Measured on a real GPU
 #
 # In the simulator nothing is timed. The project ran the same kernels on an NVIDIA H200; the table
@@ -492,7 +560,8 @@ if recorded.available():
 # * Shared memory per block is not fixed at 48 KB: with dynamic shared memory, opted in, an H200 gives a block up to
 #   227 KB, and larger tiles (more reuse per number loaded) made our $d = 128$ forward 1.5x faster. But an SM runs
 #   only as many blocks as its shared memory and registers allow: one tile less at $d = 128$ gave 3 blocks instead
-#   of 2, and the backward took 11-14% less time.
+#   of 2, and the backward took 11-14% less time; one product a thread instead of two, a third fewer shared loads
+#   per multiply-add, took 6-7% more off.
 # * At small $N$ a call's time is the host's, mostly one driver call per kernel launch: count the launches.
 # * The KV cache is a different memory problem: it grows with every token kept, $2 \cdot$ layers $\cdot$ heads $\cdot
 #   d \cdot$ tokens $\cdot$ batch elements.
@@ -503,6 +572,7 @@ if recorded.available():
 assert per_seq == 2 * 32 * 32 * 128 * 4096 * 2 and per_seq == 2 * 2**30
 assert tiles(128, 8, 2, 4) > 48 * 1024 >= tiles(64, 8, 2, 4) and same_bits
 assert (held["two"], held["one"]) == (2, 3) and two_tiles - one_tile == 32 * 36 * 4
+assert (per_madd(4, 2, False), per_madd(4, 2, True)) == (0.75, 0.5)
 assert 0.9 < intensity < 1.1
 assert [len(launches[x]) for x in ("flash2", "flash2_fast", "flash2_fast atomic")] == [3, 2, 3], launches
 if TORCH_GPU:

@@ -271,9 +271,11 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     for b in range(TN2):
                         rl = rx + SPLIT_X * b
                         Dv = Ds[rl]
-                        lim = Nk - 1 - (c0 + ry * TM)
-                        if CAUSAL:
-                            lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ry * TM))
+                        lim = TM  # no key masked
+                        if edge:
+                            lim = Nk - 1 - (c0 + ry * TM)
+                            if CAUSAL:
+                                lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ry * TM))
                         rk = drop_row(drop_head(seed, bh), r0 + rl)  # dropout's hash of the row
                         at = uint32(rl) * PS_U + uint32(ry * TM)
                         for a in range(TM):
