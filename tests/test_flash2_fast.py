@@ -329,6 +329,27 @@ def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, mo
             assert np.abs(ours - r).max() < 2e-6 * max(1.0, np.abs(r).max())
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_s_and_dp_split_across_warps_in_other_dtypes(rng, dtype):
+    """float16 storage (float32 sums) and float64: split or not, the same bits; float64 close to the reference."""
+    from flash_numba.kernels.flash2_fast import layout
+
+    q, k, v = _qkv(rng, (), 37, 45, 32, dtype)
+    do = rng.standard_normal(q.shape).astype(dtype)
+    f = fn.attention_forward(q, k, v, causal=True, kernel="flash2_fast", block=(8, 16))
+    out = {}
+    for split in (True, False):
+        with layout.s_dp_split(split):
+            out[split] = fn.attention_backward(q, k, v, f.o, f.lse, do, causal=True, kernel="flash2_fast",
+                                               block=(32, 16))
+    for name in ("dq", "dk", "dv"):
+        assert np.array_equal(getattr(out[True], name), getattr(out[False], name)), name
+    if dtype == np.float64:
+        ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=True)
+        for ours, r in zip((out[True].dq, out[True].dk, out[True].dv), ref):
+            assert np.abs(ours - r).max() < 1e-12 * max(1.0, np.abs(r).max())
+
+
 @pytest.mark.parametrize("copies", [0, 2])  # the two-pass backward, the split one
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_backward_with_p_and_ds_in_one_tile(rng, monkeypatch, copies, causal):
