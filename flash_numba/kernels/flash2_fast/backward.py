@@ -10,7 +10,8 @@ After D = rowsum(dO * O) (:mod:`flash_numba.kernels._rowsum`):
   dS_ij K_j into dQ_i in HBM with atomics (FlashAttention-2's way: no second pass).
   Where :func:`.layout.split_s_dp` says so, warps 0-1 compute S^T and P, warps 2-3 dP^T and then dS
   from the P that warps 0-1 left in shared memory: each thread one micro-tile of twice the queries,
-  so fewer shared loads per multiply-add (session 14: the backward 6-7% faster at d = 128).
+  so fewer shared loads per multiply-add (session 14: the backward 6-7% faster at d = 128); and where
+  P and dS have a tile each, warps 0-1 keep dV_j and warps 2-3 dK_j (:func:`.layout.split_dv_dk`).
   On a grid of one block per key tile (``deterministic=False``) the order of the
   additions, so the last bits of dQ, vary from run to run.  On a grid of S blocks per
   head (the split deterministic backward), launched once per round, block s runs key
@@ -20,12 +21,13 @@ After D = rowsum(dO * O) (:mod:`flash_numba.kernels._rowsum`):
   over the visible key blocks, recomputing S, P, dP and dS; dQ_i += dS K_j.
 
 Same micro-tiles as the forward (:mod:`.layout`).  In the dK/dV kernel, as in the forward, a
-thread's queries are 16 apart (tx + 16 b; 8 apart, rx + 8 b, where S^T and dP^T are split) and Q_i, dO_i are held
-row-major with a stride of
-an odd number of 16-byte chunks: S^T and dP^T read each query's row 16 bytes at a time, P and
-dS are stored 16 bytes at a time, all conflict-free; dV_j += P^T dO_i and dK_j += dS^T Q_i read
-rows of dO_i, Q_i into columns in quads 64 apart (x = 4 tx + u % 4 + 64 (u // 4): 16-byte loads
-on all banks) where TD is a multiple of 4, else 16 apart (x = tx + 16 u).  At N = 4096 on the
+thread's queries are 16 apart (tx + 16 b; 8 apart, rx + 8 b, where S^T and dP^T are split) and
+Q_i, dO_i are held row-major with a stride of an odd number of 16-byte chunks: S^T and dP^T read
+each query's row 16 bytes at a time, P and dS are stored 16 bytes at a time, all conflict-free;
+dV_j += P^T dO_i and dK_j += dS^T Q_i read rows of dO_i, Q_i into columns in quads 64 apart
+(x = 4 tx + u % 4 + 64 (u // 4): 16-byte loads on all banks) where TD is a multiple of 4, else 16
+apart (x = tx + 16 u); where dV_j and dK_j are split across warps too (:func:`.layout.split_dv_dk`),
+a thread's 2 TD columns in quads 32 apart (x = 4 rx + u % 4 + 32 (u // 4)).  At N = 4096 on the
 H200 that took fwd+bwd at d = 64 from 16.46 to 15.78 ms (atomic 15.62 to 15.23; s10/D).  The dQ
 kernel reads the transposed tiles of before: an odd row stride (conflict-free scalar loads) and
 strided columns (x = tx + 16 u).  Every output element is summed by one thread in a fixed
