@@ -245,25 +245,24 @@ def host_rows(paths=HOST_CSVS) -> list[dict]:
 def shared_tile_rows(paths=SHARED_TILE_CSVS) -> list[dict]:
     """Session 13's d = 128 backward with P and dS in two shared tiles or one: ``tiles`` ("two" / "one"), ``run``,
     ``mode``, ``causal``, ``dynamic_bytes``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
-    out = []
-    for (tiles, run), path in paths.items():
-        where = folder_provenance(path)
-        if tiles == "two":  # the tree before the change ran beside the new one
-            where["commit"] = (path.parent / "commit_old.txt").read_text().strip()[:7]
-        out += [dict(r, tiles=tiles, run=run, ms=float(r["ms"]), **where) for r in _csv_rows(path)]
-    return out
+    return [r for (tiles, run), path in paths.items()
+            for r in _side_by_side_rows(path, tiles == "two", tiles=tiles, run=run)]
 
 
 def split_s_dp_rows(paths=SPLIT_S_DP_CSVS) -> list[dict]:
     """Session 14's d = 128 backward, S^T and dP^T computed by every thread or split across warps: ``threads``
     ("both" / "split"), ``mode``, ``causal``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
-    out = []
-    for threads, path in paths.items():
-        where = folder_provenance(path)
-        if threads == "both":  # the tree before the change ran beside the new one
-            where["commit"] = (path.parent / "commit_old.txt").read_text().strip()[:7]
-        out += [dict(r, threads=threads, ms=float(r["ms"]), **where) for r in _csv_rows(path)]
-    return out
+    return [r for threads, path in paths.items()
+            for r in _side_by_side_rows(path, threads == "both", threads=threads)]
+
+
+def _side_by_side_rows(path: Path, old: bool, **fields) -> list[dict]:
+    """The rows of a CSV from a run of two trees side by side, each with ``fields``, ``ms`` as a float and the file's
+    provenance; ``old``: the tree before the change, whose commit is ``commit_old.txt`` beside it."""
+    where = folder_provenance(path)
+    if old:
+        where["commit"] = (path.parent / "commit_old.txt").read_text().strip()[:7]
+    return [dict(r, **fields, ms=float(r["ms"]), **where) for r in _csv_rows(path)]
 
 
 def shared_store_conflicts(path: Path = FORWARD_NCU_TXT) -> list[dict]:

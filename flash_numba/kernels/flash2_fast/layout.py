@@ -285,33 +285,28 @@ def split_dv_dk(split: bool, share_p_ds: bool, TD: int) -> bool:
     return SPLIT_DV_DK and split and not share_p_ds and (2 * TD) % 4 == 0
 
 
-@contextmanager
 def s_dp_split(split: bool | None):
     """Within: :data:`FORCE_SPLIT_S_DP` is ``split``; kernels and launch plans dropped on entry and on exit."""
-    global FORCE_SPLIT_S_DP
-    saved = FORCE_SPLIT_S_DP
-    FORCE_SPLIT_S_DP = split
-    _drop_tile_builds()
-    try:
-        yield
-    finally:
-        FORCE_SPLIT_S_DP = saved
-        _drop_tile_builds()
+    return _rebuilt_with("FORCE_SPLIT_S_DP", split)
 
 
-@contextmanager
 def p_ds_tiles(share: bool):
     """Within: the dK/dV kernel keeps P and dS in one tile (``share``) or in two, at every head dim, to time the two
     (lesson 10).  The kernels, the blocks-per-SM table and the launch plans built from the tiles are dropped on entry
     and on exit, so that each call builds what it runs."""
-    global SHARE_P_DS_MIN_TD
-    saved = SHARE_P_DS_MIN_TD
-    SHARE_P_DS_MIN_TD = 0 if share else 1 << 30
+    return _rebuilt_with("SHARE_P_DS_MIN_TD", 0 if share else 1 << 30)
+
+
+@contextmanager
+def _rebuilt_with(name: str, value):
+    """Within: this module's ``name`` is ``value``, with what was built from it dropped on entry and on exit."""
+    saved = globals()[name]
+    globals()[name] = value
     _drop_tile_builds()
     try:
         yield
     finally:
-        SHARE_P_DS_MIN_TD = saved
+        globals()[name] = saved
         _drop_tile_builds()
 
 
