@@ -42,6 +42,17 @@ def test_visible_is_the_mask():
             assert causal.visible(r, c, Nq, Nk, False) == inside
 
 
+def test_key_limit_bounds_the_visible_keys_from_c_on():
+    """Key c + a is visible to query r (and exists) exactly when 0 <= a <= key_limit(r, c): the rule the kernels use
+    to zero the keys of a thread's run past the limit."""
+    for Nq, Nk in ((1, 1), (17, 5), (5, 17), (40, 97)):
+        for r, c in itertools.product(range(Nq), range(Nk + 2)):
+            for causal_ in (True, False):
+                lim = causal.key_limit(r, c, Nq, Nk, causal_)
+                want = [causal.visible(r, c + a, Nq, Nk, causal_) for a in range(Nk + 2)]
+                assert want == [a <= lim for a in range(Nk + 2)], (Nq, Nk, r, c, causal_)
+
+
 def test_block_rules_match_the_brute_force_mask():
     for Nq, Nk, Br, Bc in CASES:
         vis = mask(Nq, Nk)
@@ -85,6 +96,8 @@ def _device_rules(cases, out):
         out[t, 3] = causal.crosses_diagonal_dev(i0, j0, Bc, Nq, Nk)
         out[t, 4] = causal.last_visible_key_dev(i0, Nq, Nk)
         out[t, 5] = causal.visible_dev(i0 + Br - 1, j0 + Bc - 1, Nq, Nk, True)
+        out[t, 6] = causal.key_limit_dev(i0, j0, Nq, Nk, True)
+        out[t, 7] = causal.key_limit_dev(i0, j0, Nq, Nk, False)
 
 
 def test_device_versions_equal_the_host_versions():
@@ -95,7 +108,7 @@ def test_device_versions_equal_the_host_versions():
         for j0 in range(0, Nk, Bc)
     ]
     cases = np.array(rows, dtype=np.int64)
-    out = np.full((len(rows), 6), -99, dtype=np.int64)
+    out = np.full((len(rows), 8), -99, dtype=np.int64)
     _device_rules[-(-len(rows) // 64), 64](cases, out)
     for (Nq, Nk, Br, Bc, i0, j0), got in zip(rows, out):
         want = (
@@ -105,5 +118,7 @@ def test_device_versions_equal_the_host_versions():
             int(causal.crosses_diagonal(i0, j0, Bc, Nq, Nk)),
             causal.last_visible_key(i0, Nq, Nk),
             int(causal.visible(i0 + Br - 1, j0 + Bc - 1, Nq, Nk, True)),
+            causal.key_limit(i0, j0, Nq, Nk, True),
+            causal.key_limit(i0, j0, Nq, Nk, False),
         )
         assert tuple(got) == want, (Nq, Nk, Br, Bc, i0, j0)

@@ -30,6 +30,15 @@ def last_visible_key(r, Nq, Nk):
     return r + (Nk - Nq)
 
 
+def key_limit(r, c, Nq, Nk, causal):
+    """The largest offset a for which query r sees key c + a (both exist: c + a < Nk; with ``causal``,
+    c + a <= r + Nk - Nq); negative: none from c on.  A thread holding keys c, c + 1, .. zeroes those past it."""
+    lim = Nk - 1 - c
+    if causal:
+        lim = min(lim, r + (Nk - Nq) - c)  # last_visible_key(r, ..) - c (device code calls no host function)
+    return lim
+
+
 def visible(r, c, Nq, Nk, causal):
     """Whether query r sees key c: both exist (r < Nq, c < Nk) and, with ``causal``, c <= r + Nk - Nq."""
     return r < Nq and c < Nk and (not causal or c <= r + (Nk - Nq))
@@ -81,6 +90,7 @@ def crosses_diagonal(i0, j0, Bc, Nq, Nk):
 # The device versions, for kernels (the simulator runs the same Python code).
 last_visible_key_dev = jit(device=True, forceinline=True)(last_visible_key)
 visible_dev = jit(device=True, forceinline=True)(visible)
+key_limit_dev = jit(device=True, forceinline=True)(key_limit)
 sees_no_key_dev = jit(device=True, forceinline=True)(sees_no_key)
 visible_kv_blocks_dev = jit(device=True, forceinline=True)(visible_kv_blocks)
 first_visible_q_block_dev = jit(device=True, forceinline=True)(first_visible_q_block)

@@ -47,7 +47,7 @@ from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, m
 from .._common import rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
-from ..causal import last_visible_key_dev as last_visible_key
+from ..causal import key_limit_dev as key_limit
 from ..causal import visible_kv_blocks_dev as visible_kv_blocks
 from .layout import (
     BACKWARD_KV_NAME,
@@ -256,9 +256,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     s_or_dp_product(sT, sT, KT, KT, Qs, Qs, ry, rx)
                     for b in range(TN2):
                         rl = rx + SPLIT_X * b  # this thread's query b
-                        lim = Nk - 1 - (c0 + ry * TM)  # keys c0 + ry*TM + a, a <= lim, exist and are visible
-                        if CAUSAL:
-                            lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ry * TM))
+                        lim = key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)  # keys c0 + ry*TM + a, a <= lim
                         at = uint32(rl) * PS_U + uint32(ry * TM)  # TM adjacent keys of query rl: 16-byte stores
                         L2 = Ls[rl]
                         for a in range(TM):
@@ -275,9 +273,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         Dv = Ds[rl]
                         lim = TM  # no key masked
                         if edge:
-                            lim = Nk - 1 - (c0 + ry * TM)
-                            if CAUSAL:
-                                lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ry * TM))
+                            lim = key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)
                         rk = drop_row(drop_head(seed, bh), r0 + rl)  # dropout's hash of the row
                         at = uint32(rl) * PS_U + uint32(ry * TM)
                         for a in range(TM):
@@ -301,9 +297,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     rl = tx + TX * b  # this thread's query b
                     L2 = Ls[rl]
                     Dv = Ds[rl]
-                    lim = Nk - 1 - (c0 + ty * TM)  # keys c0 + ty*TM + a, a <= lim, exist and are visible
-                    if CAUSAL:
-                        lim = min(lim, last_visible_key(r0 + rl, Nq, Nk) - (c0 + ty * TM))
+                    lim = key_limit(r0 + rl, c0 + ty * TM, Nq, Nk, CAUSAL)  # keys c0 + ty*TM + a, a <= lim
                     rk = drop_row(head, r0 + rl)  # dropout's hash of the row
                     for a in range(TM):
                         p = exp2_ieee(MUL_RN(scale_log2, sT[a, b]) - L2)  # rounded as in the forward
@@ -473,9 +467,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
             cb = c0 + tx * TN  # this thread's first key
             for a in range(TM):
-                lim = Nk - 1 - cb  # keys cb + b with b <= lim are visible
-                if CAUSAL:
-                    lim = min(lim, last_visible_key(r0 + ty * TM + a, Nq, Nk) - cb)
+                lim = key_limit(r0 + ty * TM + a, cb, Nq, Nk, CAUSAL)  # keys cb + b with b <= lim are visible
                 rk = drop_row(drop_head(seed, bh), r0 + ty * TM + a)  # dropout's hash of the row
                 for b in range(TN):
                     zs = drop(rk, cb + b, threshold, inv_keep)
