@@ -329,6 +329,44 @@ def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, mo
             assert np.abs(ours - r).max() < 2e-6 * max(1.0, np.abs(r).max())
 
 
+def test_dq_lane_groups_rule():
+    """Two groups of 16 lanes for dQ where they load less per useful multiply-add: d = 32, 64, 80 (RW = 8), not
+    d = 128 (a tie) or d = 96's 16-row steps (RW = 4)."""
+    from flash_numba.kernels.flash2_fast import layout
+
+    assert [layout.dq_lane_groups(8, DP) for DP in (32, 48, 64, 80, 128)] == [2, 2, 2, 2, 1]
+    assert layout.dq_lane_groups(4, 96) == 1 and layout.dq_lane_groups(16, 64) == 2
+    with layout.dq_lanes(1):
+        assert layout.dq_lane_groups(8, 64) == 1
+    assert layout.FORCE_DQ_LANE_GROUPS is None
+
+
+@pytest.mark.parametrize("d, causal, share", [(32, False, False), (40, True, False), (72, True, True)])
+def test_dq_in_two_lane_groups_is_bit_for_bit_one_group(rng, monkeypatch, d, causal, share):
+    """dQ_i += dS_ij K_j with a warp's lanes as one group (8 rows x 2 columns a lane at d = 32) or two (4 x 4): each
+    dQ element the same sum in the same order, so the split backward's copies of dQ hold the same bits, and dK, dV
+    and the bytes counted are unchanged; d = 40 and 72 have columns past d (48 and 80 a row); the atomic path's dQ
+    against float64."""
+    from flash_numba.kernels.flash2_fast import layout
+
+    q, k, v = _qkv(rng, (), 37, 45, d, np.float32)
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    f = fn.attention_forward(q, k, v, causal=causal, kernel="flash2_fast", block=(8, 16))
+    kw = dict(causal=causal, kernel="flash2_fast", block=(32, 16))
+    ref = reference.attention_backward(q, k, v, f.o, f.lse, do, causal=causal)
+    out = {}
+    monkeypatch.setattr(layout, "FORCE_DQ_COPIES", 2)
+    for groups in (1, 2):
+        with layout.p_ds_tiles(share), layout.dq_lanes(groups):
+            out[groups] = fn.attention_backward(q, k, v, f.o, f.lse, do, count_hbm=True, **kw)
+            atomic = fn.attention_backward(q, k, v, f.o, f.lse, do, deterministic=False, **kw)
+        assert np.abs(atomic.dq - ref[0]).max() < 2e-6 * max(1.0, np.abs(ref[0]).max()), groups
+    for name in ("dq", "dk", "dv"):
+        assert np.array_equal(getattr(out[1], name), getattr(out[2], name)), name
+    assert out[1].hbm == out[2].hbm
+    assert np.abs(out[2].dq - ref[0]).max() < 2e-6 * max(1.0, np.abs(ref[0]).max())
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_s_and_dp_split_across_warps_in_other_dtypes(rng, dtype):
     """float16 storage (float32 sums) and float64: split or not, the same bits; float64 close to the reference."""

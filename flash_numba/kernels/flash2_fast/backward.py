@@ -56,6 +56,7 @@ from .layout import (
     NT,
     TX,
     device_register_cap,
+    dq_lane_groups,
     geometry_kv,
     geometry_q,
     scalars,
@@ -99,11 +100,15 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
     _, _, ZERO, ONE, _, _ = scalars(dtype_name)
     block_tiles = _smem.tiles(g["tiles"], acc, dynamic)  # in dynamic shared memory iff ``dynamic``
-    # atomic dQ: warp w owns query rows w*RW .. of the block, lane owns dQ columns lane + 32 u
+    # dQ_i += dS_ij K_j: warp w owns query rows w*RW .. of the block; its lanes in G groups of 32/G (dq_lane_groups):
+    # group h the RH = RW/G rows w*RW + h*RH .., lane l of it the NX dQ columns l + (32/G) u
     RW = Br // (NT // 32)
-    NX = -(-DP // 32)
+    G_DQ = dq_lane_groups(RW, DP)
+    RH, LG = RW // G_DQ, 32 // G_DQ
+    NX = -(-DP // LG)
     KS_U, BC_U, FOUR_U, DP_MAX, D_U = np.uint32(KS), np.uint32(Bc), np.uint32(4), np.uint32(DP), np.uint32(d)
-    NX_FULL = d == 32 * NX  # every lane's dQ columns exist: no column test
+    LG_U, RH_U = np.uint32(LG), np.uint32(RH)
+    NX_FULL = d == LG * NX  # every lane's dQ columns exist: no column test
     load_kv = _tile_ops.padded_loader(Bc, d, DP, KS, True, acc, count)
     # Q_i, dO_i row-major (16-byte global loads here measured slower, s10/C)
     load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, False, acc, count, False)
@@ -142,25 +147,26 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     kv_store = _tile_ops.strided_store(TM, TD2, d, False, count, (4, KV_COLS))
 
     def dq_partial(skip_zero: bool):
-        """``partial(dqp, kq, ds4, KT, dSs, lane, warp)``: dqp = this step's dS_ij K_j for the warp's rows and the
-        lane's columns; ``skip_zero``: a dS of 0 adds nothing (a select per multiply-add, diagonal blocks only)."""
+        """``partial(dqp, kq, ds4, KT, dSs, lane, warp)``: dqp = this step's dS_ij K_j for the lane's rows and
+        columns; ``skip_zero``: a dS of 0 adds nothing (a select per multiply-add, diagonal blocks only)."""
         SKIP_ZERO = skip_zero
 
         @jit(device=True, forceinline=True)
         def partial(dqp, kq, ds4, KT, dSs, lane, warp):
-            for a in range(RW):
+            for a in range(RH):
                 for u in range(NX):
                     dqp[a, u] = ZERO
-            kqi = lane * KS_U  # K_j^T[lane, c]
-            dsi = warp * uint32(RW * PS)  # dS_ij[warp * RW, c]
+            col = lane % LG_U  # the lane's first column in its group
+            kqi = col * KS_U  # K_j^T[col, c]
+            dsi = (warp * uint32(RW) + lane // LG_U * RH_U) * uint32(PS)  # dS_ij[its first row, c]
             c = uint32(0)
             while c < BC_U:
                 for u in range(NX):
                     for t in range(4):
                         kq[u, t] = ZERO
-                        if NX_FULL or lane + uint32(32 * u) < DP_MAX:
-                            kq[u, t] = KT[kqi + uint32(32 * u * KS + t)]
-                for a in range(RW):
+                        if NX_FULL or col + uint32(LG * u) < DP_MAX:
+                            kq[u, t] = KT[kqi + uint32(LG * u * KS + t)]
+                for a in range(RH):
                     for t in range(4):
                         ds4[t] = dSs[dsi + uint32(a * PS + t)]
                     for u in range(NX):
@@ -192,7 +198,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         dk_acc = cuda.local.array((TM, TD), ACC)
         dv_acc = cuda.local.array((TM, TD), ACC)
         kv_acc = cuda.local.array((TM, TD2), ACC)  # SPLIT_KV: dV_j (role 0) or dK_j (role 1)
-        dqp = cuda.local.array((RW, NX), ACC)  # atomic dQ: this step's partial sums
+        dqp = cuda.local.array((RH, NX), ACC)  # atomic dQ: this step's partial sums
         kq = cuda.local.array((NX, 4), ACC)
         ds4 = cuda.local.array(4, ACC)
 
@@ -359,11 +365,11 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     dq_masked(dqp, kq, ds4, KT, dSs, lane, warp)
                 else:
                     dq_plain(dqp, kq, ds4, KT, dSs, lane, warp)
-                for a in range(RW):
-                    row = uint32(r0) + warp * uint32(RW) + uint32(a)
+                for a in range(RH):
+                    row = uint32(r0) + warp * uint32(RW) + lane // LG_U * RH_U + uint32(a)
                     if row < nq_u:
                         for u in range(NX):
-                            x = lane + uint32(32 * u)
+                            x = lane % LG_U + uint32(LG * u)
                             if NX_FULL or x < D_U:
                                 cuda.atomic.add(dq, (uint32(bh), row, x), dqp[a, u] * scale)
                                 if COUNT:

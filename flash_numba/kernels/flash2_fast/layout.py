@@ -285,9 +285,38 @@ def split_dv_dk(split: bool, share_p_ds: bool, TD: int) -> bool:
     return SPLIT_DV_DK and split and not share_p_ds and (2 * TD) % 4 == 0
 
 
+#: Force :func:`dq_lane_groups`'s answer (None: its rule; 1 or 2), to measure it.
+FORCE_DQ_LANE_GROUPS: int | None = None
+
+
+def dq_lane_groups(RW: int, DP: int) -> int:
+    """In how many groups (1 or 2) a warp's lanes share the dK/dV kernel's dQ_i += dS_ij K_j, for RW query rows a
+    warp and DP columns: group h of G the rows h RW/G .., lane l of it the columns l + (32/G) u.  The one with fewer
+    shared loads per useful multiply-add: per 4 keys a lane loads one 16-byte vector of K_j^T per column and one of
+    dS_ij per row, ceil(G DP / 32) + RW / G vectors for (RW / G) (G DP / 32) multiply-adds of 4.  A tie keeps 1.
+
+    * d = 64 (RW = 8): 10 vectors for 16 (one group, 8 x 2 a lane), 8 for 16 (two, 4 x 4): two;
+    * d = 32: 9 for 8, 6 for 8: two; d = 80: 11 for 20 (columns 64-95 half idle), 9 for 20: two;
+    * d = 128: 12 for 32 either way: one; d = 96 (RW = 4): 7 for 12, 8 for 12: one.
+
+    The sums are the same, in the same order (the split backward's copies of dQ the same bits)."""
+    if FORCE_DQ_LANE_GROUPS is not None:
+        return FORCE_DQ_LANE_GROUPS
+
+    def loads_per_madd(G: int) -> float:
+        return (-(-G * DP // 32) + RW // G) / (RW // G * (G * DP / 32))
+
+    return 2 if RW % 2 == 0 and loads_per_madd(2) < loads_per_madd(1) else 1
+
+
 def s_dp_split(split: bool | None):
     """Within: :data:`FORCE_SPLIT_S_DP` is ``split``; kernels and launch plans dropped on entry and on exit."""
     return _rebuilt_with("FORCE_SPLIT_S_DP", split)
+
+
+def dq_lanes(groups: int | None):
+    """Within: :data:`FORCE_DQ_LANE_GROUPS` is ``groups``; kernels and launch plans dropped on entry and on exit."""
+    return _rebuilt_with("FORCE_DQ_LANE_GROUPS", groups)
 
 
 def p_ds_tiles(share: bool):
