@@ -331,11 +331,12 @@ def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, mo
 
 def test_dq_lane_groups_rule():
     """Two groups of 16 lanes for dQ where they load less per useful multiply-add: d = 32, 64, 80 (RW = 8), not
-    d = 128 (a tie) or d = 96's 16-row steps (RW = 4)."""
+    d = 128 (a tie), d = 96's 16-row steps (RW = 4) or builds both causal and with dropout."""
     from flash_numba.kernels.flash2_fast import layout
 
     assert [layout.dq_lane_groups(8, DP) for DP in (32, 48, 64, 80, 128)] == [2, 2, 2, 2, 1]
     assert layout.dq_lane_groups(4, 96) == 1 and layout.dq_lane_groups(16, 64) == 2
+    assert layout.dq_lane_groups(8, 64, causal_dropout=True) == 1  # ptxas spilled there under the caps
     with layout.dq_lanes(1):
         assert layout.dq_lane_groups(8, 64) == 1
     assert layout.FORCE_DQ_LANE_GROUPS is None

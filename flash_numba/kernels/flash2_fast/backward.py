@@ -103,11 +103,11 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     # dQ_i += dS_ij K_j: warp w owns query rows w*RW .. of the block; its lanes in G groups of 32/G (dq_lane_groups):
     # group h the RH = RW/G rows w*RW + h*RH .., lane l of it the NX dQ columns l + (32/G) u
     RW = Br // (NT // 32)
-    G_DQ = dq_lane_groups(RW, DP)
+    G_DQ = dq_lane_groups(RW, DP, causal and dropout)
     RH, LG = RW // G_DQ, 32 // G_DQ
     NX = -(-DP // LG)
     KS_U, BC_U, FOUR_U, DP_MAX, D_U = np.uint32(KS), np.uint32(Bc), np.uint32(4), np.uint32(DP), np.uint32(d)
-    LG_U, RH_U = np.uint32(LG), np.uint32(RH)
+    LG_U, RH_U, GROUPED = np.uint32(LG), np.uint32(RH), G_DQ > 1
     NX_FULL = d == LG * NX  # every lane's dQ columns exist: no column test
     load_kv = _tile_ops.padded_loader(Bc, d, DP, KS, True, acc, count)
     # Q_i, dO_i row-major (16-byte global loads here measured slower, s10/C)
@@ -156,9 +156,13 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             for a in range(RH):
                 for u in range(NX):
                     dqp[a, u] = ZERO
-            col = lane % LG_U  # the lane's first column in its group
+            col = lane  # the lane's first column, and its first row, in its group
+            first = warp * uint32(RW)
+            if GROUPED:
+                col = lane % LG_U
+                first += lane // LG_U * RH_U
             kqi = col * KS_U  # K_j^T[col, c]
-            dsi = (warp * uint32(RW) + lane // LG_U * RH_U) * uint32(PS)  # dS_ij[its first row, c]
+            dsi = first * uint32(PS)  # dS_ij[first, c]
             c = uint32(0)
             while c < BC_U:
                 for u in range(NX):
@@ -365,11 +369,16 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     dq_masked(dqp, kq, ds4, KT, dSs, lane, warp)
                 else:
                     dq_plain(dqp, kq, ds4, KT, dSs, lane, warp)
+                col = lane
+                first = uint32(r0) + warp * uint32(RW)
+                if GROUPED:
+                    col = lane % LG_U
+                    first += lane // LG_U * RH_U
                 for a in range(RH):
-                    row = uint32(r0) + warp * uint32(RW) + lane // LG_U * RH_U + uint32(a)
+                    row = first + uint32(a)
                     if row < nq_u:
                         for u in range(NX):
-                            x = lane % LG_U + uint32(LG * u)
+                            x = col + uint32(LG * u)
                             if NX_FULL or x < D_U:
                                 cuda.atomic.add(dq, (uint32(bh), row, x), dqp[a, u] * scale)
                                 if COUNT:

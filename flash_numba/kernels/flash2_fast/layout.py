@@ -289,7 +289,7 @@ def split_dv_dk(split: bool, share_p_ds: bool, TD: int) -> bool:
 FORCE_DQ_LANE_GROUPS: int | None = None
 
 
-def dq_lane_groups(RW: int, DP: int) -> int:
+def dq_lane_groups(RW: int, DP: int, causal_dropout: bool = False) -> int:
     """In how many groups (1 or 2) a warp's lanes share the dK/dV kernel's dQ_i += dS_ij K_j, for RW query rows a
     warp and DP columns: group h of G the rows h RW/G .., lane l of it the columns l + (32/G) u.  The one with fewer
     shared loads per useful multiply-add: per 4 keys a lane loads one 16-byte vector of K_j^T per column and one of
@@ -299,9 +299,15 @@ def dq_lane_groups(RW: int, DP: int) -> int:
     * d = 32: 9 for 8, 6 for 8: two; d = 80: 11 for 20 (columns 64-95 half idle), 9 for 20: two;
     * d = 128: 12 for 32 either way: one; d = 96 (RW = 4): 7 for 12, 8 for 12: one.
 
-    The sums are the same, in the same order (the split backward's copies of dQ the same bits)."""
+    Not in the builds both causal and with dropout (``causal_dropout``): at d = 64 two groups hold 8 more values of
+    K_j^T, and there ptxas (13.5) spills 4 bytes under the caps of 128 and 168 registers.  The sums are the same, in
+    the same order (the split backward's copies of dQ the same bits).  H200, d = 64, N = 4096, B*H = 32, backward
+    only, two groups against one, alternating (s15/E): atomic 32 x 64 9.83 / 9.91 ms against 10.07 / 10.26 (causal
+    4.99 / 5.06 against 5.10 / 5.22); the deterministic default at 32 x 32 12.19 / 12.19 against 12.25 / 12.24."""
     if FORCE_DQ_LANE_GROUPS is not None:
         return FORCE_DQ_LANE_GROUPS
+    if causal_dropout:
+        return 1
 
     def loads_per_madd(G: int) -> float:
         return (-(-G * DP // 32) + RW // G) / (RW // G * (G * DP / 32))
