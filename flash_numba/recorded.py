@@ -40,9 +40,9 @@ STANDARD_BENCH_CSV = STANDARD / "bench.csv"
 STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
 NCU_CSV = STANDARD / "ncu_bytes.csv"
 SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
-#: The latest harness run (session 15, ``D/``: S^T/dP^T and dV/dK split across warps): flash2_fast (both
-#: backwards) and PyTorch's SDPA at d = 32, 64, 80, 96 and 128, N = 4096.
-LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s15" / "D" / "run_4096.csv"
+#: The latest harness run (session 15, ``F/``: S^T/dP^T and dV/dK split across warps, dQ in two lane groups):
+#: flash2_fast (both backwards) and PyTorch's SDPA at d = 32, 64, 80, 96 and 128, N = 4096.
+LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s15" / "F" / "run_4096.csv"
 #: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
 #: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``B/``).

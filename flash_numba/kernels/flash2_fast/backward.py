@@ -364,12 +364,12 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 
             if ATOMIC_DQ:
                 # dQ_i += dS_ij K_j: per 4 keys, a 16-byte load of K_j^T per dQ column (KS = 4 mod 32
-                # words: a quarter-warp hits distinct banks) and a broadcast one of dS per row
+                # words: a quarter-warp hits distinct banks) and one of dS per row, broadcast to the lane group
                 if diagonal:  # dS = 0 (masked) adds nothing, even against Inf or NaN in K_j
                     dq_masked(dqp, kq, ds4, KT, dSs, lane, warp)
                 else:
                     dq_plain(dqp, kq, ds4, KT, dSs, lane, warp)
-                col = lane
+                col = lane  # as in dq_partial (written out twice: a shared helper reorders the PTX)
                 first = uint32(r0) + warp * uint32(RW)
                 if GROUPED:
                     col = lane % LG_U
