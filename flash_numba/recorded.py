@@ -78,6 +78,10 @@ SHARED_TILE_CSVS = {("two", 1): SESSION13 / "F" / "old1.csv", ("one", 1): SESSIO
 SESSION14 = RESULTS.parent / "h200-2026-12-01-s14"
 #: Session 14's d = 128 backward with S^T and dP^T in every thread ("both") or in separate warps ("split"), A/.
 SPLIT_S_DP_CSVS = {"both": SESSION14 / "A" / "old128.csv", "split": SESSION14 / "A" / "new128a.csv"}
+SESSION15 = RESULTS.parent / "h200-2026-12-01-s15"
+#: The d = 64 backward at 32 x 32 and 32 x 64 (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), session 15
+#: (``E/``): the dQ loop's lanes in two groups and in one (``layout.FORCE_DQ_LANE_GROUPS``), alternating, two runs each.
+DQ_LANE_CSVS = {(groups, run): SESSION15 / "E" / f"g{groups}{run}.csv" for groups in (1, 2) for run in "ab"}
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -254,6 +258,13 @@ def split_s_dp_rows(paths=SPLIT_S_DP_CSVS) -> list[dict]:
     ("both" / "split"), ``mode``, ``causal``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
     return [r for threads, path in paths.items()
             for r in _side_by_side_rows(path, threads == "both", threads=threads)]
+
+
+def dq_lane_rows(paths=DQ_LANE_CSVS) -> list[dict]:
+    """Session 15's d = 64 backward with the dQ loop's lanes in ``groups`` (1 or 2) groups, ``run`` a or b: the
+    block_sweep columns (``ms`` a float), and ``file``, ``device``, ``commit`` of the file (one build, forced)."""
+    return [dict(r, groups=groups, run=run, ms=float(r["ms"]), **folder_provenance(path))
+            for (groups, run), path in paths.items() for r in _csv_rows(path)]
 
 
 def _side_by_side_rows(path: Path, old: bool, **fields) -> list[dict]:

@@ -139,6 +139,7 @@ WRONG = {
     "tile_bytes": (lambda d, TM, TN, e: (2 * d * 8 * TM + 2 * d * 16 * TN) * e, {}, "padded by 16 bytes"),
     "blocks_per_sm": (lambda t, r, n, s: min(65536 // (r * n), s // t), {}, "57,600 bytes"),  # no 1 KB, no rounding
     "loads_per_madd": (lambda TM, TN, split: (2 * TM + 2 * TN) / (2 * TM * TN), {}, "one product of a"),  # no split
+    "dq_loads_per_madd": (lambda RW, DP, g: (g * DP / 32 + RW / g) / (RW * DP / 32), {}, "idle lanes"),  # no ceil
     "bug_zoo": (lambda: {"A": "scale_twice", "B": "top_left_mask"}, {}, "mystery A"),
     "split_heads": (lambda qkv, H: tuple(qkv.reshape(len(qkv), 3, H, qkv.shape[1], -1).swapaxes(0, 1)), {}, "the 3"),
 }

@@ -145,6 +145,22 @@ def test_the_recorded_split_s_dp_backward_reads_with_its_commits():
     assert all(ms["split", m, c] < ms["both", m, c] for m in ("deterministic", "atomic") for c in ("False", "True"))
 
 
+def test_the_recorded_dq_lane_groups_read_with_their_commit():
+    """Lesson 10's d = 64 backward, the dQ loop's lanes in one group or two (session 15): both blocks, modes and masks,
+    two runs each, from the H200 and one commit; the atomic 32 x 64 (as shipped) faster with two groups in every
+    pairing of runs (why it ships)."""
+    from flash_numba import recorded
+
+    rows = recorded.dq_lane_rows()
+    assert {(r["groups"], r["run"], r["Bc"], r["mode"], r["causal"]) for r in rows} == {
+        (g, n, bc, m, c) for g in (1, 2) for n in "ab" for bc in ("32", "64") for m in ("deterministic", "atomic")
+        for c in ("False", "True")}
+    assert all(r["device"] == "NVIDIA H200" and r["d"] == "64" for r in rows)
+    assert {r["commit"] for r in rows} == {"0cf1fe6"}
+    ms = {(r["groups"], r["run"], r["causal"]): r["ms"] for r in rows if (r["Bc"], r["mode"]) == ("64", "atomic")}
+    assert all(ms[2, a, c] < ms[1, b, c] for a in "ab" for b in "ab" for c in ("False", "True"))
+
+
 def test_the_recorded_forward_steps_read_with_their_commits():
     """Session 10's forward, change by change (lesson 4): every tree timed twice at d = 64 and 128, each row with
     its tree's commit; and Nsight Compute after the fix, whose counts agree with each other."""

@@ -43,6 +43,7 @@ exercise               lesson  the learner writes
 ``tile_bytes``         10      the shared memory of one flash2_fast forward block
 ``blocks_per_sm``      10      the blocks of a kernel one SM holds at once
 ``loads_per_madd``     10      shared loads per multiply-add, one product a thread or two
+``dq_loads_per_madd``  10      the dQ loop's loads per useful multiply-add, lanes in one group or two
 ``bug_zoo``            11      the bug of each mystery kernel, named from its verdict
 ``split_heads``        12      a model's fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)
 =====================  ======  =====================================================

@@ -1,5 +1,5 @@
 """The exercises whose answer is a closed-form count: ``matmul_intensity`` (lesson 1), ``theorem2`` (lesson 6),
-``kv_cache_bytes``, ``tile_bytes``, ``blocks_per_sm`` and ``loads_per_madd`` (lesson 10)."""
+``kv_cache_bytes``, ``tile_bytes``, ``blocks_per_sm``, ``loads_per_madd`` and ``dq_loads_per_madd`` (lesson 10)."""
 
 from __future__ import annotations
 
@@ -159,4 +159,37 @@ def _run_loads_per_madd(answer):
     if mismatch is not None and not mismatch.yours.startswith("raised"):
         mismatch.notes += ("not split, TM values of K^T and of V^T, TN of Q and of dO; split, one product of a "
                            "TM x 2TN tile; 2 TM TN multiply-adds either way",)
+    return n, mismatch
+
+
+# ============================================================================= lesson 10: the dQ loop's loads, lanes in groups
+
+
+def _dq_loads_per_madd_solution(RW, DP, groups):
+    # flash2_fast's dK/dV kernel, dQ_i += dS_ij K_j: a warp owns RW query rows and DP columns (d padded to 16); its 32
+    # lanes in ``groups`` groups of 32 / groups, group h the RW / groups rows h RW / groups .., lane l of it the
+    # columns l, l + 32 / groups, ..  Per 4 keys a lane loads one 16-byte vector of K_j^T per column it holds and one
+    # of dS_ij per row: ceil(groups DP / 32) + RW / groups vectors; the multiply-adds that count are those of the
+    # columns that exist: (RW / groups) (groups DP / 32) of 4 each.  Vectors per useful multiply-add of 4.
+    rows = RW // groups
+    cols = -(-groups * DP // 32)  # columns a lane holds, the last block partly idle where 32 / groups does not divide DP
+    return (cols + rows) / (rows * groups * DP / 32)
+
+
+@_register("dq_loads_per_madd", 10, "16-byte loads per useful multiply-add of 4 in the dK/dV kernel's dQ loop",
+           _dq_loads_per_madd_solution)
+def _run_dq_loads_per_madd(answer):
+    cases = [
+        ("d = 64, 8 rows a warp, one group of 32 lanes (8 rows x 2 columns a lane)", (8, 64, 1)),
+        ("the same, two groups of 16 (4 x 4)", (8, 64, 2)),
+        ("d = 80: one group, the third block of 32 columns half idle", (8, 80, 1)),
+        ("d = 80, two groups (5 columns of 16 lanes: no idle lane)", (8, 80, 2)),
+        ("d = 128, one group", (8, 128, 1)),
+        ("d = 128, two groups", (8, 128, 2)),
+        ("d = 96's 16-row steps: 4 rows a warp, two groups", (4, 96, 2)),
+    ]
+    n, mismatch = _compare(cases, answer, _dq_loads_per_madd_solution, rtol=1e-12)
+    if mismatch is not None and not mismatch.yours.startswith("raised"):
+        mismatch.notes += ("a lane holds ceil(groups DP / 32) columns and RW / groups rows; count the multiply-adds "
+                           "of the DP columns that exist, not of the idle lanes",)
     return n, mismatch

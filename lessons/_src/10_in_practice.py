@@ -454,6 +454,72 @@ if split_ratio is not None:
 # answers to one question: what does a warp do while it waits?
 
 # %% [markdown]
+# ### The same count, one loop further: dQ
+#
+# The atomic kernel has a fifth product, $dQ_i \mathrel{+}= dS_{ij} K_j$, added into $dQ$ with atomics (or into the
+# split backward's copies). A warp owns $R_W = 8$ query rows of it, and until session 15 each of its 32 lanes took
+# the columns lane, lane + 32, ..: at $d = 64$, 8 rows $\times$ 2 columns. For every 4 keys a lane loads one 16-byte
+# vector of $K_j^T$ (4 keys) per column it holds and one of $dS_{ij}$ per row: 10 vectors for 16 multiply-adds of 4,
+# where the loops above now load 4-6. Split the lanes into two groups of 16: group $h$ takes rows $4h, \dots, 4h + 3$
+# and lane $l$ of it the columns $l, l + 16, \dots$: 4 $\times$ 4 a lane. The rows' width $D_P$ is $d$ rounded up to
+# 16; where 32 (or 16) does not divide $D_P$, the lanes past it idle in the last block of columns, and only the
+# multiply-adds of columns that exist count.
+#
+# Write the vectors per useful multiply-add of 4, for $R_W$ rows, $D_P$ columns and the lanes in 1 or 2 groups.
+
+# %%
+def dq_loads_per_madd(RW, DP, groups):
+    """16-byte loads per useful multiply-add of 4 in the dQ loop, the warp's lanes in ``groups`` groups."""
+    # Your turn
+    raise NotImplementedError("(ceil(groups DP / 32) + RW / groups) / ((RW / groups) (groups DP / 32))")
+
+
+# %%
+mine_dq = ex.check("dq_loads_per_madd", dq_loads_per_madd)
+assert ex.check_solution("dq_loads_per_madd")
+dq_per_madd = dq_loads_per_madd if mine_dq else ex.solution_fn("dq_loads_per_madd")
+
+# %% [markdown]
+# **Predict, then read.** At $d = 64$ two groups load a fifth fewer vectors in a loop that is a fifth of the
+# backward's arithmetic. How much faster is the atomic backward: about 1%, or more?
+
+# %%
+my_prediction = None  # atomic backward time, two groups / one, d = 64, e.g. 0.99
+
+# %%
+print(f"{'d':>4} {'RW':>3} {'one group':>10} {'two groups':>11}   fewer   library's rule")
+agree = True
+for d, RW in ((32, 8), (64, 8), (80, 8), (96, 4), (128, 8)):
+    DP = -(-d // 16) * 16
+    one, two = dq_per_madd(RW, DP, 1), dq_per_madd(RW, DP, 2)
+    fewer = 2 if two < one else 1
+    rule = flash2_fast.layout.dq_lane_groups(RW, DP)
+    agree &= fewer == rule
+    print(f"{d:4d} {RW:3d} {one:10.3f} {two:11.3f}   {fewer:5d}   {rule}")
+lane_ratio = None
+if recorded.available():
+    lane_rows = recorded.dq_lane_rows()
+    print(f"{recorded.LABEL}: {lane_rows[0]['device']}, d = 64, N = 4096, B*H = 32, backward only, "
+          f"commit {lane_rows[0]['commit']} ({lane_rows[0]['file'].rsplit('/', 1)[0]})")
+    print(f"{'block':<7} {'backward':<14} {'causal':<7} {'one group, ms':>16} {'two groups, ms':>16}")
+    for bc, mode, causal in sorted({(r["Bc"], r["mode"], r["causal"]) for r in lane_rows}):
+        ms = {g: [r["ms"] for r in lane_rows if (r["groups"], r["Bc"], r["mode"], r["causal"]) == (g, bc, mode, causal)]
+              for g in (1, 2)}
+        print(f"32x{bc:<4} {mode:<14} {causal:<7} {' / '.join(f'{x:.2f}' for x in ms[1]):>16} "
+              f"{' / '.join(f'{x:.2f}' for x in ms[2]):>16}")
+    shipped = [r for r in lane_rows if (r["Bc"], r["mode"], r["causal"]) == ("64", "atomic", "False")]
+    lane_ratio = (sum(r["ms"] for r in shipped if r["groups"] == 2) / sum(r["ms"] for r in shipped if r["groups"] == 1))
+    lessonkit.compare_prediction("atomic backward, two groups / one", my_prediction, round(lane_ratio, 3))
+
+# %% [markdown]
+# (At $d = 64$ the atomic backward runs 32 x 64 blocks, the default one 32 x 32: the rows the library ships.)
+# About 3% where a fifth of a fifth predicted 1%: in a loop that waits on its loads, each load fewer takes its
+# latency out too, not only its issue slot. At $d = 80$ one group left half its lanes idle over columns 64-95;
+# two groups of 16 cover 80 columns exactly, and the harness's atomic forward + backward went from 25.8 to 23.0 ms
+# (`docs/PERFORMANCE.md`, session 15). On a GPU, `flash2_fast.layout.dq_lanes(1)` builds the kernel with one group,
+# to time both yourself.
+
+# %% [markdown]
 # ## Measured on a real GPU
 #
 # In the simulator nothing is timed. The project ran the same kernels on an NVIDIA H200; the table
@@ -555,13 +621,13 @@ if recorded.available():
 # * In practice FlashAttention reaches you through a framework (PyTorch SDPA); check which backend really runs, since
 #   a silent fallback costs the speed-up.
 # * Our float32 kernels, exact and readable, are within a small factor of a tuned library kernel; the tuned one's
-#   forward beats PyTorch's memory-efficient fp32 kernel at $d = 64$ on the H200 (its atomic backward beats it at
-#   $d = 32$, not yet at $d = 64$).
+#   forward beats PyTorch's memory-efficient fp32 kernel at $d = 64$ on the H200, and so does its forward + backward
+#   with the atomic backward (at $d = 32$ and 64).
 # * Shared memory per block is not fixed at 48 KB: with dynamic shared memory, opted in, an H200 gives a block up to
 #   227 KB, and larger tiles (more reuse per number loaded) made our $d = 128$ forward 1.5x faster. But an SM runs
 #   only as many blocks as its shared memory and registers allow: one tile less at $d = 128$ gave 3 blocks instead
 #   of 2, and the backward took 11-14% less time; one product a thread instead of two, a third fewer shared loads
-#   per multiply-add, took 6-7% more off.
+#   per multiply-add, took 6-7% more off, and the same count in the dQ loop 3% more.
 # * At small $N$ a call's time is the host's, mostly one driver call per kernel launch: count the launches.
 # * The KV cache is a different memory problem: it grows with every token kept, $2 \cdot$ layers $\cdot$ heads $\cdot
 #   d \cdot$ tokens $\cdot$ batch elements.
@@ -573,6 +639,7 @@ assert per_seq == 2 * 32 * 32 * 128 * 4096 * 2 and per_seq == 2 * 2**30
 assert tiles(128, 8, 2, 4) > 48 * 1024 >= tiles(64, 8, 2, 4) and same_bits
 assert (held["two"], held["one"]) == (2, 3) and two_tiles - one_tile == 32 * 36 * 4
 assert (per_madd(4, 2, False), per_madd(4, 2, True)) == (0.75, 0.5)
+assert (dq_per_madd(8, 64, 1), dq_per_madd(8, 64, 2)) == (10 / 16, 8 / 16) and agree
 assert 0.9 < intensity < 1.1
 assert [len(launches[x]) for x in ("flash2", "flash2_fast", "flash2_fast atomic")] == [3, 2, 3], launches
 if TORCH_GPU:
