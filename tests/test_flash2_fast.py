@@ -344,10 +344,11 @@ def test_dq_lane_groups_rule():
 
 @pytest.mark.parametrize("d, causal, share", [(40, True, False), (72, False, True)])
 def test_dq_in_two_lane_groups_is_bit_for_bit_one_group(rng, monkeypatch, d, causal, share):
-    """dQ_i += dS_ij K_j with a warp's lanes as one group (8 rows x 3 columns a lane at d = 40) or two (4 x 3): each
-    dQ element the same sum in the same order, so the split backward's copies of dQ hold the same bits, and dK, dV
-    and the bytes counted are unchanged; d = 40 and 72 have columns past d (48 and 80 a row), d = 72 P and dS in one
-    tile; the atomic path's dQ against float64.  (At d = 32 and 64 every other test runs two groups, the rule's.)"""
+    """dQ_i += dS_ij K_j with a warp's lanes as one group (8 rows x 2 columns a lane at d = 40, the second for half
+    the lanes) or two (4 x 3): each dQ element the same sum in the same order, so the split backward's copies of dQ
+    hold the same bits, and dK, dV and the bytes counted are unchanged; d = 40 and 72 have columns past d (48 and 80
+    a row), d = 72 P and dS in one tile; the atomic path's dQ against float64.  (At d = 32 and 64 every other test
+    runs two groups, the rule's.)"""
     from flash_numba.kernels.flash2_fast import layout
 
     q, k, v = _qkv(rng, (), 37, 45, d, np.float32)
