@@ -54,7 +54,8 @@ from torch import nn
 from . import api, kernels
 from ._inputs import MAX_HEAD_DIM
 
-__all__ = ["DEFAULT_KERNEL", "MultiheadAttention", "scaled_dot_product_attention"]
+__all__ = ["DEFAULT_KERNEL", "MultiheadAttention", "attn_bwd", "attn_fwd", "saved_for_backward",
+           "scaled_dot_product_attention"]
 
 #: The kernel ``kernel=None`` picks: the package's default, the fastest FlashAttention kernel.
 DEFAULT_KERNEL = api.DEFAULT_KERNEL
@@ -83,31 +84,99 @@ def _run_backward(kernel, q, k, v, o, lse, do, causal, scale, dropout_p=0.0, dro
     return tuple(torch.as_tensor(g, device=q.device) for g in (res.dq, res.dk, res.dv))
 
 
-class FlashAttentionFunction(torch.autograd.Function):
-    """O = softmax(scale Q K^T) V on (..., N, d) tensors (any strides), causal bottom-right aligned.
+# ----------------------------------------------------------------------------- the custom ops
+#
+# The forward and the backward are PyTorch custom ops (torch.library.custom_op), so that torch.compile
+# sees each call as one node it does not trace into (the checks, views and launch plans of the package
+# are Python Dynamo cannot follow), and CUDA-graph capture records their launches like any other op's.
+# Each op is deterministic given its arguments: dropout's seed is an argument, a tensor drawn by the
+# caller (:func:`_attend`) with torch.randint, so that a compiled model draws it as the eager one does.
 
-    The forward saves Q, K, V, O and L (one float per query row), and with dropout its seed; the
-    backward hands them to our backward kernels, which recompute P blockwise instead of reading a
-    stored one, and regenerate the dropout mask from the seed.
-    """
 
-    @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, kernel: str, dropout_p: float = 0.0,
-                dropout_seed: int | None = None):
-        o, lse = _run_forward(kernel, q, k, v, causal, scale, dropout_p, dropout_seed)  # (..., L, d), (..., L)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.kernel = causal, scale, kernel
-        ctx.dropout_p, ctx.dropout_seed = dropout_p, dropout_seed
-        return o
+def _seed(dropout_seed) -> int | None:
+    """The seed of a (1,) int64 CPU tensor as a Python int (None without dropout)."""
+    return None if dropout_seed is None else int(dropout_seed.reshape(()).item())
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        grads = _run_backward(ctx.kernel, q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.dropout_p,
-                              ctx.dropout_seed)  # dO: any strides
-        # (dq, dk, dv), None for an input that needs no gradient; nothing for causal, scale, kernel and dropout's
-        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad)) + (None,) * 5
+
+def _refuse_capture(q, dropout_p: float) -> None:
+    """Refuse what a CUDA graph cannot replay correctly, before anything is launched."""
+    if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
+        return
+    if not q.is_cuda:
+        raise RuntimeError("query: a CUDA graph is being captured, but CPU tensors go through NumPy and "
+                           "copies that a CUDA graph cannot capture; give CUDA tensors")
+    if dropout_p > 0:
+        raise RuntimeError("dropout_p: attention dropout cannot be captured in a CUDA graph: its seed is "
+                           "read on the host, so every replay would drop the same entries; pass "
+                           "dropout_p=0 inside the graph, or run the step without CUDA graphs")
+
+
+def _lse_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("flash_numba::attn_fwd", mutates_args=())
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, kernel: str,
+             dropout_p: float, dropout_seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """O and L of :func:`flash_numba.attention_forward` on (..., N, d) tensors of up to 4 dims, causal
+    bottom-right aligned; k, v may have Hq / G heads (grouped-query attention); ``dropout_seed`` a (1,) int64
+    CPU tensor when ``dropout_p > 0``, else None. Returns o (contiguous, q's shape) and lse (q's shape
+    without the last dim; float32, float64 for float64 inputs)."""
+    _refuse_capture(q, dropout_p)
+    return _run_forward(kernel, q, k, v, causal, scale, dropout_p, _seed(dropout_seed))
+
+
+@attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, causal, scale, kernel, dropout_p, dropout_seed):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))  # (..., L, d), (..., L)
+
+
+@torch.library.custom_op("flash_numba::attn_bwd", mutates_args=())
+def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             lse: torch.Tensor, causal: bool, scale: float, kernel: str, dropout_p: float,
+             dropout_seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of :func:`attn_fwd` from its o and lse and the output gradient ``do`` (any strides), by
+    :func:`flash_numba.attention_backward` (recomputing P blockwise; with dropout, regenerating the mask
+    from the same seed). Contiguous, shaped like q, k, v."""
+    _refuse_capture(q, dropout_p)
+    return _run_backward(kernel, q, k, v, o, lse, do, causal, scale, dropout_p, _seed(dropout_seed))
+
+
+@attn_bwd.register_fake
+def _attn_bwd_fake(do, q, k, v, o, lse, causal, scale, kernel, dropout_p, dropout_seed):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    """What autograd keeps for the backward: Q, K, V, O and L (one number per query row), and dropout's
+    seed; never P."""
+    q, k, v, causal, scale, kernel, dropout_p, dropout_seed = inputs
+    o, lse = output
+    ctx.mark_non_differentiable(lse)  # L is the backward's input, not something we differentiate
+    ctx.save_for_backward(q, k, v, o, lse, *(() if dropout_seed is None else (dropout_seed,)))
+    ctx.causal, ctx.scale, ctx.kernel, ctx.dropout_p = causal, scale, kernel, dropout_p
+
+
+def _attn_fwd_backward(ctx, do, _dlse):
+    q, k, v, o, lse, *seed = ctx.saved_tensors
+    grads = attn_bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.kernel, ctx.dropout_p,
+                     seed[0] if seed else None)  # (dq, dk, dv)
+    # None for an input that needs no gradient; nothing for causal, scale, kernel and dropout's
+    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad)) + (None,) * 5
+
+
+attn_fwd.register_autograd(_attn_fwd_backward, setup_context=_setup_context)
+
+
+def saved_for_backward(o) -> tuple:
+    """The tensors that the autograd graph of ``o`` (an output of :func:`scaled_dot_product_attention`)
+    keeps for our backward: Q, K, V, O and L (and dropout's seed), found past the views around our op."""
+    node = o.grad_fn
+    while node is not None and "flash_numba_attn_fwd" not in type(node).__name__:
+        node = next((n for n, _ in node.next_functions if n is not None), None)
+    if node is None:
+        raise ValueError("o: no flash_numba attention in its autograd graph")
+    return node.saved_tensors
 
 
 def _check_tensors(query, key, value) -> None:
@@ -175,8 +244,10 @@ def _attend(q, k, v, causal: bool, scale: float, kernel: str, dropout_p: float =
     # Any strides whose last dim is contiguous: a permuted view such as
     # qkv.view(B, N, 3, H, E).permute(2, 0, 3, 1, 4)[0] is read in place on the GPU (the kernels
     # take strides, flash_numba._inputs); CPU tensors go through NumPy, which copies them to the device.
-    seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64)) if dropout_p > 0 else None
-    return FlashAttentionFunction.apply(q, k, v, causal, scale, kernel, dropout_p, seed)
+    # The seed is a tensor drawn here, outside the op: torch.compile puts the draw in its graph, so a
+    # compiled model consumes the generator as the eager one does (see docs/TORCH_COMPILE.md).
+    seed = torch.randint(0, 2**32, (1,), dtype=torch.int64) if dropout_p > 0 else None
+    return attn_fwd(q, k, v, causal, scale, kernel, dropout_p, seed)[0]
 
 
 def scaled_dot_product_attention(
