@@ -295,10 +295,14 @@ def scaled_dot_product_attention(
         if is_causal:
             raise ValueError("attn_mask: give either attn_mask or is_causal=True, not both (as SDPA)")
         variant = _causal_variant(attn_mask, L, S)
-    scale = 1.0 / math.sqrt(E) if scale is None else scale
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+    if scale is None:
+        scale = 1.0 / math.sqrt(int(E))  # int(): a head dim that torch.compile traces as a symbol becomes a constant
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale: expected a finite real number or None, got {scale!r}")
-    scale = float(scale)
+    elif not torch.compiler.is_compiling():  # compiled, a float argument may be traced as a symbol: the op
+        if not math.isfinite(scale):  # checks its value when it runs (a ValueError naming scale)
+            raise TypeError(f"scale: expected a finite real number or None, got {scale!r}")
+        scale = float(scale)
 
     lead = query.shape[:-2]
     q, k, v = (_at_most_4d(t) for t in (query, key, value))  # (B, H, L, E), (B, Hkv, S, E): views

@@ -100,12 +100,10 @@ my_prediction = None  # bytes saved for the backward
 
 # %%
 o = fnt.scaled_dot_product_attention(q, k, v, is_causal=True, kernel=KERNEL)  # a fresh graph (grad() freed the first)
-node = o.grad_fn
-while type(node).__name__ != "FlashAttentionFunctionBackward":  # past the reshapes around it
-    node = node.next_functions[0][0]
-saved = {name: tuple(t.shape) for name, t in zip(("Q", "K", "V", "O", "L"), node.saved_tensors)}
+kept = fnt.saved_for_backward(o)  # what the graph node of our forward keeps (found past the reshapes around it)
+saved = {name: tuple(t.shape) for name, t in zip(("Q", "K", "V", "O", "L"), kept)}
 print("saved for the backward:", saved)
-saved_bytes = sum(t.numel() * t.element_size() for t in node.saved_tensors)
+saved_bytes = sum(t.numel() * t.element_size() for t in kept)
 P_bytes = B * H * N * N * 4
 print(f"{saved_bytes:,} bytes saved; P in float32 would add {P_bytes:,} bytes")
 lessonkit.compare_prediction("bytes saved for the backward", my_prediction, saved_bytes)
