@@ -73,3 +73,22 @@ def test_plot_runs_on_synthetic_csvs(tmp_path):
     assert summaries["sdpa"]["tokens_per_s"] == 3e5 and summaries["flash_numba"]["tokens_per_s"] == 1e5
     assert summaries["sdpa"]["final_loss"] == pytest.approx(4.0 - 0.01 * 18.5)  # mean of the last 2 steps
     assert gpt.main(["plot", str(paths[0]), str(paths[1]), "--out", str(out)]) == 0
+
+
+def test_compiled_training_takes_the_eager_steps(tmp_path, monkeypatch):
+    """``--compile``: the model under torch.compile, here with the aot_eager backend and fullgraph=True (a
+    graph break raises; Inductor needs a C++ compiler and minutes on this CPU): the two steps' losses equal
+    eager's to float32 rounding (the same operations; aot_eager may order the backward's additions
+    differently, so not bit for bit)."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: real_compile(model, backend="aot_eager",
+                                                                                fullgraph=True))
+    torch._dynamo.reset()
+    losses = []
+    for compile_mode in (None, "default"):
+        cfg, tc = toy("flash_numba")
+        tc.compile = compile_mode
+        gpt.train(cfg, tc, tmp_path / "run.csv")
+        losses.append([r["loss"] for r in gpt.read_csv(tmp_path / "run.csv")])
+    torch._dynamo.reset()
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5), losses

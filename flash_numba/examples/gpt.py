@@ -10,6 +10,7 @@ initial weights and the same batches, so their loss curves can be laid over each
     python -m flash_numba.examples.gpt train --attn flash_numba --steps 500 --csv flash_numba.csv
     python -m flash_numba.examples.gpt train --attn sdpa --steps 500 --csv sdpa.csv
     python -m flash_numba.examples.gpt plot sdpa.csv flash_numba.csv --out gpt_loss.png
+    python -m flash_numba.examples.gpt train --attn flash_numba --compile --csv compiled.csv   # torch.compile
 
 Each training run writes one CSV row per step: ``step, loss, lr, ms, tokens_per_s`` (the first
 step includes the kernels' compilation), and prints the validation loss at the end.
@@ -172,6 +173,7 @@ class TrainConfig:
     dtype: str = "float32"
     eval_batches: int = 20
     text_chars: int | None = None  # train on the first characters only (tests)
+    compile: str | None = None  # torch.compile's mode ("default", "reduce-overhead", ...); None: eager
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -200,17 +202,24 @@ def train(cfg: GPTConfig, tc: TrainConfig, csv_path=None, log_every: int = 50) -
     """Train for ``tc.steps`` steps; one CSV row per step; returns a summary (losses, tokens/s)."""
     data, model = build(cfg, tc)
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(0.9, 0.99), weight_decay=0.1)
+    step_model = model if tc.compile is None else torch.compile(model, mode=tc.compile)  # the same parameters
     batches = torch.Generator().manual_seed(tc.seed)
     tokens = tc.batch_size * cfg.block_size
     rows = []
     print(f"GPT, {model.num_params():,} parameters, {asdict(cfg)}, {asdict(tc)}")
+    if cfg.attn == "flash_numba":
+        from flash_numba.torch import DEFAULT_KERNEL
+
+        print(f"attention: flash_numba's {cfg.kernel or DEFAULT_KERNEL} kernel")
     for step in range(tc.steps):
         x, y = data.batch("train", tc.batch_size, cfg.block_size, batches)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tc)
         _sync(tc.device)
         t0 = time.perf_counter()
-        _, loss = model(x, y)
+        if tc.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the CUDA graphs' outputs may be overwritten
+        _, loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -305,8 +314,10 @@ def main(argv=None) -> int:
     t = sub.add_parser("train", help="train the GPT, one CSV row per step")
     t.add_argument("--attn", choices=ATTENTIONS, default="flash_numba")
     t.add_argument("--kernel", default=None, help="flash_numba's kernel (default: its fastest)")
+    t.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                   help="train the torch.compile'd model (MODE: default, reduce-overhead, max-autotune)")
     for name, default in asdict(TrainConfig()).items():
-        if name != "text_chars":
+        if name not in ("text_chars", "compile"):
             t.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     t.add_argument("--block-size", type=int, default=GPTConfig.block_size)
     t.add_argument("--n-layer", type=int, default=GPTConfig.n_layer)
