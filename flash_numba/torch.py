@@ -7,8 +7,10 @@ Three lines swap our kernels into a model that calls PyTorch's SDPA::
     y.sum().backward()                                           # dq, dk, dv from our backward
 
 The function takes ``torch.nn.functional.scaled_dot_product_attention``'s arguments, shapes and
-meaning, and runs flash_numba's kernels, forward and backward, through a ``torch.autograd.Function``
-that saves O and the log-sum-exp L (never P) for the backward, which recomputes P blockwise.
+meaning, and runs flash_numba's kernels, forward and backward, as two PyTorch custom ops,
+``flash_numba::attn_fwd`` and ``flash_numba::attn_bwd`` (:func:`attn_fwd`, :func:`attn_bwd`): autograd
+saves O and the log-sum-exp L (never P) for the backward, which recomputes P blockwise, and
+``torch.compile`` sees each call as one node, with no graph break (docs/TORCH_COMPILE.md).
 CUDA tensors stay on the GPU (read in place through ``__cuda_array_interface__``); CPU tensors go
 through NumPy, so without a GPU they run in Numba's CUDA simulator (tiny sizes only).
 
@@ -20,7 +22,9 @@ Attention dropout (``dropout_p > 0``) is the paper's (:mod:`flash_numba.kernels.
 draws a 32-bit seed from PyTorch's default CPU generator (so ``torch.manual_seed`` makes it
 reproducible), the forward drops entries of P by a hash of (seed, head, row, column), and the
 backward, given the seed saved in the autograd context, regenerates the same mask. Its masks are
-not PyTorch's (another generator): the same p, not the same dropped entries.
+not PyTorch's (another generator): the same p, not the same dropped entries. The seed is drawn outside
+the op, as a tensor, so that a compiled model draws it as the eager one does; a CUDA-graph capture
+refuses dropout (every replay would reuse the captured seed).
 
 Grouped-query and multi-query attention as in SDPA: with ``enable_gqa=True`` key and value may have
 Hkv heads where query has Hq, Hkv dividing Hq; query head h attends with key/value head
