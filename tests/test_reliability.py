@@ -821,12 +821,12 @@ def test_out_of_memory_on_the_gpu_then_the_next_call_runs():
         pytest.skip("sized for GPUs of at most 200 GiB")
     rng = np.random.default_rng(5)
     small = [rng.standard_normal((2, 64, 32)).astype(np.float32) for _ in range(3)]
-    want = attention_forward(*small, kernel="flash2").o
+    want = flash_numba.attention_forward(*small, kernel="flash2").o
     N = 1 << 16  # S and P: 2 * 64 * N^2 * 4 bytes = 2.2 TB
     big = cuda.device_array((64, N, 16), dtype=np.float32)
     with pytest.raises(DeviceMemoryError, match="bytes"):
-        attention_forward(big, big, big, kernel="standard")
-    np.testing.assert_array_equal(attention_forward(*small, kernel="flash2").o, want)
+        flash_numba.attention_forward(big, big, big, kernel="standard")
+    np.testing.assert_array_equal(flash_numba.attention_forward(*small, kernel="flash2").o, want)
     del big
     try:
         import torch
@@ -835,7 +835,7 @@ def test_out_of_memory_on_the_gpu_then_the_next_call_runs():
     rows = int(0.6 * total) // (2 * 128)  # q (= k = v) 60% of the GPU: o cannot fit beside it
     q = torch.empty((1, 1, rows, 128), dtype=torch.float16, device="cuda")
     with pytest.raises(DeviceMemoryError, match="free"):
-        attention_forward(q, q, q, kernel="flash2_fast")
+        flash_numba.attention_forward(q, q, q, kernel="flash2_fast")
     del q
     torch.cuda.empty_cache()
-    np.testing.assert_array_equal(attention_forward(*small, kernel="flash2").o, want)
+    np.testing.assert_array_equal(flash_numba.attention_forward(*small, kernel="flash2").o, want)
