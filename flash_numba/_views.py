@@ -189,6 +189,7 @@ def _contiguous_copy(arr):
 
     out = cuda.device_array(tuple(int(s) for s in arr.shape), dtype=arr.dtype,
                             stream=_stream.current())
-    out[:] = arr  # on out's stream  # Numba's element-wise assignment kernel, strides of both read at run time (not [...]:
+    # Numba's element-wise assignment kernel, on out's stream, strides of both read at run time (not [...]:
     # a device array's __setitem__ takes no Ellipsis)
+    out[:] = arr
     return out
