@@ -17,6 +17,7 @@ from types import MappingProxyType
 import numpy as np
 
 from .. import blocks
+from ..device import UnsupportedOnThisGPU
 
 PASSES = ("forward", "backward")
 
@@ -200,7 +201,8 @@ class KernelSpec:
 
     def check_supported(self, d: int, dtype, cc=None, gpu: str | None = None, arg: str | None = None) -> None:
         """:meth:`supports` as an error that names the argument (``arg``, e.g. "q" when d and dtype are q's;
-        default "d" or "dtype"): TypeError for the dtype, ValueError for the head dim or the GPU."""
+        default "d" or "dtype"): TypeError for the dtype, ValueError for the head dim, and for the GPU
+        :class:`~flash_numba.device.UnsupportedOnThisGPU` (a ValueError that the command line prints as one line)."""
         why = self.supports(d, dtype, cc, gpu)
         if why is None:
             return
@@ -210,7 +212,7 @@ class KernelSpec:
             raise TypeError(f"{what} is not supported by {self.name}; {why}")
         if not self._runs_head_dim(d):
             raise ValueError(f"{arg or 'd'}: head dim d = {d} is not supported by {self.name}; {why}")
-        raise ValueError(f"{what} is not supported on this GPU; {why}")
+        raise UnsupportedOnThisGPU(f"{what} is not supported on this GPU; {why}")  # a ValueError; the CLI: one line
 
     @property
     def supports_atomic(self) -> bool:
