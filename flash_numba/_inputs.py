@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _launch_plan, _views
+from . import _launch_plan, _stream, _views
 from .device import SIMULATOR
 
 MAX_HEAD_DIM = 128
@@ -389,7 +389,11 @@ def finish(prob: Problem, dev, shape_tail, lead=None):
         if tuple(int(s) for s in dev.shape) == shape:
             return dev  # (H, N, d) inputs: already the caller's shape, no new Numba array needed
         return dev.reshape(shape)
-    return dev.copy_to_host().reshape(shape)
+    stream = _stream.current()
+    host = dev.copy_to_host(stream=stream)
+    if stream:
+        stream.synchronize()  # a copy to pageable memory may return before it is done
+    return host.reshape(shape)
 
 
 #: Tests set this (or FLASH_NUMBA_POISON=1 in the environment) so that every
@@ -452,8 +456,8 @@ def empty(shape, dtype):
     if _TORCH_DEVICE.get() is not None:
         return _torch_buffer(shape, dtype, float("nan") if POISON_OUTPUTS else None)
     if POISON_OUTPUTS:
-        return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
-    return cuda.device_array(shape, dtype=dtype)
+        return cuda.to_device(np.full(shape, np.nan, dtype=dtype), stream=_stream.current())
+    return cuda.device_array(shape, dtype=dtype, stream=_stream.current())
 
 
 def zeros(shape, dtype):
@@ -467,4 +471,4 @@ def full(shape, value, dtype):
 
     if _TORCH_DEVICE.get() is not None:
         return _torch_buffer(shape, dtype, value)
-    return cuda.to_device(np.full(shape, value, dtype=dtype))
+    return cuda.to_device(np.full(shape, value, dtype=dtype), stream=_stream.current())

@@ -29,8 +29,9 @@ dtype and device, which inputs share a data pointer, where each data pointer sit
 strides, whether rows allow 16-byte loads), causal, scale, block and the
 backward's ``deterministic``, the output poisoning of the tests.  Errors are the normal path's: a call whose
 arguments are bad never gets a plan (its first run raised), and the key of a good
-call cannot match a bad one.  Kernels run on Numba's default stream, as on the
-normal path; replays of one plan take a lock (they share the packed parameters).
+call cannot match a bad one.  The key holds the stream of the call (PyTorch's current stream,
+:mod:`flash_numba._stream`), and a plan replays its launches on that stream, as the normal path would;
+replays of one plan take a lock (they share the packed parameters).
 Replay runs on a GPU only (the simulator has no compiled functions);
 ``FLASH_NUMBA_LAUNCH_PLANS=0`` turns it off.
 """
@@ -43,6 +44,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from . import _stream
 from .device import SIMULATOR
 
 #: Replay recorded launches (GPU only; set FLASH_NUMBA_LAUNCH_PLANS=0 to always take the normal path).
@@ -127,7 +129,7 @@ class _Launch:
         self._addresses = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         self.slots = [(values[i], src, off) for i, src, off in slots]  # (value, source, byte offset)
         grid, block = (tuple(dims) + (1,) * (3 - len(dims)) for dims in (_dims(griddim), _dims(blockdim)))
-        self.args = (function.handle, *grid, *block, int(sharedmem), _stream_handle(stream),
+        self.args = (function.handle, *grid, *block, int(sharedmem), _stream.handle(stream),
                      ctypes.addressof(self._addresses), 0)
         self._launch, self._ok = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
 
@@ -149,11 +151,6 @@ def _as_int(handle) -> int:
         return 0
     value = getattr(handle, "value", handle)  # ctypes.c_void_p
     return int(value or 0)
-
-
-def _stream_handle(stream):
-    """The driver's handle of the stream Numba launched on (0, its default stream, when it gave none)."""
-    return stream.handle if hasattr(stream, "handle") else int(stream or 0)
 
 
 @dataclass
@@ -318,16 +315,16 @@ def _build(rec: _Recorder, tensors, results):
 def _scratch(rec: _Recorder, outs) -> set:
     """Indices of the recorded buffers a plan keeps and reuses: unfilled, not returned, SCRATCH_BYTES in all.
 
-    Only where every launch ran on the legacy default stream: then each replay's kernels run after the
-    previous replay's, from any thread, and one buffer serves them all (as PyTorch's caching allocator
-    hands a freed block to the next allocation on its stream).  With per-thread default streams two
-    threads' replays could overlap, so nothing is kept.
+    Only where every launch ran on one stream (the plan's key holds it, so every replay runs there too):
+    then each replay's kernels run after the previous replay's, from any thread, and one buffer serves
+    them all (as PyTorch's caching allocator hands a freed block to the next allocation on its stream).
+    With per-thread default streams, Numba's stream 0 is another stream in each thread, and two threads'
+    replays could overlap, so nothing is kept.
     """
     from numba.core import config
 
-    if getattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0):
-        return set()
-    if any(_as_int(_stream_handle(launch[4])) != 0 for launch in rec.launches):
+    streams = {_stream.handle(launch[4]) for launch in rec.launches}
+    if len(streams) > 1 or (streams == {0} and getattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0)):
         return set()
     kept, total = set(), 0
     for j, (_, _, fill, t) in enumerate(rec.buffers):

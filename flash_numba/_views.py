@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _stream
 from .device import SIMULATOR
 
 if SIMULATOR:
@@ -48,7 +49,7 @@ def _to_device(arr, on_device: bool, shape2, name: str):
             return arr  # already (BH, N): a Numba reshape would only build another array object
         return arr.reshape(shape2)
     host = np.ascontiguousarray(arr).reshape(shape2)
-    return cuda.to_device(host)
+    return cuda.to_device(host, stream=_stream.current())
 
 
 def _tensor_to_device(t, shape2, name: str):
@@ -111,7 +112,7 @@ def kernel_input(arr, on_device: bool):
     from numba import cuda
 
     if not on_device:
-        arr = cuda.to_device(np.ascontiguousarray(arr))
+        arr = cuda.to_device(np.ascontiguousarray(arr), stream=_stream.current())
     elif not _rows_contiguous(tuple(arr.shape), tuple(arr.strides), arr.dtype.itemsize):
         arr = _contiguous_copy(arr)  # (tuples: the simulator's shapes refuse negative indices)
     shape4, strides4 = _shape4(arr.shape), _strides4(arr.shape, arr.strides)
@@ -186,7 +187,7 @@ def _contiguous_copy(arr):
         return FakeCUDAArray(np.ascontiguousarray(arr._ary))
     from numba import cuda
 
-    out = cuda.device_array(tuple(int(s) for s in arr.shape), dtype=arr.dtype)
-    out[:] = arr  # Numba's element-wise assignment kernel, strides of both read at run time (not [...]:
+    out = cuda.device_array(tuple(int(s) for s in arr.shape), dtype=arr.dtype, stream=_stream.current())
+    out[:] = arr  # on out's stream  # Numba's element-wise assignment kernel, strides of both read at run time (not [...]:
     # a device array's __setitem__ takes no Ellipsis)
     return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _inputs, _launch_plan, device, kernels
+from . import _inputs, _launch_plan, _stream, device, kernels
 from .hbm import Counters, HBMCount
 from .kernels import _dropout, _smem
 from .kernels.flash2_fast import layout as _fast_layout
@@ -90,21 +90,28 @@ def _set_dropout(prob, dropout_p, dropout_seed, draw: bool):
     return prob.dropout_seed
 
 
-def _plan_key(pass_, kernel, tensors, count_hbm, dropout_p, dropout_seed, *options):
-    """The launch-plan key of a call (None: the call takes the normal path; see flash_numba._launch_plan)."""
-    if count_hbm is not False or dropout_seed is not None or type(dropout_p) is not float or dropout_p != 0.0:
+def _plan_key(pass_, kernel, tensors, stream, count_hbm, dropout_p, dropout_seed, *options):
+    """The launch-plan key of a call (None: the call takes the normal path; see flash_numba._launch_plan).
+
+    A plan replays its launches on the stream it was recorded on (and keeps scratch that only that
+    stream's order protects), so the stream is part of the key."""
+    if not _launch_plan.ENABLED or count_hbm is not False or dropout_seed is not None or type(dropout_p) is not float \
+            or dropout_p != 0.0:
         return None
-    return _launch_plan.key(pass_, kernel, tensors, (*options, _inputs.POISON_OUTPUTS, _smem.DYNAMIC_ABOVE,
-                                                     _fast_layout.FORCE_DQ_COPIES))  # the tests' switches
+    return _launch_plan.key(pass_, kernel, tensors, (*options, _stream.handle(stream), _inputs.POISON_OUTPUTS,
+                                                     _smem.DYNAMIC_ABOVE, _fast_layout.FORCE_DQ_COPIES))
 
 
-def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None) -> ForwardResult:
-    plan_key = _plan_key("forward", kernel, (q, k, v), count_hbm, dropout_p, dropout_seed, causal, scale, block)
+def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None,
+             stream=None) -> ForwardResult:
+    stream = _stream.for_call(q, stream)  # PyTorch's current stream for torch tensors (flash_numba._stream)
+    plan_key = _plan_key("forward", kernel, (q, k, v), stream, count_hbm, dropout_p, dropout_seed, causal, scale,
+                         block)
     plan = _launch_plan.lookup(plan_key)
     if plan:
         o, lse = plan.replay((q, k, v))
         return ForwardResult(o, lse, None, kernel, plan.block)
-    with _launch_plan.recording(plan_key if plan is None else None, (q, k, v)) as recording:
+    with _stream.using(stream), _launch_plan.recording(plan_key if plan is None else None, (q, k, v)) as recording:
         result = _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p, dropout_seed)
         recording.finish((result.o, result.lse), result.block)
     return result
@@ -131,15 +138,16 @@ def _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p,
 
 
 def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic=True, dropout_p=0.0,
-              dropout_seed=None) -> BackwardResult:
+              dropout_seed=None, stream=None) -> BackwardResult:
     tensors = (q, k, v, o, lse, do)
-    plan_key = _plan_key("backward", kernel, tensors, count_hbm, dropout_p, dropout_seed, causal, scale, block,
-                         deterministic)
+    stream = _stream.for_call(q, stream)
+    plan_key = _plan_key("backward", kernel, tensors, stream, count_hbm, dropout_p, dropout_seed, causal, scale,
+                         block, deterministic)
     plan = _launch_plan.lookup(plan_key)
     if plan:
         dq, dk, dv = plan.replay(tensors)
         return BackwardResult(dq, dk, dv, None, kernel, plan.block)
-    with _launch_plan.recording(plan_key if plan is None else None, tensors) as recording:
+    with _stream.using(stream), _launch_plan.recording(plan_key if plan is None else None, tensors) as recording:
         result = _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic,
                                   dropout_p, dropout_seed)
         recording.finish((result.dq, result.dk, result.dv), result.block)
@@ -178,7 +186,7 @@ DEFAULT_KERNEL = "flash2_fast"
 
 def attention_forward(
     q, k, v, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False, dropout_p=0.0,
-    dropout_seed=None,
+    dropout_seed=None, stream=None,
 ) -> ForwardResult:
     """softmax(scale q k^T) v, and L = logsumexp of each row, with the kernel named ``kernel``.
 
@@ -203,14 +211,20 @@ def attention_forward(
     nothing is stored, the backward regenerates it from the seed.
     ``dropout_seed``: an int in [0, 2**32), or None to draw one from NumPy's default
     generator; the seed used is ``result.dropout_seed``.  ``dropout_p=0`` runs the
-    kernels without dropout code.  Returns a :class:`ForwardResult`.
+    kernels without dropout code.
+
+    ``stream``: where the kernels run (:mod:`flash_numba._stream`).  PyTorch CUDA tensors always
+    run on ``torch.cuda.current_stream()``, as PyTorch's own operations do (choose it with
+    ``with torch.cuda.stream(s):``; passing ``stream=`` with them is an error).  Numba device
+    arrays run on ``stream`` (a ``numba.cuda.stream()``), by default Numba's default stream;
+    outputs are queued there and are ready when that stream is.  Returns a :class:`ForwardResult`.
     """
-    return _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p, dropout_seed)
+    return _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p, dropout_seed, stream)
 
 
 def attention_backward(
     q, k, v, o, lse, do, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False,
-    deterministic=True, dropout_p=0.0, dropout_seed=None,
+    deterministic=True, dropout_p=0.0, dropout_seed=None, stream=None,
 ) -> BackwardResult:
     """dq, dk, dv of :func:`attention_forward`, given its ``o``, ``lse`` and the output gradient ``do``.
 
@@ -226,10 +240,11 @@ def attention_backward(
     inputs.  With dropout, pass the forward's ``dropout_p`` and its
     ``result.dropout_seed`` (required when ``dropout_p > 0``): the kernels regenerate
     the keep mask Z and, with Zs = Z / (1 - p), compute dV = (Zs * P)^T dO and
-    dS = P * (Zs * dP - D) (the paper's Algorithm 4).  Returns a :class:`BackwardResult`.
+    dS = P * (Zs * dP - D) (the paper's Algorithm 4).  ``stream`` as in :func:`attention_forward`.
+    Returns a :class:`BackwardResult`.
     """
     return _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic, dropout_p,
-                     dropout_seed)
+                     dropout_seed, stream)
 
 
 # The names of earlier releases: thin aliases of the two functions above.
@@ -268,6 +283,6 @@ def flash_attention_backward(
                               count_hbm=count_hbm, deterministic=deterministic)
 
 
-def attention(q, k, v, *, causal=False, scale=None, kernel=DEFAULT_KERNEL):
+def attention(q, k, v, *, causal=False, scale=None, kernel=DEFAULT_KERNEL, stream=None):
     """softmax(scale * q k^T) v; returns O only (see :func:`attention_forward`)."""
-    return attention_forward(q, k, v, kernel=kernel, causal=causal, scale=scale).o
+    return attention_forward(q, k, v, kernel=kernel, causal=causal, scale=scale, stream=stream).o

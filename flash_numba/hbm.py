@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _launch_plan
+from . import _launch_plan, _stream
 
 
 @dataclass(frozen=True)
@@ -149,16 +149,19 @@ class Counters:
         if not self.enabled:
             return self._dummy
         if name not in self._arrays:
-            self._arrays[name] = self._cuda.to_device(np.zeros(2, dtype=np.int64))
+            self._arrays[name] = self._cuda.to_device(np.zeros(2, dtype=np.int64), stream=_stream.current())
         return self._arrays[name]
 
     def result(self) -> HBMCount | None:
         if not self.enabled:
             return None
         per = {}
-        for name, arr in self._arrays.items():
-            r, w = (int(x) for x in arr.copy_to_host())
-            per[name] = KernelBytes(r, w)
+        stream = _stream.current()  # the call's: its kernels added to the counters there
+        counts = {name: arr.copy_to_host(stream=stream) for name, arr in self._arrays.items()}
+        if stream:
+            stream.synchronize()
+        for name, (r, w) in counts.items():
+            per[name] = KernelBytes(int(r), int(w))
         terms = None
         if self._call is not None:
             from .iomodel import terms as _terms

@@ -175,10 +175,11 @@ class _Function:
     handle = 0
 
 
-def _recorded(buffers, returned, stream=0):
-    """A recorder of one launch whose parameters are the data pointers of an input and of ``buffers``
-    ((tensor, fill) pairs; CPU tensors: only their pointers and sizes are read), the buffers' 8 bytes in;
-    the plan _build makes of it, with ``returned`` (indices into buffers) as the call's results."""
+def _recorded(buffers, returned, stream=0, streams=None):
+    """A recorder of one launch (or one per stream of ``streams``) whose parameters are the data pointers of an
+    input and of ``buffers`` ((tensor, fill) pairs; CPU tensors: only their pointers and sizes are read), the
+    buffers' 8 bytes in; the plan _build makes of it, with ``returned`` (indices into buffers) as the call's
+    results."""
     import ctypes
 
     q = torch.zeros(4)
@@ -187,7 +188,8 @@ def _recorded(buffers, returned, stream=0):
         rec.buffers.append((tuple(t.shape), t.dtype, fill, t))
     ptrs = [q.data_ptr()] + [t.data_ptr() + 8 for t, _ in buffers]
     params = [ctypes.c_void_p(p) for p in ptrs]
-    rec.launches.append((_Function(), 4, 128, 0, stream, params, list(enumerate(ptrs))))
+    for s in (stream,) if streams is None else streams:
+        rec.launches.append((_Function(), 4, 128, 0, s, params, list(enumerate(ptrs))))
     return _launch_plan._build(rec, (q,), [buffers[i][0] for i in returned]), q, ptrs
 
 
@@ -210,15 +212,18 @@ def test_a_plan_keeps_small_scratch_and_allocates_the_rest():
     assert launched == [launch.args] and launch.args[1:7] == (4, 1, 1, 128, 1, 1)
 
 
-def test_scratch_is_kept_only_on_the_legacy_default_stream(monkeypatch):
-    """On another stream, or with per-thread default streams, two replays could overlap: nothing is kept."""
+def test_scratch_is_kept_only_where_the_launches_share_one_stream(monkeypatch):
+    """A plan's key holds its stream, so replays on one stream run one after the other and may share scratch;
+    launches on two streams, or on Numba's stream 0 with per-thread default streams (another stream in each
+    thread), could overlap: nothing is kept."""
     from numba.core import config
 
     scratch = [(torch.empty(16), None), (torch.empty(4), None)]
     plan = _recorded(scratch, returned=[1])[0]
     assert plan.context == 0  # a recorder that saw no context (no GPU here): replays leave the thread's as it is
     assert len(_recorded(scratch, returned=[1])[0].kept) == 1
-    assert _recorded(scratch, returned=[1], stream=7)[0].kept == []
+    assert len(_recorded(scratch, returned=[1], stream=7)[0].kept) == 1
+    assert _recorded(scratch, returned=[1], streams=(0, 7))[0].kept == []
     monkeypatch.setattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 1, raising=False)
     assert _recorded(scratch, returned=[1])[0].kept == []
     monkeypatch.setattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0, raising=False)

@@ -15,6 +15,7 @@ from numba import cuda, types
 
 from .. import _inputs
 from ..device import jit
+from ._launch import launch
 from ._common import GRID_LIMITS, COUNTER_TYPE, acc_nb_type, add_counts, array_type, batch_head, head_grid_2d
 from ._common import input_type
 
@@ -68,7 +69,7 @@ def rowsum(prob, o, do, counters):
     """D (B*H, Nq) in the accumulation dtype, counted under :data:`NAME`."""
     D = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     kernel = rowsum_kernel(prob.d, prob.dtype, counters.enabled)
-    kernel[grid(prob), NT](o, do, D, counters.array(NAME), prob.Nq)
+    launch(kernel, grid(prob), NT)(o, do, D, counters.array(NAME), prob.Nq)
     return D
 
 

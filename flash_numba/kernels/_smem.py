@@ -5,8 +5,8 @@ included).  Above 48 KB it is *dynamic* shared memory: the kernel declares an ar
 unknown size (``cuda.shared.array(0, ...)``), the launch says how many bytes it gets
 (``kernel[grid, block, stream, nbytes]``), and the kernel must first opt in to more than
 48 KB per block (the driver's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``; up to
-64 KB on a T4, 227 KB on an H100/H200).  :func:`configure` does that opt-in once per
-compiled kernel.
+64 KB on a T4, 227 KB on an H100/H200).  :func:`flash_numba.kernels._launch.launch` does that
+opt-in once per compiled kernel.
 
 Why one array cut by an intrinsic, not slices: a slice of the dynamic array is clamped to
 its length, which the kernel only learns at run time, so the compiler no longer knows that
@@ -111,29 +111,3 @@ def _cutter(starts, sizes):
         return result(block), codegen
 
     return cut
-
-
-_OPTED_IN: dict = {}
-
-
-def configure(kernel, grid, block: int, dynamic_bytes: int):
-    """``kernel[grid, block]``, or with ``dynamic_bytes`` of dynamic shared memory, opted in above 48 KB."""
-    if not dynamic_bytes:
-        return kernel[grid, block]
-    config = kernel[grid, block, 0, dynamic_bytes]
-    if not SIMULATOR and dynamic_bytes > STATIC_SHARED_LIMIT:
-        config.pre_launch_callbacks.append(functools.partial(_opt_in, nbytes=dynamic_bytes))
-    return config
-
-
-def _opt_in(compiled, config, nbytes: int) -> None:
-    """Let ``compiled`` (a Numba ``_Kernel``) launch with ``nbytes`` of dynamic shared memory on this device."""
-    from numba.cuda.cudadrv.driver import binding, driver
-
-    cufunc = compiled._codelibrary.get_cufunc()
-    key = (id(cufunc), cufunc.device.id)
-    if _OPTED_IN.get(key, 0) >= nbytes:
-        return
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
-    _OPTED_IN[key] = nbytes

@@ -63,6 +63,7 @@ from numba import cuda, types
 from .. import _inputs
 from ..compile_check import compile_kernel, count_variants
 from ..device import STATIC_SHARED_LIMIT, jit
+from ._launch import launch
 from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, exp_ieee, group_step, head_grid,
                       input_type, kv_head)
 from ._common import madd_unless_zero, nan_max, rounded_mul
@@ -461,9 +462,9 @@ def forward(prob, ops, block, counters):
     lse = _inputs.empty((BH, Nq), acc)
     threads = max(Br, Bc)
     grid = grids(prob, block)[FORWARD_NAMES[0]]
-    init[grid, threads](O, l, m, counters.array(FORWARD_NAMES[0]))
+    launch(init, grid, threads)(O, l, m, counters.array(FORWARD_NAMES[0]))
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
-    algorithm1[grid, threads](q, k, v, O, l, m, o, lse, prob.G, acc.type(prob.scale),
+    launch(algorithm1, grid, threads)(q, k, v, O, l, m, o, lse, prob.G, acc.type(prob.scale),
                               counters.array(FORWARD_NAMES[1]), *drop_args)
     return o, lse
 
@@ -480,10 +481,10 @@ def backward(prob, ops, block, counters):
     dv = _inputs.empty((prob.BHkv, Nk, d), prob.dtype)
     threads = max(Br, Bc)
     grid = grids(prob, block)
-    init[grid[BACKWARD_NAMES[0]], threads](dQ, counters.array(BACKWARD_NAMES[0]))
+    launch(init, grid[BACKWARD_NAMES[0]], threads)(dQ, counters.array(BACKWARD_NAMES[0]))
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     scale, counter = acc.type(prob.scale), counters.array(BACKWARD_NAMES[1])
-    algorithm4[grid[BACKWARD_NAMES[1]], threads](q, k, v, o, lse, do, dQ, dq, dk, dv, prob.G, scale, counter,
+    launch(algorithm4, grid[BACKWARD_NAMES[1]], threads)(q, k, v, o, lse, do, dQ, dq, dk, dv, prob.G, scale, counter,
                                                  *drop_args)
     return dq, dk, dv
 

@@ -29,6 +29,7 @@ from numba import cuda
 from .. import _inputs, _views
 from ..device import jit
 from ..hbm import Counters
+from ._launch import launch
 from ._common import COUNTER_TYPE, GRID_LIMITS, acc_nb_type, add_counts, array_type
 
 #: Side of the square shared-memory tiles of the matrix product (16 x 16 threads per block).
@@ -140,7 +141,7 @@ def _launch_matmul(a, b, c, alpha, counter, *, trans_a=False, trans_b=False, cau
     dtype = np.dtype(c.dtype)
     BH, M, N = c.shape
     kernel = matmul_kernel(dtype, trans_a, trans_b, causal, count)
-    kernel[grid(BH, M, N), (TILE, TILE)](a, b, c, _inputs.acc_dtype(dtype).type(alpha), counter)
+    launch(kernel, grid(BH, M, N), (TILE, TILE))(a, b, c, _inputs.acc_dtype(dtype).type(alpha), counter)
 
 
 def matmul(a, b, *, trans_a=False, trans_b=False, alpha=1.0, count_hbm=False):

@@ -97,6 +97,7 @@ from ... import _inputs
 from ...compile_check import compile_kernel, count_variants
 from ...device import STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
+from .._launch import launch
 from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid_2d, input_type
 from .._spec import KernelSpec
 from .backward import _dkdv_kernel, _dq_kernel
@@ -121,8 +122,8 @@ def forward(prob, ops, block, counters):
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
     q, k, v = (ops[name].dev for name in ("q", "k", "v"))
-    kernel[grids(prob, block)[FORWARD_NAME], NT](q, k, v, o, lse, counters.array(FORWARD_NAME), prob.Nq, prob.Nk,
-                                                 prob.G, prob.acc.type(prob.scale), *drop_args)
+    launch(kernel, grids(prob, block)[FORWARD_NAME], NT)(q, k, v, o, lse, counters.array(FORWARD_NAME), prob.Nq,
+                                                         prob.Nk, prob.G, prob.acc.type(prob.scale), *drop_args)
     return o, lse
 
 
@@ -140,11 +141,11 @@ def backward(prob, ops, block, counters):
     dropout, drop_args = _dropout.launch_args(prob)
     dkdv = _dkdv_kernel(d, Br, Bc, dt, prob.causal, count, dropout)
     grid = grids(prob, block)
-    dkdv[grid[BACKWARD_NAMES[1]], NT](q, k, v, do, lse, D, dk, dv, counters.array(BACKWARD_NAMES[1]), Nq, Nk, prob.G,
-                                      scale, *drop_args)
+    launch(dkdv, grid[BACKWARD_NAMES[1]], NT)(q, k, v, do, lse, D, dk, dv, counters.array(BACKWARD_NAMES[1]), Nq, Nk,
+                                              prob.G, scale, *drop_args)
     dq_kernel = _dq_kernel(d, Br, Bc, dt, prob.causal, count, dropout, prob.G > 1)
-    dq_kernel[grid[BACKWARD_NAMES[2]], NT](q, k, v, do, lse, D, dq, counters.array(BACKWARD_NAMES[2]), Nq, Nk, prob.G,
-                                           scale, *drop_args)
+    launch(dq_kernel, grid[BACKWARD_NAMES[2]], NT)(q, k, v, do, lse, D, dq, counters.array(BACKWARD_NAMES[2]), Nq, Nk,
+                                                   prob.G, scale, *drop_args)
     return dq, dk, dv
 
 

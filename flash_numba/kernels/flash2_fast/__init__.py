@@ -68,6 +68,7 @@ from ...compile_check import compile_kernel, count_variants
 from ...device import SIMULATOR, dynamic_shared_limit
 from .. import _dropout, _rowsum, _smem, _tile_ops, _vec
 from .. import flash2 as _flash2
+from .._launch import launch
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
 from .._spec import KernelSpec
 from .backward import (ELEMWISE_THREADS, ZEROS_PER_THREAD, cast_kernel, dkdv_kernel, dq_kernel, sum_copies_kernel,
@@ -151,7 +152,7 @@ def forward(prob, ops, block, counters):
                                dropout=dropout, dynamic=bool(dyn), aligned=aligned)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), prob.acc)
-    _smem.configure(kernel, grids(prob, block)[FORWARD_NAME], NT, dyn)(
+    launch(kernel, grids(prob, block)[FORWARD_NAME], NT, dyn)(
         q, k, v, o, lse, prob.Nq, prob.Nk, prob.G, prob.acc.type(prob.scale * LOG2E), counters.array(FORWARD_NAME),
         q_lay, k_lay, v_lay, *drop_args)
     return o, lse
@@ -211,12 +212,12 @@ def backward(prob, ops, block, counters):
     dq = _inputs.empty((BH, Nq, d), dt)
     q_dyn = _dynamic_bytes(geometry_q, d, Br // TY, Bc // TX, dt)
     qk, _ = dq_kernel(d, Br // TY, Bc // TX, dt.name, prob.causal, count, dropout, dynamic=bool(q_dyn))
-    _smem.configure(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(  # D_i and dQ_i: D for the dK/dV kernel
+    launch(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(  # D_i and dQ_i: D for the dK/dV kernel
         q, k, v, do, o, lse, D, dq, Nq, Nk, prob.G, scale, scale_log2, counters.array(BACKWARD_Q_NAME), *layouts,
         o_lay, *drop_args)
     kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, dropout=dropout, dynamic=bool(kv_dyn))
-    _smem.configure(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
+    launch(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
         q, k, v, do, lse, D, dk, dv, _unused_dq(prob.acc), Nq, Nk, prob.G, 0, scale, scale_log2,
         counters.array(BACKWARD_KV_NAME), *layouts, *drop_args)
     return dq, dk, dv
@@ -231,19 +232,19 @@ def _backward_dq_copies(prob, ops, block, counters, copies):
     n = BH * Nq * d
     grid = grids(prob, block)
     dq_acc = _inputs.empty((copies * BH, Nq, d), acc)
-    zero_kernel(acc.name, count)[grid[ZERO_DQ_COPIES_NAME], ELEMWISE_THREADS](
+    launch(zero_kernel(acc.name, count), grid[ZERO_DQ_COPIES_NAME], ELEMWISE_THREADS)(
         dq_acc.reshape(copies * n), copies * n, counters.array(ZERO_DQ_COPIES_NAME))
     dropout, drop_args = _dropout.launch_args(prob)
     kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout,
                         dynamic=bool(kv_dyn))
-    launch = _smem.configure(kv, grid[BACKWARD_KVQ_SPLIT_NAME], NT, kv_dyn)
+    one_round = launch(kv, grid[BACKWARD_KVQ_SPLIT_NAME], NT, kv_dyn)
     Tc = -(-prob.Nk // Bc)
     for rnd in range(-(-Tc // copies)):  # rounds of ``copies`` key tiles, one launch after the other
-        launch(q, k, v, do, lse, D, dk, dv, dq_acc, Nq, prob.Nk, prob.G, rnd, scale, scale_log2,
+        one_round(q, k, v, do, lse, D, dk, dv, dq_acc, Nq, prob.Nk, prob.G, rnd, scale, scale_log2,
                counters.array(BACKWARD_KVQ_SPLIT_NAME), *layouts, *drop_args)
     dq = _inputs.empty((BH, Nq, d), dt)
-    sum_copies_kernel(acc.name, dt.name, count)[grid[SUM_DQ_NAME], ELEMWISE_THREADS](
+    launch(sum_copies_kernel(acc.name, dt.name, count), grid[SUM_DQ_NAME], ELEMWISE_THREADS)(
         dq_acc.reshape(copies * n), dq.reshape(n), n, copies, counters.array(SUM_DQ_NAME))
     return dq, dk, dv
 
@@ -264,20 +265,20 @@ def backward_atomic(prob, ops, block, counters):
     n = BH * Nq * d
     grid = grids(prob, block)
     dq_acc = _inputs.empty((BH, Nq, d), acc)
-    zero_kernel(acc.name, count)[grid[ZERO_DQ_NAME], ELEMWISE_THREADS](dq_acc.reshape(n), n,
+    launch(zero_kernel(acc.name, count), grid[ZERO_DQ_NAME], ELEMWISE_THREADS)(dq_acc.reshape(n), n,
                                                                      counters.array(ZERO_DQ_NAME))
     dropout, drop_args = _dropout.launch_args(prob)
     kv_dyn = _dynamic_bytes(geometry_kv, d, Bc // TY, Br // TX, dt)
     kv, _ = dkdv_kernel(d, Bc // TY, Br // TX, dt.name, prob.causal, count, atomic_dq=True, dropout=dropout,
                         dynamic=bool(kv_dyn))
-    _smem.configure(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
+    launch(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
         q, k, v, do, lse, D, dk, dv, dq_acc, Nq, Nk, prob.G, 0, scale, scale_log2, counters.array(BACKWARD_KVQ_NAME),
         *layouts, *drop_args)
     if dt == acc:
         return dq_acc, dk, dv
     dq = _inputs.empty((BH, Nq, d), dt)
-    cast_kernel(acc.name, dt.name, count)[grid[CAST_DQ_NAME], ELEMWISE_THREADS](dq_acc.reshape(n), dq.reshape(n), n,
-                                                                             counters.array(CAST_DQ_NAME))
+    launch(cast_kernel(acc.name, dt.name, count), grid[CAST_DQ_NAME], ELEMWISE_THREADS)(
+        dq_acc.reshape(n), dq.reshape(n), n, counters.array(CAST_DQ_NAME))
     return dq, dk, dv
 
 

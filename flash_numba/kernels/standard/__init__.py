@@ -50,6 +50,7 @@ from numba import types
 from ... import _inputs
 from ...device import STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
+from .._launch import launch
 from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_type
 from .._spec import KernelSpec
 from .._tile_ops import NT
@@ -100,9 +101,10 @@ def _forward_steps(prob, ops, block, counters):
     c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
     scale, one = acc.type(prob.scale), acc.type(1)
     steps = [
-        (FORWARD_NAMES[0], lambda: scores[shape[FORWARD_NAMES[0]], NT](q, k, S, L, ml, Nq, Nk, prob.G, scale, c0)),
-        (FORWARD_NAMES[1], lambda: softmax[shape[FORWARD_NAMES[1]], NT](S, ml, P, Nq, Nk, c1)),
-        (FORWARD_NAMES[2], lambda: rowprod[shape[FORWARD_NAMES[2]], NT](P, v, O, Nq, Nk, prob.G, one, c2,
+        (FORWARD_NAMES[0], lambda: launch(scores, shape[FORWARD_NAMES[0]], NT)(q, k, S, L, ml, Nq, Nk, prob.G, scale,
+                                                                               c0)),
+        (FORWARD_NAMES[1], lambda: launch(softmax, shape[FORWARD_NAMES[1]], NT)(S, ml, P, Nq, Nk, c1)),
+        (FORWARD_NAMES[2], lambda: launch(rowprod, shape[FORWARD_NAMES[2]], NT)(P, v, O, Nq, Nk, prob.G, one, c2,
                                                                          *drop_args)),
     ]
     return steps, out
@@ -149,18 +151,18 @@ def backward(prob, ops, block, counters):
     P = _inputs.empty((BH, Nq, Nk), dt)
     dS = _inputs.empty((BH, Nq, Nk), dt)
     dropout, drop_args = _dropout.launch_args(prob)
-    grad_scores_kernel(d, Br, Bc, dt.name, causal, count, dropout)[grid[1], NT](  # P: Zs P with dropout
+    launch(grad_scores_kernel(d, Br, Bc, dt.name, causal, count, dropout), grid[1], NT)(  # P: Zs P with dropout
         q, k, v, do, lse, D, P, dS, Nq, Nk, prob.G, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1]),
         *drop_args
     )
     scale = acc.type(prob.scale)
     colprod = colprod_kernel(d, Br, Bc, dt.name, causal, count)
     dV = _inputs.empty((prob.BHkv, Nk, d), dt)  # summed over the G query heads of each key/value head
-    colprod[grid[2], NT](P, do, dV, Nq, Nk, prob.G, acc.type(1), counters.array(BACKWARD_NAMES[2]))
+    launch(colprod, grid[2], NT)(P, do, dV, Nq, Nk, prob.G, acc.type(1), counters.array(BACKWARD_NAMES[2]))
     dK = _inputs.empty((prob.BHkv, Nk, d), dt)
-    colprod[grid[3], NT](dS, q, dK, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[3]))
+    launch(colprod, grid[3], NT)(dS, q, dK, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[3]))
     dQ = _inputs.empty((BH, Nq, d), dt)
-    rowprod_kernel(d, Br, Bc, dt.name, causal, count)[grid[4], NT](
+    launch(rowprod_kernel(d, Br, Bc, dt.name, causal, count), grid[4], NT)(
         dS, k, dQ, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[4]), *drop_args  # (unused: no dropout)
     )
     return dQ, dK, dV
