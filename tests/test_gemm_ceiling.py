@@ -1,7 +1,7 @@
 """benchmarks/gemm_ceiling.py: its products are attention's (shapes, values against float64, FLOPs), and without
 a GPU it stops with a message instead of timing nothing."""
 
-import importlib.util
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -11,16 +11,14 @@ torch = pytest.importorskip("torch")
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gemm_ceiling.py"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("gemm_ceiling", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _script() -> dict:
+    """The tool's globals (``products``, ``main``), run as a module is, without ``__main__``."""
+    return runpy.run_path(str(SCRIPT))
 
 
 @pytest.mark.parametrize("bh, n, d", [(1, 17, 16), (3, 97, 40)])
 def test_products_are_attentions_with_their_flops(bh, n, d):
-    prods = _script().products(bh, n, d, device="cpu", seed=1)
+    prods = _script()["products"](bh, n, d, device="cpu", seed=1)
     g = torch.Generator().manual_seed(1)
     q, k, do = (torch.randn(bh, n, d, generator=g).double().numpy() for _ in range(3))
     p = torch.randn(bh, n, n, generator=g).double().numpy()
@@ -39,4 +37,4 @@ def test_products_are_attentions_with_their_flops(bh, n, d):
 def test_without_a_gpu_it_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs PyTorch with CUDA"):
-        _script().main(["--n", "16", "--d", "16"])
+        _script()["main"](["--n", "16", "--d", "16"])
