@@ -75,7 +75,7 @@ STATIC_SHARED_LIMIT = 48 * 1024
 SHARED_OPTIN_BY_CC = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
                       (9, 0): 227 * 1024}
 #: Kernels that can use dynamic shared memory use it from this compute capability up, where it was measured
-#: to pay (an H200: docs/PERFORMANCE.md, session 7); below, their blocks stay within 48 KB of static memory.
+#: to pay (an H200: docs/PERFORMANCE.md, "Design decisions"); below, their blocks stay within 48 KB of static memory.
 DYNAMIC_SHARED_FROM_CC = (9, 0)
 
 
