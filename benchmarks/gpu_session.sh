@@ -28,7 +28,7 @@
 #
 # pytest runs with -v so that a run cut by its time limit still names every test that reported.  OUTDIR.tgz
 # packs OUTDIR at the end.  The committed H200 results (benchmarks/results/, figures/out/) came from this
-# script; benchmarks/results/README.md gives the dates and the commands.
+# script; each results folder's README.md gives the date, GPU, commands and commits (benchmarks/results/README.md lists them).
 set -u
 if [ $# -lt 2 ]; then
   sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'

@@ -19,12 +19,16 @@ from .api import (  # noqa: E402
     standard_attention_backward,
     standard_attention_forward,
 )
+from ._inputs import DeviceMemoryError  # noqa: E402
+from .device import ConfigurationError, UnsupportedOnThisGPU  # noqa: E402
 from .hbm import HBMCount, KernelBytes  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackwardResult",
+    "ConfigurationError",
+    "DeviceMemoryError",
     "ForwardResult",
     "HBMCount",
     "KernelBytes",
@@ -38,4 +42,5 @@ __all__ = [
     "resolve_block",
     "standard_attention_backward",
     "standard_attention_forward",
+    "UnsupportedOnThisGPU",
 ]

@@ -115,7 +115,8 @@ class _Launch:
     per parameter is built or converted per call (``cuda.core``'s ``launch``, which
     Numba calls, converts all of them every time: 20-25 microseconds for 67 parameters).
     What is left is the driver's own work, about 8 microseconds a launch on the H200's host
-    (calling it through ctypes instead of ``cuda.bindings`` measured the same, s12/B).
+    (calling it through ctypes instead of ``cuda.bindings`` measured the same: 2026-12-01, commit f7b2f19,
+    ``benchmarks/results/h200-2026-12-01-s12/B/``).
     """
 
     def __init__(self, function, griddim, blockdim, sharedmem, stream, params, slots):

@@ -187,7 +187,9 @@ def _contiguous_copy(arr):
         return FakeCUDAArray(np.ascontiguousarray(arr._ary))
     from numba import cuda
 
-    out = cuda.device_array(tuple(int(s) for s in arr.shape), dtype=arr.dtype, stream=_stream.current())
-    out[:] = arr  # on out's stream  # Numba's element-wise assignment kernel, strides of both read at run time (not [...]:
+    out = cuda.device_array(tuple(int(s) for s in arr.shape), dtype=arr.dtype,
+                            stream=_stream.current())
+    # Numba's element-wise assignment kernel, on out's stream, strides of both read at run time (not [...]:
     # a device array's __setitem__ takes no Ellipsis)
+    out[:] = arr
     return out

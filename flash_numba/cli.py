@@ -243,8 +243,16 @@ def _interruptible(command: str, run: Callable[[], int | None]) -> int:
     """``run()``'s exit status; Ctrl-C is one line and status 130 (bench and figures have saved what they measured)."""
     import sys
 
+    from . import device
+
     try:
         return int(run() or 0)
     except KeyboardInterrupt:
         print(f"\nflash-numba {command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # only what this machine lacks becomes one line; anything else is a bug: re-raised
+        message = device.configuration_message(exc)
+        if message is None:
+            raise
+        print(f"flash-numba {command}: error: {message}", file=sys.stderr)
+        return 2

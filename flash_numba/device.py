@@ -75,7 +75,7 @@ STATIC_SHARED_LIMIT = 48 * 1024
 SHARED_OPTIN_BY_CC = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
                       (9, 0): 227 * 1024}
 #: Kernels that can use dynamic shared memory use it from this compute capability up, where it was measured
-#: to pay (an H200: docs/PERFORMANCE.md, session 7); below, their blocks stay within 48 KB of static memory.
+#: to pay (an H200: docs/PERFORMANCE.md, "Design decisions"); below, their blocks stay within 48 KB of static memory.
 DYNAMIC_SHARED_FROM_CC = (9, 0)
 
 
@@ -111,12 +111,47 @@ class DeviceInfo:
         return "simulator" if self.simulated else "gpu"
 
 
+class ConfigurationError(RuntimeError):
+    """This machine cannot run what was asked, whatever the arguments: no GPU while the simulator is off, a
+    driver too old for the CUDA toolkit, a GPU without what a dtype needs.  The command line prints it as one
+    line and exits with status 2 (:func:`configuration_message`)."""
+
+
+class UnsupportedOnThisGPU(ConfigurationError, ValueError):
+    """A kernel or dtype that this GPU cannot run (bfloat16 below compute capability 8.0, say); a ValueError too,
+    so that callers checking arguments catch it as they catch the other refusals."""
+
+
+#: CUDA driver errors that mean "this driver is older than the toolkit that compiled the code".
+_DRIVER_TOO_OLD = ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_INSUFFICIENT_DRIVER",
+                   "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE")
+
+
+def configuration_message(exc: BaseException) -> str | None:
+    """One line saying what this machine lacks, when ``exc`` says that (None for any other error)."""
+    from numba.cuda.cudadrv import error  # (in the simulator, its stand-in: no NVVM errors there)
+
+    if isinstance(exc, ConfigurationError):
+        return str(exc)
+    missing = tuple(getattr(error, name) for name in ("CudaSupportError", "NvvmSupportError") if hasattr(error, name))
+    if isinstance(exc, missing):
+        text = " ".join(str(exc).split())
+        return (f"no usable CUDA driver or toolkit ({text}); on a machine without a GPU, run in the simulator: "
+                "unset NUMBA_ENABLE_CUDASIM, or set it to 1")
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    if isinstance(exc, CudaAPIError) and any(name in str(exc) for name in _DRIVER_TOO_OLD):
+        return (f"the NVIDIA driver is too old for the CUDA toolkit Numba uses ({' '.join(str(exc).split())}); "
+                "update the driver, or install the toolkit that matches it: pip install 'flash-numba[cu12]'")
+    return None
+
+
 def mode() -> str:
-    """``"simulator"`` or ``"gpu"``; raises if neither is available."""
+    """``"simulator"`` or ``"gpu"``; raises :class:`ConfigurationError` if neither is available."""
     if SIMULATOR:
         return "simulator"
     if not cuda.is_available():
-        raise RuntimeError(
+        raise ConfigurationError(
             "No CUDA GPU is available to Numba and the simulator is off. "
             "Set NUMBA_ENABLE_CUDASIM=1 before importing numba (or import flash_numba "
             "first, which does it when no NVIDIA driver is found)."
@@ -132,7 +167,7 @@ def info() -> DeviceInfo:
     global _INFO
     if _INFO is not None:
         return _INFO
-    if mode() == "simulator":
+    if mode() == "simulator":  # raises ConfigurationError where there is neither
         _INFO = DeviceInfo(
             name="Numba CUDA simulator",
             compute_capability=(7, 5),

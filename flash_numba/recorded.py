@@ -16,7 +16,7 @@ not measured now".
   :func:`bench_table`: standard, flash2_fast and PyTorch's math SDPA), :func:`standard_kernel_times`
   (each standard kernel alone) and :func:`ncu_rows` / :func:`ncu_table` (Nsight Compute's DRAM
   and L2 bytes of the standard and flash2_fast forwards beside the counted bytes).
-* Session 9 (``h200-2026-11-30-s9/``): :func:`shared_store_conflicts` (Nsight Compute's shared-store bank
+* 2026-11-30 (``h200-2026-11-30-s9/``): :func:`shared_store_conflicts` (Nsight Compute's shared-store bank
   conflicts of flash2_fast's forward), :func:`swizzle_rows` (the swizzled forward timed against it) and
   :func:`folder_provenance` (the GPU and commit recorded beside a result).
 
@@ -40,46 +40,46 @@ STANDARD_BENCH_CSV = STANDARD / "bench.csv"
 STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
 NCU_CSV = STANDARD / "ncu_bytes.csv"
 SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
-#: The latest harness run (session 15, ``F/``: S^T/dP^T and dV/dK split across warps, dQ in two lane groups):
-#: flash2_fast (both backwards) and PyTorch's SDPA at d = 32, 64, 80, 96 and 128, N = 4096.
+#: The latest harness run (2026-12-01, commit f932572, ``F/``: S^T/dP^T and dV/dK split across warps, dQ in two
+#: lane groups): flash2_fast (both backwards) and PyTorch's SDPA at d = 32, 64, 80, 96 and 128, N = 4096.
 LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s15" / "F" / "run_4096.csv"
-#: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (session 7, ``A/``).
+#: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (2026-11-30, ``A/``).
 BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
-#: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), session 8 (``B/``).
+#: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), 2026-11-30 (``B/``).
 BACKWARD_PATHS_CSV = RESULTS.parent / "h200-2026-11-30-s8" / "B" / "paths.csv"
 SESSION9 = RESULTS.parent / "h200-2026-11-30-s9"
-#: Nsight Compute on flash2_fast's forward, d = 64, 64 x 32 blocks, N = 4096, B*H = 32 (session 9, ``C/``): the
+#: Nsight Compute on flash2_fast's forward, d = 64, 64 x 32 blocks, N = 4096, B*H = 32 (2026-11-30, ``C/``): the
 #: shipped build (P V on CUDA cores) first, then two runs of a tensor-core experiment.
 FORWARD_NCU_TXT = SESSION9 / "C" / "ncu.txt"
 #: flash2_fast's forward with P_ij^T stored swizzled (conflict-free stores) against the shipped one, alternating
-#: twice (session 9, ``G/``).
+#: twice (2026-11-30, ``G/``).
 SWIZZLE_CSV = SESSION9 / "G" / "swz.csv"
 SESSION10 = RESULTS.parent / "h200-2026-12-01-s10"
-#: flash2_fast's forward, change by change (session 10, ``A/`` and ``B/``): bench.py CSVs ``<tree>_<run>.csv``, the
+#: flash2_fast's forward, change by change (2026-12-01, ``A/`` and ``B/``): bench.py CSVs ``<tree>_<run>.csv``, the
 #: trees alternating, two runs each; ``commit.txt`` lists ``tree commit``.
 FORWARD_STEP_FOLDERS = (SESSION10 / "A", SESSION10 / "B")
-#: Nsight Compute on the forward after the fix (session 10, ``C/``): d = 64, the 64 x 64 block it chooses, N = 4096.
+#: Nsight Compute on the forward after the fix (2026-12-01, ``C/``): d = 64, the 64 x 64 block it chooses, N = 4096.
 FORWARD_NCU_AFTER_TXT = SESSION10 / "C" / "ncu.txt"
 SESSION11 = RESULTS.parent / "h200-2026-12-01-s11"
-#: flash2_fast's backward at explicit blocks (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), session 11: d = 64
+#: flash2_fast's backward at explicit blocks (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), 2026-12-01: d = 64
 #: (``A/``, the sweep that chose the atomic backward's 32 x 64 block) and d = 32 (``C/``).
 ATOMIC_BLOCK_CSVS = (SESSION11 / "A" / "sweep64.csv", SESSION11 / "C" / "sweep32.csv")
 SESSION12 = RESULTS.parent / "h200-2026-12-01-s12"
-#: Host time of one call (``benchmarks/host_overhead.py``, N = 128, B*H = 32, d = 64), session 12: before (commit
+#: Host time of one call (``benchmarks/host_overhead.py``, N = 128, B*H = 32, d = 64), 2026-12-01: before (commit
 #: ab3ab04: flash2_fast's deterministic backward launched D, dK/dV, dQ) and after (its dQ kernel computes D: two
 #: launches), alternating, two runs each (``C/host_<tree>_<run>.csv``).
 HOST_CSVS = {(tree, run): SESSION12 / "C" / f"host_{tree}_{run}.csv" for tree in ("before", "after") for run in (1, 2)}
 SESSION13 = RESULTS.parent / "h200-2026-12-01-s13"
-#: The d = 128 backward at 32 x 32, N = 4096, B*H = 32 (``benchmarks/block_sweep.py``), session 13 (``F/``): P and dS
+#: The d = 128 backward at 32 x 32, N = 4096, B*H = 32 (``benchmarks/block_sweep.py``), 2026-12-01 (``F/``): P and dS
 #: in two shared tiles (``old1.csv``, commit in ``commit_old.txt``) and in one (``new1.csv``, ``new2.csv``),
 #: alternating.
 SHARED_TILE_CSVS = {("two", 1): SESSION13 / "F" / "old1.csv", ("one", 1): SESSION13 / "F" / "new1.csv",
                     ("one", 2): SESSION13 / "F" / "new2.csv"}
 SESSION14 = RESULTS.parent / "h200-2026-12-01-s14"
-#: Session 14's d = 128 backward with S^T and dP^T in every thread ("both") or in separate warps ("split"), A/.
+#: The d = 128 backward (2026-12-01, ``A/``) with S^T and dP^T in every thread ("both") or in separate warps ("split").
 SPLIT_S_DP_CSVS = {"both": SESSION14 / "A" / "old128.csv", "split": SESSION14 / "A" / "new128a.csv"}
 SESSION15 = RESULTS.parent / "h200-2026-12-01-s15"
-#: The d = 64 backward at 32 x 32 and 32 x 64 (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), session 15
+#: The d = 64 backward at 32 x 32 and 32 x 64 (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), 2026-12-01
 #: (``E/``): the dQ loop's lanes in two groups and in one (``layout.FORCE_DQ_LANE_GROUPS``), alternating, two runs each.
 DQ_LANE_CSVS = {(groups, run): SESSION15 / "E" / f"g{groups}{run}.csv" for groups in (1, 2) for run in "ab"}
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
@@ -236,8 +236,9 @@ def atomic_block_rows(Bcs=(32, 64), paths=ATOMIC_BLOCK_CSVS) -> list[dict]:
 
 
 def host_rows(paths=HOST_CSVS) -> list[dict]:
-    """Session 12's host time of one call on PyTorch tensors (launch plans replayed): ``tree`` (before / after),
-    ``run``, ``kernel``, ``pass``, ``host_us`` (float), ``file`` and ``device`` of the file."""
+    """The host time of one call (2026-12-01, ``h200-2026-12-01-s12/C/``) on PyTorch tensors (launch plans
+    replayed): ``tree`` (before / after), ``run``, ``kernel``, ``pass``, ``host_us`` (float), ``file`` and
+    ``device`` of the file."""
     out = []
     for (tree, run), path in paths.items():
         where = folder_provenance(path)
@@ -247,22 +248,25 @@ def host_rows(paths=HOST_CSVS) -> list[dict]:
 
 
 def shared_tile_rows(paths=SHARED_TILE_CSVS) -> list[dict]:
-    """Session 13's d = 128 backward with P and dS in two shared tiles or one: ``tiles`` ("two" / "one"), ``run``,
-    ``mode``, ``causal``, ``dynamic_bytes``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
+    """The d = 128 backward (2026-12-01, ``h200-2026-12-01-s13/F/``) with P and dS in two shared tiles or one:
+    ``tiles`` ("two" / "one"), ``run``, ``mode``, ``causal``, ``dynamic_bytes``, ``ms`` (float), and ``file``,
+    ``device``, ``commit`` of the file."""
     return [r for (tiles, run), path in paths.items()
             for r in _side_by_side_rows(path, tiles == "two", tiles=tiles, run=run)]
 
 
 def split_s_dp_rows(paths=SPLIT_S_DP_CSVS) -> list[dict]:
-    """Session 14's d = 128 backward, S^T and dP^T computed by every thread or split across warps: ``threads``
-    ("both" / "split"), ``mode``, ``causal``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
+    """The d = 128 backward (2026-12-01, ``h200-2026-12-01-s14/A/``), S^T and dP^T computed by every thread or
+    split across warps: ``threads`` ("both" / "split"), ``mode``, ``causal``, ``ms`` (float), and ``file``,
+    ``device``, ``commit`` of the file."""
     return [r for threads, path in paths.items()
             for r in _side_by_side_rows(path, threads == "both", threads=threads)]
 
 
 def dq_lane_rows(paths=DQ_LANE_CSVS) -> list[dict]:
-    """Session 15's d = 64 backward with the dQ loop's lanes in ``groups`` (1 or 2) groups, ``run`` a or b: the
-    block_sweep columns (``ms`` a float), and ``file``, ``device``, ``commit`` of the file (one build, forced)."""
+    """The d = 64 backward (2026-12-01, ``h200-2026-12-01-s15/E/``) with the dQ loop's lanes in ``groups`` (1 or 2)
+    groups, ``run`` a or b: the block_sweep columns (``ms`` a float), and ``file``, ``device``, ``commit`` of the
+    file (one build, forced)."""
     return [dict(r, groups=groups, run=run, ms=float(r["ms"]), **folder_provenance(path))
             for (groups, run), path in paths.items() for r in _csv_rows(path)]
 
@@ -309,8 +313,9 @@ def swizzle_rows(path: Path = SWIZZLE_CSV) -> list[dict]:
 
 
 def forward_step_rows(folders=FORWARD_STEP_FOLDERS) -> list[dict]:
-    """Session 10's forward timings, change by change: bench.py's rows (strings) with ``folder``, ``tree``,
-    ``commit`` and ``run`` added, from every ``<tree>_<run>.csv`` in ``folders``."""
+    """The forward's timings (2026-12-01, ``h200-2026-12-01-s10/A/``, ``B/``), change by change: bench.py's rows
+    (strings) with ``folder``, ``tree``, ``commit`` and ``run`` added, from every ``<tree>_<run>.csv`` in
+    ``folders``."""
     out = []
     for folder in folders:
         commits = dict(line.split() for line in (folder / "commit.txt").read_text().splitlines() if line.strip())

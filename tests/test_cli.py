@@ -1,5 +1,6 @@
 """The command line: ``flash-numba tour`` / ``info`` and ``python -m flash_numba``."""
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -234,3 +235,54 @@ def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
     monkeypatch.setattr(reference, "attention_forward", interrupted)
     assert cli.main(["tour"]) == 130
     assert capsys.readouterr().err == "\nflash-numba tour: interrupted\n"
+
+
+# ---------------------------------------------------------------- what this machine lacks: one line, status 2
+
+
+@pytest.mark.skipif(not device.SIMULATOR, reason="needs a machine without a GPU")
+@pytest.mark.parametrize("command", [*cli.SUBCOMMANDS, *cli.DELEGATED])
+def test_every_command_without_a_gpu_and_the_simulator_forbidden_is_one_line(command):
+    """NUMBA_ENABLE_CUDASIM=0 on a machine with no GPU: one line on stderr naming the command, no traceback."""
+    import os
+
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    args = [command] + (["--n", "64"] if command == "bench" else [])
+    proc = subprocess.run([sys.executable, "-m", "flash_numba", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"flash-numba {command}: error: "), proc.stderr
+
+
+def _raises(exc):
+    def run(_args):
+        raise exc
+    return run
+
+
+def test_a_driver_too_old_and_a_gpu_without_a_dtype_are_one_line(monkeypatch, capsys):
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    cases = [
+        (CudaAPIError(222, "Call to cuModuleLoadDataEx results in CUDA_ERROR_UNSUPPORTED_PTX_VERSION"),
+         "the NVIDIA driver is too old"),
+        (device.UnsupportedOnThisGPU("bfloat16 needs compute capability 8.0; this GPU (Tesla T4) is 7.5"),
+         "bfloat16 needs compute capability 8.0"),
+        (device.ConfigurationError("No CUDA GPU is available"), "No CUDA GPU is available"),
+    ]
+    for exc, words in cases:
+        monkeypatch.setitem(cli.SUBCOMMANDS, "info", dataclasses.replace(cli.SUBCOMMANDS["info"], run=_raises(exc)))
+        assert cli.main(["info"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("flash-numba info: error: ") and words in err[0], err
+
+
+def test_other_errors_are_not_hidden_as_configuration_errors(monkeypatch):
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    for exc in (ZeroDivisionError("a bug"), CudaAPIError(700, "CUDA_ERROR_ILLEGAL_ADDRESS")):
+        monkeypatch.setitem(cli.SUBCOMMANDS, "info", dataclasses.replace(cli.SUBCOMMANDS["info"], run=_raises(exc)))
+        with pytest.raises(type(exc)):
+            cli.main(["info"])

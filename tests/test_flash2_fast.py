@@ -231,7 +231,8 @@ def test_dq_copies_rule():
 @pytest.mark.parametrize("d, copies", [(64, 16), (80, 12), (96, 16), (128, 12)])
 def test_split_copies_on_an_h200_are_the_measured_best(d, copies):
     """The copies an H200 (132 SMs, 228 KB a SM, cc 9.0) gets at B*H = 32, N = 4096: at d = 80, 96 and 128 those
-    forced copies measured fastest (s11/E: 12 against 16 at d = 80, 16 against 12 at d = 96; s13/F: at d = 128, three
+    forced copies measured fastest (2026-12-01, benchmarks/results/h200-2026-12-01-s11/E/copies.txt: 12 against 16 at
+    d = 80, 16 against 12 at d = 96; h200-2026-12-01-s13/F/copies.txt: at d = 128, three
     blocks an SM since P and dS share a tile, 12 copies 23.35 ms against 8's 25.33 and 16's 36.90)."""
     from flash_numba.kernels.flash2_fast import layout
 

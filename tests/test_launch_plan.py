@@ -53,7 +53,7 @@ def test_replay_equals_the_normal_path(rng, monkeypatch, kernel, causal):
     _forward_backward(kernel, *_tensors(rng, shapes), causal)  # records (or finds) the plans
     q, k, v, do = _tensors(rng, shapes)  # new inputs: new pointers, new values
     f, b = _forward_backward(kernel, q, k, v, do, causal)
-    key = api._plan_key("forward", kernel, (q, k, v), False, 0.0, None, causal, None, None)
+    key = api._plan_key("forward", kernel, (q, k, v), 0, False, 0.0, None, causal, None, None)
     assert isinstance(_launch_plan.lookup(key), _launch_plan.Plan), "the forward was not replayable"
     f0, b0 = _normal(monkeypatch, _forward_backward, kernel, q, k, v, do, causal)
     for got, want in ((f.o, f0.o), (f.lse, f0.lse), (b.dq, b0.dq), (b.dk, b0.dk), (b.dv, b0.dv)):
@@ -120,7 +120,7 @@ def test_a_misaligned_view_gets_its_own_plan(rng, monkeypatch):
     q = _tensors(rng, [shape])[0]
     k, v = (buf[1:1 + n].view(shape) for buf in _tensors(rng, [(n + 1,)] * 2))
     assert k.stride() == q.stride() and k.data_ptr() % 16 == 4
-    key = api._plan_key("forward", "flash2_fast", (q, k, v), False, 0.0, None, False, None, None)
+    key = api._plan_key("forward", "flash2_fast", (q, k, v), 0, False, 0.0, None, False, None, None)
     assert _launch_plan.lookup(key) is None  # not the aligned call's plan
     _same(api.attention_forward(q, k, v, kernel="flash2_fast").o,
           _normal(monkeypatch, api.attention_forward, q, k, v, kernel="flash2_fast").o)
@@ -132,7 +132,7 @@ def test_a_call_that_copies_is_not_replayed(rng):
     q, k, v = (t[..., ::2] for t in _tensors(rng, [(1, 2, 40, 32)] * 3))
     for _ in range(2):
         o = api.attention_forward(q, k, v, kernel="flash2_fast").o
-    key = api._plan_key("forward", "flash2_fast", (q, k, v), False, 0.0, None, False, None, None)
+    key = api._plan_key("forward", "flash2_fast", (q, k, v), 0, False, 0.0, None, False, None, None)
     assert _launch_plan.lookup(key) is False
     ref = api.attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), kernel="flash2_fast").o
     _same(o, ref)
@@ -250,7 +250,7 @@ def test_replays_back_to_back_and_from_threads_share_the_kept_scratch(rng, monke
         calls.append((q, k, v, f.o, f.lse, do))
     backward = api.attention_backward
     backward(*calls[0], kernel="flash2_fast")  # records the plan
-    key = api._plan_key("backward", "flash2_fast", calls[0], False, 0.0, None, False, None, None, True)
+    key = api._plan_key("backward", "flash2_fast", calls[0], 0, False, 0.0, None, False, None, None, True)
     plan = _launch_plan.lookup(key)
     assert isinstance(plan, _launch_plan.Plan) and len(plan.kept) == 1  # D
     got = [backward(*c, kernel="flash2_fast") for c in calls[1:5]]  # back to back

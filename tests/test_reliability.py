@@ -776,3 +776,66 @@ def test_sanitize_reads_the_racecheck_summary():
     line = "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
     assert san.parse_errors(line) == 0
     assert san.parse_errors("========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)") == 2
+
+
+# ---------------------------------------------------------------- memory exhaustion
+
+
+def test_an_allocation_that_cannot_fit_is_one_clear_error(monkeypatch):
+    """Checked against the free memory before allocating (large buffers), and a failed allocation is explained."""
+    from flash_numba import _inputs
+
+    monkeypatch.setattr(_inputs, "SIMULATOR", False)  # the check itself is host code: run it here too
+    monkeypatch.setattr(_inputs, "_free_bytes", lambda: (1000, 8000))
+    made = []
+    with pytest.raises(_inputs.DeviceMemoryError, match=r"needs 268,435,456 bytes, and 1,000 of the GPU's 8,000"):
+        _inputs._allocate(lambda: made.append(1), (1 << 26,), np.float32)
+    assert made == []  # refused before allocating
+
+    class CudaAPIError(Exception):
+        pass
+
+    def fails():
+        raise CudaAPIError("[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY")
+
+    with pytest.raises(_inputs.DeviceMemoryError, match=r"a \(4, 8\) float16 buffer of this call needs 64 bytes"):
+        _inputs._allocate(fails, (4, 8), np.float16)
+
+    def bug():
+        raise CudaAPIError("CUDA_ERROR_ILLEGAL_ADDRESS")
+
+    with pytest.raises(CudaAPIError):  # not an allocation failure: not ours to explain
+        _inputs._allocate(bug, (4, 8), np.float16)
+
+
+@pytest.mark.gpu
+def test_out_of_memory_on_the_gpu_then_the_next_call_runs():
+    """standard's S and P at a size that cannot fit (Numba arrays and PyTorch tensors), and an output that cannot
+    fit: a DeviceMemoryError naming the bytes, before any launch; then an ordinary call gives the right result."""
+    from numba import cuda
+
+    from flash_numba import DeviceMemoryError, device
+
+    total = device.info().total_memory
+    if total is None or total > 200 * 2**30:
+        pytest.skip("sized for GPUs of at most 200 GiB")
+    rng = np.random.default_rng(5)
+    small = [rng.standard_normal((2, 64, 32)).astype(np.float32) for _ in range(3)]
+    want = flash_numba.attention_forward(*small, kernel="flash2").o
+    N = 1 << 16  # S and P: 2 * 64 * N^2 * 4 bytes = 2.2 TB
+    big = cuda.device_array((64, N, 16), dtype=np.float32)
+    with pytest.raises(DeviceMemoryError, match="bytes"):
+        flash_numba.attention_forward(big, big, big, kernel="standard")
+    np.testing.assert_array_equal(flash_numba.attention_forward(*small, kernel="flash2").o, want)
+    del big
+    try:
+        import torch
+    except ImportError:
+        return
+    rows = int(0.6 * total) // (2 * 128)  # q (= k = v) 60% of the GPU: o cannot fit beside it
+    q = torch.empty((1, 1, rows, 128), dtype=torch.float16, device="cuda")
+    with pytest.raises(DeviceMemoryError, match="free"):
+        flash_numba.attention_forward(q, q, q, kernel="flash2_fast")
+    del q
+    torch.cuda.empty_cache()
+    np.testing.assert_array_equal(flash_numba.attention_forward(*small, kernel="flash2").o, want)

@@ -42,7 +42,8 @@ def test_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch, cau
         if device.SIMULATOR:
             assert np.array_equal(a, b, equal_nan=True)
         else:  # two builds on a GPU: the static one under the 128-register cap, the dynamic one uncapped, whose
-            # instruction order (and fused multiply-adds) may differ: a few roundings apart (s9/E: 1.5 ulp)
+            # instruction order (and fused multiply-adds) may differ: a few roundings apart (1.5 ulp measured on
+            # the H200, 2026-11-30, benchmarks/results/h200-2026-11-30-s9/E/)
             finite = np.isfinite(a)
             assert np.array_equal(a[~finite], b[~finite], equal_nan=True)
             scale = max(1.0, float(np.abs(a[finite]).max(initial=0.0)))
@@ -118,8 +119,8 @@ def test_the_recorded_atomic_blocks_read_with_their_provenance():
 
 
 def test_the_recorded_host_times_read_before_and_after():
-    """Lesson 10's host time of one call (session 12): both trees, both runs, each kernel and pass, from the H200;
-    flash2_fast's backward (one launch fewer after) is the faster in every pairing of runs."""
+    """Lesson 10's host time of one call (2026-12-01, h200-2026-12-01-s12/C/): both trees, both runs, each kernel
+    and pass, from the H200; flash2_fast's backward (one launch fewer after) is the faster in every pairing of runs."""
     from flash_numba import recorded
 
     rows = recorded.host_rows()
@@ -132,8 +133,9 @@ def test_the_recorded_host_times_read_before_and_after():
 
 
 def test_the_recorded_split_s_dp_backward_reads_with_its_commits():
-    """Lesson 10's d = 128 backward, S^T and dP^T in every thread or in separate warps (session 14): both modes and
-    masks each way, from the H200, each with its tree's commit; the split one faster in each pairing (why it ships)."""
+    """Lesson 10's d = 128 backward, S^T and dP^T in every thread or in separate warps (h200-2026-12-01-s14/A/):
+    both modes and masks each way, from the H200, each with its tree's commit; the split one faster in each pairing
+    (why it ships)."""
     from flash_numba import recorded
 
     rows = recorded.split_s_dp_rows()
@@ -146,9 +148,9 @@ def test_the_recorded_split_s_dp_backward_reads_with_its_commits():
 
 
 def test_the_recorded_dq_lane_groups_read_with_their_commit():
-    """Lesson 10's d = 64 backward, the dQ loop's lanes in one group or two (session 15): both blocks, modes and masks,
-    two runs each, from the H200 and one commit; the atomic 32 x 64 (as shipped) faster with two groups in every
-    pairing of runs (why it ships)."""
+    """Lesson 10's d = 64 backward, the dQ loop's lanes in one group or two (h200-2026-12-01-s15/E/): both blocks,
+    modes and masks, two runs each, from the H200 and one commit; the atomic 32 x 64 (as shipped) faster with two
+    groups in every pairing of runs (why it ships)."""
     from flash_numba import recorded
 
     rows = recorded.dq_lane_rows()
@@ -162,8 +164,9 @@ def test_the_recorded_dq_lane_groups_read_with_their_commit():
 
 
 def test_the_recorded_forward_steps_read_with_their_commits():
-    """Session 10's forward, change by change (lesson 4): every tree timed twice at d = 64 and 128, each row with
-    its tree's commit; and Nsight Compute after the fix, whose counts agree with each other."""
+    """The forward, change by change (2026-12-01, h200-2026-12-01-s10/A/ and B/; lesson 4): every tree timed twice
+    at d = 64 and 128, each row with its tree's commit; and Nsight Compute after the fix, whose counts agree with
+    each other."""
     from flash_numba import recorded
 
     rows = recorded.forward_step_rows()

@@ -79,7 +79,8 @@ def grid(prob) -> tuple[int, int, int]:
     Y = min(row blocks, 65,535) and Z = ceil(row blocks / Y) (CUDA's limit of 65,535 on axes y and z, so any
     length up to 2^35 rows); the kernel reads its head and rows from ``blockIdx`` without a division (the
     1-D grid ``ceil(Nq / 8) * B*H`` that divided by the blocks per head took 0.77 ms at N = 4096, B*H = 32,
-    d = 64 on the H200, against 0.23 ms for the grid ``(Tr, B*H)`` before it; docs/PERFORMANCE.md).
+    d = 64 on the H200, against 0.23 ms for the grid ``(Tr, B*H)`` before it: 2026-11-30,
+    ``benchmarks/results/h200-2026-11-30-s6/E/kt_*.txt``; benchmarks/results/LOG.md).
     """
     blocks = -(-prob.Nq // TY)
     y = min(blocks, GRID_LIMITS[1])

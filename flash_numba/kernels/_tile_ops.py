@@ -11,8 +11,8 @@ Three families:
   (:func:`flash_numba._views.flat_input`, :func:`head_starts`) (closure constants, so that NVVM
   unrolls their loops exactly as it did when the code stood inside each kernel).
   They are compiled with ``forceinline``: inlined at the NVVM IR level, their
-  local arrays become registers of the caller.  docs/PERFORMANCE.md records the
-  SASS of the kernels before and after they moved here.
+  local arrays become registers of the caller.  benchmarks/results/LOG.md (2026-11-30,
+  issue 12) records the SASS of the kernels before and after they moved here.
 * For the rebuilt ``standard`` kernels: :func:`tile_loader` copies a ``R x C`` tile of head bh of a
   global input ``(B, H, rows, cols)`` or ``(BH, rows, cols)`` array into a flat shared buffer, element
   ``(r, c)`` at ``r * RS + c * CS`` (so ``RS = 1`` stores it transposed), zeros past the array's edge;

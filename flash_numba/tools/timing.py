@@ -62,8 +62,8 @@ class LaunchTimer(Counters):
     ``name``, in launch order (it may ask for several before launching them: the standard forward
     does); that gives the names.  Inside ``with timer:`` every Numba kernel launch is bracketed by
     two CUDA events on the default stream, so the i-th launch's time is that of its kernel alone,
-    not the host's work before it (an event per ``array()`` call timed that too: docs/PERFORMANCE.md,
-    session 12).  The kernels run uncounted; launches from other threads inside the block are timed
+    not the host's work before it (an event per ``array()`` call timed that too: benchmarks/results/LOG.md,
+    2026-12-01, figures 5b and 6).  The kernels run uncounted; launches from other threads inside the block are timed
     too (a benchmark tool).
     """
 

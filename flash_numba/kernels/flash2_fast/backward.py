@@ -10,7 +10,8 @@ After D = rowsum(dO * O) (:mod:`flash_numba.kernels._rowsum`):
   dS_ij K_j into dQ_i in HBM with atomics (FlashAttention-2's way: no second pass).
   Where :func:`.layout.split_s_dp` says so, warps 0-1 compute S^T and P, warps 2-3 dP^T and then dS
   from the P that warps 0-1 left in shared memory: each thread one micro-tile of twice the queries,
-  so fewer shared loads per multiply-add (session 14: the backward 6-7% faster at d = 128); and where
+  so fewer shared loads per multiply-add (the backward 6-7% faster at d = 128 on the H200: 2026-12-01, 4f81286,
+  ``benchmarks/results/h200-2026-12-01-s14/A/``); and where
   P and dS have a tile each, warps 0-1 keep dV_j and warps 2-3 dK_j (:func:`.layout.split_dv_dk`).
   On a grid of one block per key tile (``deterministic=False``) the order of the
   additions, so the last bits of dQ, vary from run to run.  On a grid of S blocks per
@@ -28,7 +29,8 @@ dV_j += P^T dO_i and dK_j += dS^T Q_i read rows of dO_i, Q_i into columns in qua
 (x = 4 tx + u % 4 + 64 (u // 4): 16-byte loads on all banks) where TD is a multiple of 4, else 16
 apart (x = tx + 16 u); where dV_j and dK_j are split across warps too (:func:`.layout.split_dv_dk`),
 a thread's 2 TD columns in quads 32 apart (x = 4 rx + u % 4 + 32 (u // 4)).  At N = 4096 on the
-H200 that took fwd+bwd at d = 64 from 16.46 to 15.78 ms (atomic 15.62 to 15.23; s10/D).  The dQ
+H200 that took fwd+bwd at d = 64 from 16.46 to 15.78 ms (atomic 15.62 to 15.23; 2026-12-01, cf89f39,
+``benchmarks/results/h200-2026-12-01-s10/D/``).  The dQ
 kernel reads the transposed tiles of before: an odd row stride (conflict-free scalar loads) and
 strided columns (x = tx + 16 u).  Every output element is summed by one thread in a fixed
 order (deterministic) except dQ in the atomic kernel on its one-tile-a-block grid.
@@ -67,7 +69,8 @@ from .layout import (
 ELEMWISE_THREADS = 256
 #: The dK/dV kernel's S^T and dP^T: each in half the block's threads, an 8 x 8 grid (ry, rx).
 SPLIT_THREADS, SPLIT_X = NT // 2, 8
-#: Elements each thread of ``zero_kernel`` zeroes: 512 MB of copies took 0.32 ms with one (1.6 TB/s, s8/F).
+#: Elements each thread of ``zero_kernel`` zeroes: 512 MB of copies took 0.32 ms with one (1.6 TB/s) and 0.12 with
+#: four (2026-11-30, benchmarks/results/h200-2026-11-30-s8/F/ncu.csv and G/ncu_zero.csv).
 ZEROS_PER_THREAD = 4
 
 
@@ -110,7 +113,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     LG_U, RH_U, GROUPED = np.uint32(LG), np.uint32(RH), G_DQ > 1
     NX_FULL = d == LG * NX  # every lane's dQ columns exist: no column test
     load_kv = _tile_ops.padded_loader(Bc, d, DP, KS, True, acc, count)
-    # Q_i, dO_i row-major (16-byte global loads here measured slower, s10/C)
+    # Q_i, dO_i row-major (16-byte global loads here measured slower: 2026-12-01, results/h200-2026-12-01-s10/C/)
     load_q, zero_q_padding = _tile_ops.pair_loader(Br, d, DP, QS, QS, False, acc, count, False)
     load_stats = _tile_ops.stats_loader(Br, acc, count)
     # S^T = K Q^T and dP^T = V dO^T.  SPLIT (:func:`.layout.split_s_dp`): S^T in warps 0-1 (role 0), dP^T in warps

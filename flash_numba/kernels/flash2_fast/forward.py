@@ -14,14 +14,16 @@ the tile: 16 apart, not adjacent.  That choice is about shared-memory banks (les
 * P_ij^T is stored a key row at a time, TM adjacent values (16-byte stores).  Rows 16 apart put the 8
   threads of a quarter warp on rows whose starts differ by 16 PS = 16 (2 TM + 1) chunks of 16 bytes
   (PS = Br + 4): an odd number of chunks between neighbours, so 8 different banks.  With adjacent keys
-  (tx*TN + b) the rows of neighbours were TN PS apart, and the stores 8-way conflicted (s9/C).
+  (tx*TN + b) the rows of neighbours were TN PS apart, and the stores 8-way conflicted (Nsight Compute,
+  2026-11-30, commit 3308399, ``benchmarks/results/h200-2026-11-30-s9/C/ncu.txt``).
 * K_j is held row-major (stride KS = DP + 4, again an odd number of 16-byte chunks), and S_ij = Q_i K_j^T
   reads each key's row 16 bytes at a time, four steps of k per load; it is loaded row-major too, 16 bytes a
   thread where the rows allow it (:mod:`flash_numba.kernels._vec`), where K_j^T had scalar stores.
 * S_ij keeps its order of summation (k = 0, 1, ..., d - 1, one fused multiply-add each), which the backward
   recomputes bit for bit.
 
-Measured on the H200 at N = 4096, d = 64: 4.17 -> 3.74 ms (docs/PERFORMANCE.md, session 10).
+Measured on the H200 at N = 4096, d = 64: 4.17 -> 3.74 ms (2026-12-01, ``benchmarks/results/h200-2026-12-01-s10/A/``
+and ``B/``; docs/PERFORMANCE.md, "Design decisions").
 
 Launch: a 1-D grid of Tr * B*H blocks, row tile after row tile, each for every
 head, the last row tile (the longest when causal) first, 128 threads.

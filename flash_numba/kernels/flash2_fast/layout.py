@@ -54,7 +54,8 @@ SUM_DQ_NAME = "flash2_fast sum dQ copies"
 #: Register cap of the forward: with the unrolled K/V loads ptxas takes 137 registers at d = 64
 #: (3 blocks of 128 threads per SM); capped at 128, 4 blocks fit.
 #: Not at TD = 6 (d = 81..96, whose 8 x 1 tiles spilled 24 bytes causal under it on sm_90): uncapped it ran
-#: 8.69-8.70 / 4.49-4.56 ms (causal) at N = 4096 against 8.73-8.74 / 4.58 capped (s8/D).
+#: 8.69-8.70 / 4.49-4.56 ms (causal) at N = 4096 against 8.73-8.74 / 4.58 capped (2026-11-30, 36631ac,
+#: benchmarks/results/h200-2026-11-30-s8/D/d96_cap.txt).
 FORWARD_MAX_REGISTERS = 128
 #: Register cap of the dK/dV kernel.  Uncapped, ptxas took 159-168 registers at
 #: d = 64 (2 blocks per SM); capped at 128 it fit 3 blocks: 12.6 ms instead of 13.3 ms
@@ -63,15 +64,17 @@ DKDV_MAX_REGISTERS = 128
 #: Register cap of the kernel that also adds dQ with atomics (``deterministic=False``), where
 #: :func:`register_cap` applies it: float32 and float16 storage at d <= 64 on cc 9.0 and up.  There
 #: ptxas builds it in 125-127 registers without spills, and faster code than uncapped (122 registers):
-#: fwd+bwd 17.05-17.40 ms against 18.51-18.61 ms at N = 4096 on the H200 (s6/A), the speed it had
-#: with this cap before session 5.  Elsewhere the cap spills: float64 at d = 64 (12-16 bytes), d = 80
-#: and 128 (8-20 bytes), cc 8.0 causal (24-36 bytes); there the kernel runs uncapped.
+#: fwd+bwd 17.05-17.40 ms against 18.51-18.61 ms at N = 4096 on the H200 (2026-11-30, f820584,
+#: benchmarks/results/h200-2026-11-30-s6/A/bench_*.csv), the speed it had with this cap before.  Elsewhere the
+#: cap spills: float64 at d = 64 (12-16 bytes), d = 80 and 128 (8-20 bytes), cc 8.0 causal (24-36 bytes); there
+#: the kernel runs uncapped.
 ATOMIC_MAX_REGISTERS = 128
 #: Register cap of the atomic kernel where its tiles are dynamic shared memory (d <= 64 at 32 x 64 on cc 9.0 up,
 #: float32 and float16): three blocks of 128 threads an SM.  ptxas builds it in 167 registers uncapped, but
 #: 175-233 with S^T and dP^T in separate warps (:func:`split_s_dp`), causal or with dropout, which leaves two.
-#: Backward only, N = 4096, B*H = 32 on the H200 (s14/B): 10.48 ms split and capped (10.79 not split, capped),
-#: against 11.08 as it shipped before (not split, uncapped; s14/A).
+#: Backward only, N = 4096, B*H = 32 on the H200: 10.48 ms split and capped (10.79 not split, capped), against
+#: 11.08 as it shipped before (not split, uncapped); 2026-12-01, 3bef02a and 4f81286,
+#: benchmarks/results/h200-2026-12-01-s14/B/ and A/old64.csv.
 ATOMIC_DYNAMIC_MAX_REGISTERS = 168
 #: Launch name -> register cap (where :func:`register_cap` applies one).
 MAX_REGISTERS = {
@@ -108,8 +111,9 @@ def device_register_cap(launch: str, d: int, dtype, dynamic: bool = False, count
     return register_cap(launch, device.info().compute_capability, d, dtype, dynamic, count)
 
 # (TM, TN) micro-tile shapes in order of preference, fastest first, by TD = ceil(d / 16), the columns of O a
-# thread owns.  Within 48 KB (session 3, d = 64): 8x2 29.7, 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s.  With dynamic
-# shared memory (session 7, N = 4096, forward, ms; docs/PERFORMANCE.md):
+# thread owns.  Within 48 KB (d = 64; 2026-11-30, benchmarks/results/h200-2026-11-30-s3/call2_sweep/): 8x2 29.7,
+# 8x1 24.9, 4x2 24.4, 4x3 25.4 TFLOP/s.  With dynamic shared memory (N = 4096, forward, ms; 2026-11-30, 46ac853,
+# benchmarks/results/h200-2026-11-30-s7/B/sweep_fwd.csv and D/sweep_96.csv):
 #   d = 32: 8x2 2.79, 8x3 2.50, 8x4 2.53    d = 64: 8x2 4.51, 8x3 4.32, 8x4 4.27    d = 80: 8x2 6.83, 8x3 9.37, 8x4 11.1
 #   d = 96: 8x1 8.72, 8x2 11.0, 8x3 14.0, 8x4 13.3, 4x2 12.6, 4x1 13.6    d = 128: 8x2 9.76, 8x3 9.20, 8x4 11.6
 # Where a shape does not fit the budget, the next one that does.
@@ -119,12 +123,13 @@ _PREFERENCE = {4: ((8, 4), (8, 3)) + _FALLBACK, 5: _FALLBACK, 6: ((8, 1),) + _FA
 #   d = 64: 32x32 16.6 / 12.0, 32x64 16.5 / 12.2, 64x32 15.9 / 12.5   (so 32x32, which fits 48 KB, stays first)
 #   d = 96: 16x16 50.3 / 29.8, 32x16 44.0 / 30.7, 16x32 41.0 / 23.9, 32x32 43.3 / 25.1
 #   d = 128: 16x16 55.7 / 35.6, 32x16 44.4 / 31.9, 16x32 42.8 / 27.2, 32x32 37.4 / 25.3
-#   (session 13, B*H = 32, backward only, P and dS in one tile: d = 128 32x32 23.34 / 22.30-22.67; 16x64 with two
+#   (2026-12-01, B*H = 32, backward only, P and dS in one tile: d = 128 32x32 23.34 / 22.30-22.67; 16x64 with two
 #   tiles 24.47-24.92 / 24.52-24.82 but slower causal)
 _BACKWARD_BLOCKS = ((32, 32), (32, 16), (16, 32), (16, 16))
 _BACKWARD_PREFERENCE = {5: _BACKWARD_BLOCKS, 6: ((16, 32),) + _BACKWARD_BLOCKS, 8: _BACKWARD_BLOCKS}
 # The atomic backward's own blocks (``deterministic=False``) for TD <= 4 (d <= 64).  N = 4096, B*H = 32, backward
-# only, ms (s11/A-D): d = 64: 32x64 10.96-10.97 (causal 5.41-5.42) against 32x32 11.53-11.69 (5.81-5.85); 64x32
+# only, ms (2026-12-01, benchmarks/results/h200-2026-12-01-s11/, calls A-D): d = 64: 32x64 10.96-10.97 (causal
+# 5.41-5.42) against 32x32 11.53-11.69 (5.81-5.85); 64x32
 # 11.89, 16x64 13.10.  d = 32: 5.90 (3.13) against 7.80 (3.82); d = 16: 4.60 (2.29) against 5.28 (2.60); d = 48:
 # 12.69 (5.91) against 12.64 (6.22).  32 x 64 holds 64 keys a block (TM = 8): half the dQ atomics per FLOP; at
 # d = 64 its tiles (69,888 bytes) are dynamic shared memory and its build uncapped (ptxas: 167 registers, 3 blocks
@@ -240,7 +245,8 @@ def choose_atomic_block(d: int, dtype, budget: int) -> tuple[int, int]:
 #: From this TD = ceil(d / 16) on (d > 112), the dK/dV kernel keeps P_ij and dS_ij in one shared tile, one after the
 #: other: dV_j += P^T dO_i first, then dS over P, then dK_j += dS^T Q_i (and dQ), two barriers more a step.  At
 #: d = 128 and 32 x 32 that takes its tiles from 80,128 to 75,520 bytes: three blocks in the H200's 228 KB an SM
-#: instead of two (its 168 registers allow three), 12 warps instead of 8 (Nsight Compute, s13/A: 42% of cycles with
+#: instead of two (its 168 registers allow three), 12 warps instead of 8 (Nsight Compute, 2026-12-01, 667bc71,
+#: benchmarks/results/h200-2026-12-01-s13/A/ncu_details.txt: 42% of cycles with
 #: no eligible warp, waiting on shared-memory results).
 SHARE_P_DS_MIN_TD = 8
 
@@ -254,10 +260,11 @@ def split_s_dp(TN: int, cap: int | None) -> bool:
     its warps and dP^T in the other half (a TM x 2TN micro-tile of one), not both in every thread (TM x TN of each).
 
     Split, a thread loads TM + 2TN values from shared memory per 2 TM TN multiply-adds, not 2 TM + 2 TN, and hands P
-    to its partner through shared memory.  Outputs are the same bit for bit (s14/B).  H200, N = 4096, B*H = 32,
-    backward only, split against not (s14/A, B): d = 128 (32 x 32) 21.87 / 23.25 ms, atomic 20.70 / 22.34; d = 80
-    24.68 / 25.72, atomic 22.52 / 24.58 (but causal 10.74 / 10.29: 168 registers against 128); the atomic 32 x 64 at
-    d = 64 (capped at 168) 10.41-10.48 / 10.79.  Not split:
+    to its partner through shared memory.  Outputs are the same bit for bit (``bits.txt``).  H200, N = 4096,
+    B*H = 32, backward only, split against not (2026-12-01, 4f81286 and 3bef02a,
+    ``benchmarks/results/h200-2026-12-01-s14/A/`` and ``B/``): d = 128 (32 x 32) 21.87 / 23.25 ms, atomic
+    20.70 / 22.34; d = 80 24.68 / 25.72, atomic 22.52 / 24.58 (but causal 10.74 / 10.29: 168 registers against
+    128); the atomic 32 x 64 at d = 64 (capped at 168) 10.41-10.48 / 10.79.  Not split:
 
     * under a cap of 128 registers (d <= 64 in static shared memory on cc 8.0 up): ptxas spills 4-36 bytes
       there (it was 5% faster at d = 64 on the H200 all the same: 11.57 / 12.23 ms);
@@ -280,7 +287,8 @@ def split_dv_dk(split: bool, share_p_ds: bool, TD: int) -> bool:
     """Whether the dK/dV kernel keeps dV_j in warps 0-1 and dK_j in warps 2-3 (a thread's TM x 2TD of one, TM + 2TD
     shared loads a query for 2 TM TD multiply-adds, not 2 TM + 2 TD): where S^T and dP^T are split, P and dS have a
     tile each (both products run at once) and 2 TD is a multiple of 4 (columns in quads).  The sums are the same,
-    in the same order.  H200, d = 64, the atomic backward at 32 x 64 (N = 4096, B*H = 32, s14/D): 10.24-10.26 ms
+    in the same order.  H200, d = 64, the atomic backward at 32 x 64 (N = 4096, B*H = 32; 2026-12-01, 3c17b6b,
+    ``benchmarks/results/h200-2026-12-01-s14/D/``): 10.24-10.26 ms
     against 10.58 (causal 5.22-5.24 against 5.35); where the rule applies elsewhere (a T4, an A100) it is unmeasured."""
     return SPLIT_DV_DK and split and not share_p_ds and (2 * TD) % 4 == 0
 
@@ -302,7 +310,8 @@ def dq_lane_groups(RW: int, DP: int, causal_dropout: bool = False) -> int:
     Not in the builds both causal and with dropout (``causal_dropout``): at d = 64 two groups hold 8 more values of
     K_j^T, and there ptxas (13.5) spills 4 bytes under the caps of 128 and 168 registers.  The sums are the same, in
     the same order (the split backward's copies of dQ the same bits).  H200, d = 64, N = 4096, B*H = 32, backward
-    only, two groups against one, alternating (s15/E): atomic 32 x 64 9.83 / 9.91 ms against 10.07 / 10.26 (causal
+    only, two groups against one, alternating (2026-12-01, 0cf1fe6, ``benchmarks/results/h200-2026-12-01-s15/E/``):
+    atomic 32 x 64 9.83 / 9.91 ms against 10.07 / 10.26 (causal
     4.99 / 5.06 against 5.10 / 5.22); the deterministic default at 32 x 32 12.19 / 12.19 against 12.25 / 12.24."""
     if FORCE_DQ_LANE_GROUPS is not None:
         return FORCE_DQ_LANE_GROUPS
@@ -401,9 +410,11 @@ DQ_SPLIT_MIN_EFFICIENCY = 0.7
 #: Registers per thread of the uncapped dK/dV/dQ kernel on sm_90, float32, by TD = ceil(d / 16), for the
 #: resident-block estimate; capped kernels use their cap, other head dims (and ccs below 9.0, where the kernel runs
 #: uncapped) :data:`_UNCAPPED_KVQ_DEFAULT`.  TD = 5 and 6 hold what the H200 showed, not what ptxas 13.5 reports
-#: here (128 and 142): with the forced copies of dQ (s11/E, N = 4096, B*H = 32, backward), d = 80 ran 12 copies
-#: (3 blocks an SM) in 25.6 ms against 16 copies' 37.9, d = 96 16 copies (4 an SM) in 25.5 against 12's 30.0.  Session
-#: 10 had set them from ptxas (d = 96 then chose 12 copies: fwd+bwd 39.0 ms in s11/C against 34.0 in s10/D).
+#: here (128 and 142): with the forced copies of dQ (N = 4096, B*H = 32, backward; 2026-12-01, dcf4e76,
+#: benchmarks/results/h200-2026-12-01-s11/E/copies.txt), d = 80 ran 12 copies
+#: (3 blocks an SM) in 25.6 ms against 16 copies' 37.9, d = 96 16 copies (4 an SM) in 25.5 against 12's 30.0.  Set
+#: from ptxas before (commit cf89f39), d = 96 chose 12 copies: fwd+bwd 39.0 ms (e39bb8a, h200-2026-12-01-s11/C/)
+#: against 34.0 (cf89f39, h200-2026-12-01-s10/D/).
 _UNCAPPED_KVQ_REGISTERS = {5: 136, 6: 128, 8: 168}
 #: What ptxas took for the other uncapped builds measured: 159-168 (sm_75 at d = 64, sm_90 at d = 128).
 _UNCAPPED_KVQ_DEFAULT = 168

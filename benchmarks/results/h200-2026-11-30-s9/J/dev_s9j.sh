@@ -1,8 +1,0 @@
-#!/bin/bash
-# session 9, call J: more test files run whole on the GPU (verbose: a partial run still reports)
-R=$OUT/J; mkdir -p $R; cp .wt/commit.txt $R/commit.txt
-timeout 200 python3 -m pytest -v -p no:cacheprovider -n 12 --tb=line tests/test_flash1.py tests/test_flash2.py tests/test_inputs.py tests/test_standard.py > $R/pytest.txt 2>&1; echo "pytest rc=$? $(date +%T)"
-sed -i "/NumbaPerformanceWarning\|warn(errors/d" $R/pytest.txt
-echo "passed $(grep -c ' PASSED ' $R/pytest.txt) failed $(grep -c ' FAILED ' $R/pytest.txt) skipped $(grep -c ' SKIPPED ' $R/pytest.txt)"
-grep " FAILED \|^E \|^/.*Error" $R/pytest.txt | head -30; tail -3 $R/pytest.txt
-cd $OUT && tar czf J.tgz J && rm -rf J
