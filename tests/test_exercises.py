@@ -1,6 +1,6 @@
 """The lessons' exercise checkers: each accepts its packaged solution and rejects a typical mistake.
 
-Every exercise in :mod:`flash_numba.exercises` has here a wrong answer, the kind
+Every exercise in :mod:`flash_numba.course.exercises` has here a wrong answer, the kind
 of slip a learner makes (a forgotten rescale, a missing guard, the mask's
 offset left out).  The checker must report it as wrong with the ``Yours:`` /
 ``Spec :`` printout, return False, and raise when asked.  Kernel exercises run
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
-from flash_numba import exercises as ex
+from flash_numba.course import exercises as ex
 from flash_numba.device import SIMULATOR
-from flash_numba.exercises import first_kernels
+from flash_numba.course.exercises import first_kernels
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the wrong answers overflow on purpose
 
@@ -151,7 +151,7 @@ def _params(name):
 
 def test_every_exercise_has_a_wrong_answer_here():
     """Here, or in the bug zoo for the FlashAttention kernel exercises (tests/test_bugzoo.py)."""
-    from flash_numba import bugzoo
+    from flash_numba.course import bugzoo
 
     zoo = {exhibit.exercise for exhibit in bugzoo.EXHIBITS.values()}
     assert sorted(set(WRONG) | zoo) == sorted(ex.names())

@@ -102,7 +102,7 @@ def test_takeaways_a_prediction_and_a_figure(path):
 
 
 def test_every_exercise_appears_in_a_lesson():
-    from flash_numba import exercises
+    from flash_numba.course import exercises
 
     text = "\n".join("\n".join(_sources(p, "code")) for p in NOTEBOOKS)
     for name in exercises.names():

@@ -39,8 +39,9 @@ if "google.colab" in sys.modules:
 import numpy as np
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, pictures, recorded, reference
-from flash_numba import exercises as ex
+from flash_numba import device, iomodel, reference
+from flash_numba.course import lessonkit, pictures, recorded
+from flash_numba.course import exercises as ex
 
 SIM = device.SIMULATOR
 print(device.describe())

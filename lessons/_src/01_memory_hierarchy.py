@@ -23,9 +23,10 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
 import numpy as np
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, pictures, recorded
+from flash_numba import device, iomodel
+from flash_numba.course import lessonkit, pictures, recorded
 from flash_numba.tools import l2, microbench
-from flash_numba import exercises as ex
+from flash_numba.course import exercises as ex
 
 SIM = device.SIMULATOR
 print(device.describe())

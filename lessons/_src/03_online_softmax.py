@@ -26,8 +26,10 @@ import math
 
 import numpy as np
 
-from flash_numba import device, lessonkit, pictures, reference
-from flash_numba import exercises as ex
+from flash_numba import device, reference
+
+from flash_numba.course import lessonkit, pictures
+from flash_numba.course import exercises as ex
 
 print(device.describe())
 print("(this lesson is NumPy only: it runs the same in the simulator and on a GPU)")

@@ -23,8 +23,10 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from flash_numba import device, lessonkit, pictures, recorded, simtrace
-from flash_numba import exercises as ex
+from flash_numba import device, simtrace
+
+from flash_numba.course import lessonkit, pictures, recorded
+from flash_numba.course import exercises as ex
 from flash_numba.iomodel import matmul16 as io_matmul16
 from flash_numba.kernels import matmul16
 

@@ -30,8 +30,9 @@ import numpy as np
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import device, iomodel, kernels, lessonkit, recorded
-from flash_numba import exercises as ex
+from flash_numba import device, iomodel, kernels
+from flash_numba.course import lessonkit, recorded
+from flash_numba.course import exercises as ex
 
 SIM = device.SIMULATOR
 print(device.describe())

@@ -36,9 +36,10 @@ import numpy as np
 
 import flash_numba as fn
 from numba import cuda
-from flash_numba import device, lessonkit, pictures, recorded, reference
+from flash_numba import device, reference
+from flash_numba.course import lessonkit, pictures, recorded
 from flash_numba.tools import microbench
-from flash_numba import exercises as ex
+from flash_numba.course import exercises as ex
 
 SIM = device.SIMULATOR
 print(device.describe())

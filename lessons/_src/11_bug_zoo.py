@@ -8,7 +8,7 @@
 # barrier left out, the running maximum updated one line too early, the causal diagonal in the wrong
 # corner, a last tile that is not full, a backward pass that forgets the mask, the scale applied twice, a
 # tile read from HBM again, a load left out of the count, an output written at every tile.
-# `flash_numba.bugzoo` keeps one kernel for each: the packaged solution of an exercise with a few
+# `flash_numba.course.bugzoo` keeps one kernel for each: the packaged solution of an exercise with a few
 # lines changed. Here you run them through the same checkers as your own code and learn to read what the
 # checker says: which case fails first, which output, the largest difference, the bytes against the IO
 # model, and the access trace of the simulator.
@@ -28,9 +28,10 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
     pass  # source-only
 
 # %%
-from flash_numba import bugzoo, device, lessonkit, pictures
-from flash_numba import exercises as ex
-from flash_numba import kernel_exercises as kx
+from flash_numba import device
+from flash_numba.course import bugzoo, lessonkit, pictures
+from flash_numba.course import exercises as ex
+from flash_numba.course import flash_checks as kx
 
 SIM = device.SIMULATOR
 print(device.describe())

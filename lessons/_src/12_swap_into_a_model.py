@@ -41,8 +41,9 @@ from torch.nn.attention.bias import causal_lower_right
 
 import flash_numba as fn
 import flash_numba.torch as fnt
-from flash_numba import device, lessonkit, pictures
-from flash_numba import exercises as ex
+from flash_numba import device
+from flash_numba.course import lessonkit, pictures
+from flash_numba.course import exercises as ex
 from flash_numba.examples import gpt
 
 SIM = device.SIMULATOR
