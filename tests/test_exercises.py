@@ -150,11 +150,14 @@ def _params(name):
 
 
 def test_every_exercise_has_a_wrong_answer_here():
-    """Here, or in the bug zoo for the FlashAttention kernel exercises (tests/test_bugzoo.py)."""
+    """Here, or in the bug zoo for the FlashAttention kernel exercises (tests/test_bugzoo.py), or for the
+    repairs and the whole kernels in tests/test_checker_holes.py and tests/test_whole_kernels.py."""
     from flash_numba.course import bugzoo
+    from flash_numba.course import flash_checks as kx
 
     zoo = {exhibit.exercise for exhibit in bugzoo.EXHIBITS.values()}
-    assert sorted(set(WRONG) | zoo) == sorted(ex.names())
+    elsewhere = set(kx.REPAIRS) | set(getattr(kx, "WHOLE_KERNELS", ()))
+    assert sorted(set(WRONG) | zoo | elsewhere) == sorted(ex.names())
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))

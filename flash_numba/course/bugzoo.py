@@ -103,6 +103,22 @@ def _edited_source(ex: Exhibit) -> str:
     return src
 
 
+def edited(solution: str, edits, label: str = "an edited solution"):
+    """A device function of :mod:`.flash_solutions` with ``edits`` ((old, new) text pairs, each old text found
+    exactly once) applied, compiled like the solution: how the exhibits are made, and how the tests feed the
+    checkers other wrong answers."""
+    return _compile(Exhibit(label, solution, tuple(edits), "", label))
+
+
+def _compile(ex: Exhibit):
+    body = _edited_source(ex).replace("@cuda.jit(device=True)\n", "", 1)
+    namespace = dict(getattr(flash_solutions, ex.solution).py_func.__globals__)  # the solution's own globals
+    exec(compile(body, f"<bug zoo: {ex.name}>", "exec"), namespace)
+    fn = namespace[ex.solution]
+    fn.__doc__ = f"{ex.name!r}: a copy of flash_solutions.{ex.solution} with one bug."
+    return cuda.jit(device=True)(fn)
+
+
 def _get(name: str) -> Exhibit:
     if name not in EXHIBITS:
         raise ValueError(f"name: unknown exhibit {name!r}; choose one of {', '.join(EXHIBITS)}")
@@ -112,13 +128,7 @@ def _get(name: str) -> Exhibit:
 @functools.lru_cache(maxsize=None)
 def build(name: str):
     """The buggy device function of exhibit ``name``, compiled like the solution it edits."""
-    ex = _get(name)
-    body = _edited_source(ex).replace("@cuda.jit(device=True)\n", "", 1)
-    namespace = dict(getattr(flash_solutions, ex.solution).py_func.__globals__)  # the solution's own globals
-    exec(compile(body, f"<bug zoo: {name}>", "exec"), namespace)
-    fn = namespace[ex.solution]
-    fn.__doc__ = f"Bug zoo exhibit {name!r}: a copy of flash_solutions.{ex.solution} with one bug."
-    return cuda.jit(device=True)(fn)
+    return _compile(_get(name))
 
 
 def diff(name: str) -> str:

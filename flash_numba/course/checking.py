@@ -22,6 +22,7 @@ class _Mismatch:
     yours: str
     spec: str
     notes: tuple = ()  # extra lines: where the arrays differ, what to look at
+    diagnoses: tuple = ()  # lines that name a known mistake the answer matches (held back in a riddle)
 
 
 @dataclass(frozen=True)
@@ -193,3 +194,17 @@ def _kernel_not_done(kernel) -> None:
     code = getattr(func, "__code__", None)
     if code is not None and "NotImplementedError" in code.co_names:
         raise NotImplementedError("the kernel still contains `raise NotImplementedError`; replace it with your code")
+
+
+def _verdict(name: str, who: str, n_cases: int, mismatch: _Mismatch | None, *, diagnoses: bool = True) -> str:
+    """The checker's printed verdict; ``diagnoses=False`` leaves out the lines that name a known mistake
+    (the bug zoo's mysteries: the learner reads the symptoms and names the bug)."""
+    if mismatch is None:
+        return f"{name}{who}: passed, {n_cases} cases agree with the spec."
+    return "\n".join([
+        f"{name}{who}: wrong on {mismatch.case}",
+        "Yours: " + _indent(mismatch.yours),
+        "Spec : " + _indent(mismatch.spec),
+        *mismatch.notes,
+        *(mismatch.diagnoses if diagnoses else ()),
+    ])

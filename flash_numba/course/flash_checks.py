@@ -57,7 +57,8 @@ from .flash_solutions import (  # noqa: F401  (the solutions and frames, re-expo
     flash2_rows,
     frame_source,
 )
-from .checking import (RACE_NOTE, _close, _fmt, _kernel_not_done,
+from . import bugzoo
+from .checking import (RACE_NOTE, _EXERCISES, _close, _fmt, _kernel_not_done, _verdict,
     _Mismatch, _race_mismatch, _races_watched, _register, _rng)
 from ..iomodel.flash1 import query_rows_processed
 from ..iomodel.flash2 import kv_rows_read
@@ -156,10 +157,13 @@ def _values_verdict(label, got: dict, spec: dict, mistakes: dict):
         idx = np.unravel_index(int(np.argmax(err)), err.shape)
         notes.append(f"largest difference at {name}{list(int(i) for i in idx)}: yours {_fmt(have[idx])}, "
                      f"spec {_fmt(want[idx])}")
-        for mistake, wrong in mistakes.items():
-            if name in wrong and _close(have, wrong[name], TOL, TOL):
-                notes.append(f"yours equals what {mistake} gives")
-        return _Mismatch(f"{label}: {name}", _fmt(have), _fmt(want), tuple(notes))
+        if have.ndim == 2:
+            rows = np.nonzero((err > TOL).any(axis=1))[0]
+            shown = ", ".join(str(int(r)) for r in rows[:12]) + (", ..." if len(rows) > 12 else "")
+            notes.append(f"rows of {name} that differ: {len(rows)} of {have.shape[0]} ({shown})")
+        named = tuple(f"yours equals what {mistake} gives" for mistake, wrong in mistakes.items()
+                      if name in wrong and _close(have, wrong[name], TOL, TOL))
+        return _Mismatch(f"{label}: {name}", _fmt(have), _fmt(want), tuple(notes), named[:1])
     return None
 
 
@@ -221,6 +225,10 @@ def _forward_mistakes(q, k, v, causal, Bc):
         out["a top-left mask (key c visible to query r iff c <= r: right only when Nq = Nk; ours is "
             "bottom-right, c <= r + Nk - Nq)"] = {"O": _softmax_v(tl, v)}
         out["no causal mask at all"] = {"O": reference.attention_forward(q, k, v)[0]}
+        Nq, Nk = _shape(q, k)
+        strict = np.arange(Nk)[None, :] < (np.arange(Nq) + Nk - Nq)[:, None]
+        out["a mask off by one (the diagonal key c = r + Nk - Nq masked too)"] = {
+            "O": _softmax_v(_scores(q, k, strict, scale), v)}
     return out
 
 
@@ -255,18 +263,20 @@ FORWARD_CASES = [  # at Br = Bc = 4 by default
     Case("one tile: Nq = Nk = Br = Bc"),
     Case("Nq = Nk = 16: several tiles each way", 16, 16),
     Case("every row's max arrives in the last tile (the old terms must be rescaled)", 12, 12, late_max=True),
-    Case("N = 13, not a multiple of the block: the last tile is partial", 13, 13),
+    Case("N = 13, not a multiple of the block", 13, 13),
     Case("Nq = 5 queries, Nk = 11 keys", 5, 11),
     Case("N = 1", 1, 1),
 ]
 
 
-def _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array):
+def _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array, first=1, total=None):
     """Check a forward kernel on ``cases``: O and L, then bytes.  ``kernel_for(Nq, Nk)`` gives
-    (kernel, grid, threads, extra arrays); ``model(Nq, Nk)`` the IO model's (read, written)."""
-    rng = _rng(name)
-    for n, (label, Nq, Nk, late, _) in enumerate(cases, 1):
-        where = f"case {n} of {len(cases)} ({label}; Nq = {Nq}, Nk = {Nk}, d = {d})"
+    (kernel, grid, threads, extra arrays); ``model(Nq, Nk)`` the IO model's (read, written).
+    The cases are numbered from ``first`` out of ``total`` (a checker may run two lists)."""
+    rng = _rng(name + (" causal" if causal else ""))
+    total = total or first - 1 + len(cases)
+    for n, (label, Nq, Nk, late, _) in enumerate(cases, first):
+        where = f"case {n} of {total} ({label}; Nq = {Nq}, Nk = {Nk}, d = {d})"
         q, k, v = _qkv(rng, Nq, Nk, d, late)
         o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal)
         kernel, grid, threads, arrays = kernel_for(Nq, Nk)
@@ -274,10 +284,12 @@ def _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array):
         try:
             out, counted, log, race = _launch(kernel, grid, threads, arrays, (np.float32(1 / math.sqrt(d)),), where)
         except Exception as exc:  # the learner's error is part of the verdict
-            hint = INDEX_HINT if isinstance(exc, IndexError) else "the kernel raised"
-            return len(cases), _Mismatch(where, _fmt(exc), "O, L", (hint,))
+            if isinstance(exc, IndexError):
+                return total, _Mismatch(where, _fmt(exc), "O, L", ("an index past the end of an array",),
+                                        (INDEX_HINT,))
+            return total, _Mismatch(where, _fmt(exc), "O, L", ("the kernel raised",))
         if race is not None:
-            return len(cases), race
+            return total, race
         got = {"O": out["O"], "L": out["L"]}
         bad = _values_verdict(where, got, {"O": o_ref, "L": lse_ref}, _forward_mistakes(q, k, v, causal, Bc))
         if bad is not None:
@@ -285,8 +297,8 @@ def _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array):
         if bad is None:
             bad = _bytes_verdict(where, counted, model(Nq, Nk), per_array(Nq, Nk), log)
         if bad is not None:
-            return len(cases), bad
-    return len(cases), None
+            return total, bad
+    return total, None
 
 
 def _bytes_of(count, which):
@@ -371,17 +383,37 @@ def measure_forward(exercise: str, heart, Nq: int, Nk: int, Br: int = 4, Bc: int
     return {"O": out["O"], "L": out["L"], "bytes": counted, "log": log}
 
 
-def _flash2_check(rows_fn, tiles_fn, name, cases, Br, Bc, d, causal):
+def _flash2_check(rows_fn, tiles_fn, name, cases, Br, Bc, d, causal, first=1, total=None):
     kernel_for = _flash2_launcher(rows_fn, tiles_fn, Br, Bc, d, causal)
     model, per_array = _flash2_model(Br, Bc, d, causal)
-    return _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array)
+    return _run_forward(kernel_for, name, cases, d, Bc, causal, model, per_array, first, total)
+
+
+#: flash2_loop under the causal mask (the packaged loop bound; the learner's loop masks with ``diag``).  At
+#: Br = Bc = 4: in (13, 6) queries 0-6 see no key, and tile 1 (queries 4-7) is visited for query 7, so rows 4-6
+#: meet a tile with every score masked (m_new = -inf: the -inf guard) and end with l_i = 0 (the l_i > 0 guard).
+CAUSAL_FORWARD_CASES = [
+    Case("causal, Nq = Nk = 13: the diagonal of each row is its last visible key", 13, 13),
+    Case("causal, Nq = 6 < Nk = 14: query r sees keys 0..r + 8", 6, 14),
+    Case("causal, Nq = 13 > Nk = 6: queries 0-6 see no key (O = 0, L = -inf), some beside rows that do", 13, 6),
+]
+
+
+def _check_loop(rows_fn, name, Br, Bc, d):
+    """A FlashAttention-2 loop without the mask (FORWARD_CASES), then with it (CAUSAL_FORWARD_CASES)."""
+    plain = _sized(FORWARD_CASES, Br, Bc)
+    total = len(plain) + len(CAUSAL_FORWARD_CASES)
+    n, bad = _flash2_check(rows_fn, causal_tiles, name, plain, Br, Bc, d, False, 1, total)
+    if bad is not None:
+        return n, bad
+    return _flash2_check(rows_fn, causal_tiles, name, CAUSAL_FORWARD_CASES, Br, Bc, d, True, len(plain) + 1, total)
 
 
 @_register("flash2_loop", 9, "FlashAttention-2's loop over K_j, V_j for one query row, normalised at the end",
            flash2_rows)
 def _run_flash2_loop(rows_fn, Br: int = 4, Bc: int = 4, d: int = 4):
     _kernel_not_done(rows_fn)
-    return _flash2_check(rows_fn, causal_tiles, "flash2_loop", _sized(FORWARD_CASES, Br, Bc), Br, Bc, d, False)
+    return _check_loop(rows_fn, "flash2_loop", Br, Bc, d)
 
 
 # ============================================================================= (c) dkdv_block, lesson 7
@@ -439,8 +471,10 @@ def _run_dkdv_block(step, Br: int = 4, Bc: int = 4, d: int = 4):
             out, counted, log, race = _launch(dkdv_frame(step, Br, Bc, d, causal), -(-Nk // Bc), Bc, arrays,
                                               (np.float32(scale),), where)
         except Exception as exc:  # the learner's error is part of the verdict
-            hint = INDEX_HINT if isinstance(exc, IndexError) else "the kernel raised"
-            return len(cases), _Mismatch(where, _fmt(exc), "dK, dV", (hint,))
+            if isinstance(exc, IndexError):
+                return len(cases), _Mismatch(where, _fmt(exc), "dK, dV", ("an index past the end of an array",),
+                                             (INDEX_HINT,))
+            return len(cases), _Mismatch(where, _fmt(exc), "dK, dV", ("the kernel raised",))
         if race is not None:
             return len(cases), race
         bad = _values_verdict(where, {"dK": out["dK"], "dV": out["dV"]}, spec, mistakes)
@@ -514,23 +548,58 @@ def _run_causal_tiles(tiles_fn, Br: int = 4, Bc: int = 4, d: int = 4):
                 continue
             notes = [f"tile i = {i} holds queries {i * Br}..{min((i + 1) * Br, Nq) - 1}; key tile j holds keys "
                      f"j*{Bc}..j*{Bc}+{Bc - 1}; key c is visible to query r iff c <= r + Nk - Nq = r + {Nk - Nq}"]
+            named = ()
             if not isinstance(got, BaseException):
-                if int(got) == top_left(i, Br, Nq):
-                    notes.append("yours is the top-left bound (c <= r): right only when Nq = Nk; ours is bottom-right")
-                elif int(got) > spec:
+                if int(got) > spec:
                     notes.append("too many: the extra tiles are wholly masked, loaded from HBM for nothing")
                 else:
                     notes.append("too few: a tile with visible keys is skipped, so O would be wrong")
+                if int(got) == top_left(i, Br, Nq):
+                    named = ("yours is the top-left bound (c <= r): right only when Nq = Nk; ours is bottom-right",)
             return n, _Mismatch(f"case {n} (Nq = {Nq}, Nk = {Nk}, Br = {Br}, Bc = {Bc}, query tile i = {i})",
-                                _fmt(got), _fmt(spec), tuple(notes))
+                                _fmt(got), _fmt(spec), tuple(notes), named)
     cases = [Case(f"causal, Nq = {Nq}, Nk = {Nk}", Nq, Nk) for Nq, Nk in CAUSAL_SHAPES[:4]]
-    k, bad = _flash2_check(flash2_rows, tiles_fn, "causal_tiles", cases, Br, Bc, d, True)
-    return n + k, bad
+    return _flash2_check(flash2_rows, tiles_fn, "causal_tiles", cases, Br, Bc, d, True, n + 1, n + len(cases))
 
 
 def _tiles_top_left(i, Br, Nq, Bc):
     last_key = min((i + 1) * Br, Nq) - 1
     return last_key // Bc + 1
+
+
+# ============================================================================= lesson 11: the bug zoo's riddles and repairs
+
+
+def examine(letter: str) -> bool:
+    """Run bug-zoo mystery ``letter`` through its exercise's checker and print what it sees: the failing case,
+    the values, the bytes, the race, but not the lines that would name the mistake (that is the riddle).
+    True when the checker rejects the kernel."""
+    exercise, kernel = bugzoo.mystery(letter)
+    n, bad = _EXERCISES[exercise].run(kernel)
+    print(_verdict(f"mystery {letter}", f" (through the checker of {exercise})", n, bad, diagnoses=False))
+    return bad is not None
+
+
+#: The bug-zoo exhibits lesson 11 asks the learner to repair: exercise name -> exhibit.
+REPAIRS = {"fix_missing_barrier": "missing_barrier", "fix_stale_max": "stale_max"}
+
+
+def broken(exercise: str) -> str:
+    """The broken source the learner starts a repair exercise from (what lesson 11's cell holds)."""
+    return bugzoo.source(REPAIRS[exercise])
+
+
+@_register("fix_missing_barrier", 11, "repair a FlashAttention-2 loop whose threads race on K_j, V_j", flash2_rows)
+def _run_fix_missing_barrier(rows_fn, Br: int = 4, Bc: int = 4, d: int = 4):
+    _kernel_not_done(rows_fn)
+    return _check_loop(rows_fn, "fix_missing_barrier", Br, Bc, d)
+
+
+@_register("fix_stale_max", 11, "repair a FlashAttention-2 loop whose output is wrong from the second tile on",
+           flash2_rows)
+def _run_fix_stale_max(rows_fn, Br: int = 4, Bc: int = 4, d: int = 4):
+    _kernel_not_done(rows_fn)
+    return _check_loop(rows_fn, "fix_stale_max", Br, Bc, d)
 
 
 # ============================================================================= hints
@@ -592,7 +661,6 @@ def compile_all(cc=(7, 5)) -> list[tuple[str, str]]:
     from numba import types
 
     from ..compile_check import compile_ptx
-    from . import bugzoo
 
     F2, F1 = types.Array(types.float32, 2, "C"), types.Array(types.float32, 1, "C")
     F, C = types.float32, types.Array(types.int64, 1, "C")

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..checking import _EXERCISES, _Exercise, _indent
+from ..checking import _EXERCISES, _Exercise, _verdict
 from .first_kernels import tiled_matmul_bytes
 from .numpy_steps import flash2_finish
 
@@ -140,17 +140,10 @@ def _check(name, answer, who, raise_on_fail, params) -> bool:
         if raise_on_fail:
             raise ExerciseFailed(text) from exc
         return False
-    if mismatch is None:
-        print(f"{name}{who}: passed, {n_cases} cases agree with the spec.")
-        return True
-    lines = [
-        f"{name}{who}: wrong on {mismatch.case}",
-        "Yours: " + _indent(mismatch.yours),
-        "Spec : " + _indent(mismatch.spec),
-        *mismatch.notes,
-    ]
-    text = "\n".join(lines)
+    text = _verdict(name, who, n_cases, mismatch)
     print(text)
+    if mismatch is None:
+        return True
     if raise_on_fail:
         raise ExerciseFailed(text)
     return False

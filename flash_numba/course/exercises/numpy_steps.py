@@ -119,13 +119,14 @@ def _flash_rescale_solution(O_i, l_i, m_i, S_ij, V_j):
     return O_new, l_new, m_new  # line 13
 
 
-def _flash_states(rng, Br, Bc, d, spread=1.0, masked_rows=(), fresh=False):
-    """A consistent state (O_i, l_i, m_i) after one earlier block, and the next S_ij, V_j."""
+def _flash_states(rng, Br, Bc, d, spread=1.0, masked_rows=(), fresh=False, rise=0.0):
+    """A consistent state (O_i, l_i, m_i) after one earlier block, and the next S_ij, V_j (``rise`` added
+    to the new scores: with rise > spread * 8 every row's maximum moves up in this block)."""
     O_i, l_i, m_i = np.zeros((Br, d)), np.zeros(Br), np.full(Br, -np.inf)
     if not fresh:
         S0 = spread * rng.standard_normal((Br, Bc))
         O_i, l_i, m_i = _flash_rescale_solution(O_i, l_i, m_i, S0, rng.standard_normal((Bc, d)))
-    S_ij = spread * rng.standard_normal((Br, Bc))
+    S_ij = spread * rng.standard_normal((Br, Bc)) + rise
     for r in masked_rows:
         S_ij[r] = -np.inf
     return O_i, l_i, m_i, S_ij, rng.standard_normal((Bc, d))
@@ -138,6 +139,8 @@ def _run_flash_rescale(answer):
     cases = [
         ("the first block: O_i = 0, l_i = 0, m_i = -inf; Br = 3, Bc = 4, d = 2",
          _flash_states(rng, 3, 4, 2, fresh=True)),
+        ("a later block whose scores are all higher: every row's maximum moves up, so the old l_i and O_i "
+         "must shrink by e^(m_i - m_new); Br = 4, Bc = 3, d = 5", _flash_states(rng, 4, 3, 5, rise=10.0)),
         ("a later block; Br = 4, Bc = 3, d = 5", _flash_states(rng, 4, 3, 5)),
         ("a later block with scores near 1e3", _flash_states(rng, 2, 5, 3, spread=300.0)),
         ("row 1 of this block fully masked (-inf)", _flash_states(rng, 3, 4, 2, masked_rows=(1,))),
