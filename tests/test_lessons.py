@@ -147,3 +147,30 @@ def test_lesson_runs_on_the_gpu(path, monkeypatch):
     """The GPU branches: real sizes, timings; the same final asserts."""
     out = _execute(path, monkeypatch, simulator=False, timeout=600)
     assert "gpu: " in out and "not timed" not in out
+
+
+def test_lesson_0_lists_every_lesson():
+    """Lesson 0's course table has a row per notebook (a new lesson adds its row)."""
+    text = (LESSONS / "_src" / "00_setup_and_tour.py").read_text()
+    table = text.split("# | notebook | what you build or measure |", 1)[1].split("\n#\n", 1)[0]
+    listed = {line.split("|")[1].strip() for line in table.splitlines()[2:] if line.startswith("# |")}
+    numbers = {str(int(p.name[:2])) if p.name[:2].isdigit() else p.name.split("_")[0]
+               for p in LESSONS.glob("*.ipynb")}
+    assert numbers - {"0"} <= listed, sorted(numbers - listed)
+
+
+def test_every_path_and_module_a_lesson_names_exists():
+    """`flash_numba/...` paths and `flash_numba.x.y` modules named in a lesson exist (no dead references)."""
+    root = LESSONS.parent
+    for src in sorted((LESSONS / "_src").glob("*.py")):
+        text = src.read_text()
+        for path in set(re.findall(r"`(flash_numba/[\w/]+(?:\.py)?)`", text)):
+            assert (root / path).exists(), f"{src.name}: {path} does not exist"
+        for mod in set(re.findall(r"(?<![\w/])(flash_numba(?:\.\w+)+)", text)):
+            parts = mod.split(".")
+            while parts and not ((root / Path(*parts)).with_suffix(".py").exists() or (root / Path(*parts)).is_dir()):
+                parts = parts[:-1]  # an attribute of a module: the module must exist
+            if len(parts) == 1 and mod != "flash_numba":  # an attribute of the package itself
+                import flash_numba
+
+                assert hasattr(flash_numba, mod.split(".")[1]), f"{src.name}: {mod} names no module"

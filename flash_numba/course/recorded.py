@@ -88,6 +88,10 @@ SESSION15 = RESULTS.parent / "h200-2026-12-01-s15"
 #: The d = 64 backward at 32 x 32 and 32 x 64 (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), session 15
 #: (``E/``): the dQ loop's lanes in two groups and in one (``layout.FORCE_DQ_LANE_GROUPS``), alternating, two runs each.
 DQ_LANE_CSVS = {(groups, run): SESSION15 / "E" / f"g{groups}{run}.csv" for groups in (1, 2) for run in "ab"}
+#: Lesson 12's GPT trained 500 steps on the H200 with SDPA and with ours (``benchmarks/train_gpt_h200.sh``).
+GPT_FOLDER = DATA / "gpt-h200"
+GPT_PROVENANCE = {"device": "NVIDIA H200 (sm_90)", "date": "2026-11-30", "commit": "90fa9dd",
+                  "command": "bash benchmarks/train_gpt_h200.sh (500 steps, batch 64, N = 256, float32, seed 0)"}
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
 
@@ -331,3 +335,14 @@ def forward_step_rows(folders=FORWARD_STEP_FOLDERS) -> list[dict]:
                 out.append(dict(r, folder=folder.name, tree=tree, commit=commits[tree], run=run))
     return out
 
+
+def gpt_csvs(attentions) -> list[Path]:
+    """The recorded training runs of lesson 12's GPT, one CSV per attention (``gpt_<attn>.csv``)."""
+    return [GPT_FOLDER / f"gpt_{attn}.csv" for attn in attentions]
+
+
+def gpt_provenance() -> str:
+    """One line: where the recorded GPT runs come from (GPU, date, commit, command, files)."""
+    p = GPT_PROVENANCE
+    return (f"{LABEL}: {p['device']}, {p['date']}, commit {p['commit']}, {p['command']}; "
+            f"files {source_file(GPT_FOLDER)}/gpt_*.csv")

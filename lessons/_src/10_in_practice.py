@@ -614,8 +614,8 @@ if recorded.available():
 # * Read `flash_numba/kernels/flash2_fast/`: the same algorithm as flash2, rearranged for speed, with
 #   each step measured.
 # * Regenerate the article's figures on your GPU: `python figures/make_all.py`.
-# * Compare every implementation on your GPU, PyTorch's included: `python -m flash_numba.bench`.
-# * Hold the counters against the hardware with Nsight Compute: `python -m flash_numba.profile`.
+# * Compare every implementation on your GPU, PyTorch's included: `flash-numba bench`.
+# * Hold the counters against the hardware with Nsight Compute: `flash-numba profile`.
 #
 # ## What to take away
 #
