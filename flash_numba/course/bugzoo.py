@@ -110,6 +110,23 @@ def edited(solution: str, edits, label: str = "an edited solution"):
     return _compile(Exhibit(label, solution, tuple(edits), "", label))
 
 
+def edited_factory(factory: str, edits):
+    """A kernel factory of :mod:`.flash_solutions` (``flash2_forward_kernel``, ``dq_kernel``, ``dq_atomic_kernel``)
+    with ``edits`` ((old, new) text pairs, each old text found exactly once) applied: a wrong whole kernel."""
+    src = textwrap.dedent(inspect.getsource(getattr(flash_solutions, factory)))
+    for old, new in edits:
+        if src.count(old) != 1:
+            raise ValueError(f"{factory}: the edit {old.strip()!r} matches {src.count(old)} places")
+        src = src.replace(old, new)
+    namespace = dict(vars(flash_solutions))
+    exec(compile(src, f"<edited {factory}>", "exec"), namespace)
+    return namespace[factory]
+
+
+#: The atomic dQ kernel with its add made a plain ``+=`` (lesson 7 shows the write race it has).
+PLAIN_ADD = (("cuda.atomic.add(dq, (r0 + r, x), scale * dS * k_c[x])", "dq[r0 + r, x] += scale * dS * k_c[x]"),)
+
+
 def _compile(ex: Exhibit):
     body = _edited_source(ex).replace("@cuda.jit(device=True)\n", "", 1)
     namespace = dict(getattr(flash_solutions, ex.solution).py_func.__globals__)  # the solution's own globals

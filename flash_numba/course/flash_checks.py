@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
@@ -50,9 +51,12 @@ from .flash_solutions import (  # noqa: F401  (the solutions and frames, re-expo
     E,
     causal_tiles,
     dkdv_frame,
+    dq_atomic_kernel,
+    dq_kernel,
     dkdv_step,
     flash1_frame,
     flash1_step,
+    flash2_forward_kernel,
     flash2_frame,
     flash2_rows,
     frame_source,
@@ -83,7 +87,7 @@ INDEX_HINT = "an index past the end of an array: when N is not a multiple of the
 # ============================================================================= running a kernel, watching its bytes
 
 
-def _launch(kernel, grid, threads, arrays, scalars, where=None):
+def _launch(kernel, grid, threads, arrays, scalars, where=None, atomics=None):
     """Launch ``kernel[grid, threads](*arrays, *scalars, counter)``; arrays are ``(name, host array)``.
 
     Returns ({name: host copy after the launch}, (bytes read, bytes written) by the counter,
@@ -97,13 +101,48 @@ def _launch(kernel, grid, threads, arrays, scalars, where=None):
     devs = [traced(a, n, log) if SIMULATOR else cuda.to_device(a) for n, a in arrays]
     counter = cuda.to_device(np.zeros(2, dtype=np.int64))
     races = None
-    if where is None:
-        kernel[grid, threads](*devs, *scalars, counter)
-    else:
-        with _races_watched() as races:
+    with _atomics_recorded(atomics, {id(dev): n for (n, _), dev in zip(arrays, devs)}):
+        if where is None:
             kernel[grid, threads](*devs, *scalars, counter)
+        else:
+            with _races_watched() as races:
+                kernel[grid, threads](*devs, *scalars, counter)
     out = {n: dev.copy_to_host() for (n, _), dev in zip(arrays, devs)}
     return out, tuple(int(x) for x in counter.copy_to_host()), log, _race_mismatch(where, races)
+
+
+@contextmanager
+def _atomics_recorded(atomics, names):
+    """In the simulator, while ``atomics`` is a list: every ``cuda.atomic.add`` on an array of ``names`` ({id: name})
+    appends ``(name, flat index, block, thread)``, and is traced as one read and one write (as on a GPU)."""
+    if atomics is None or not SIMULATOR:
+        yield
+        return
+    from numba.cuda.simulator import kernelapi
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    from .. import _simwarp
+
+    original = kernelapi.FakeCUDAAtomic.add
+
+    def add(self, array, index, val):
+        inner = array.__dict__.get("_item", array)  # inside a kernel the simulator wraps device arrays
+        name = names.get(id(inner))
+        if name is None:
+            return original(self, array, index, val)
+        with kernelapi.addlock:
+            old = FakeCUDAArray.__getitem__(inner, index)  # untraced: the add is one read and one write
+            array[index] += val
+        me = _simwarp.current_thread()
+        flat = int(np.ravel_multi_index(tuple(int(i) for i in np.atleast_1d(index)), inner.shape))
+        atomics.append((name, flat, tuple(getattr(me, "blockIdx", (0, 0, 0))), getattr(me, "thread_id", -1)))
+        return old
+
+    kernelapi.FakeCUDAAtomic.add = add
+    try:
+        yield
+    finally:
+        kernelapi.FakeCUDAAtomic.add = original
 
 
 def _bytes_verdict(label, counted, model, per_array, log):
@@ -567,6 +606,233 @@ def _tiles_top_left(i, Br, Nq, Bc):
     return last_key // Bc + 1
 
 
+# ============================================================================= whole kernels: lessons 7 and 9
+#
+# The learner writes the whole kernel: a factory ``make(Br, Bc, d, causal)`` returning the @cuda.jit kernel (the
+# tile sizes are closure constants, so the shared arrays have compile-time shapes).  The checker gives the launch.
+
+#: The whole-kernel exercises: name -> (lesson, what the learner writes, the launch).
+WHOLE_KERNELS = {
+    "flash2_kernel": "[ceil(Nq / Br), Br](q, k, v, o, L, scale, counter)",
+    "dq_kernel": "[ceil(Nq / Br), Br](q, k, v, do, L, D, dq, scale, counter), dq poisoned with NaN",
+    "dq_atomic": "[ceil(Nk / Bc), Bc](q, k, v, do, L, D, dq, scale, counter), dq = 0",
+}
+
+
+def _factory_not_done(factory) -> None:
+    """Raise NotImplementedError while the factory, or a kernel defined inside it, still raises it."""
+    if not callable(factory) or hasattr(factory, "py_func"):
+        raise TypeError("the answer must be a factory make(Br, Bc, d, causal) that returns a @cuda.jit kernel "
+                        f"(got {type(factory).__name__})")
+    todo = [factory.__code__]
+    while todo:
+        code = todo.pop()
+        if "NotImplementedError" in code.co_names:
+            raise NotImplementedError("the kernel still contains `raise NotImplementedError`; replace it with your code")
+        todo += [c for c in code.co_consts if hasattr(c, "co_names")]
+
+
+def _bytes_hint(bad, causal):
+    """A note for a whole kernel whose bytes are off under the causal mask."""
+    if bad is not None and causal and ("HBM bytes" in bad.case or "your counter" in bad.case):
+        bad.notes = (*bad.notes, "under the causal mask a block need not load a key tile that none of its rows "
+                                 "sees: stop the loop after the tile holding the last key its last row sees")
+    return bad
+
+
+@_register("flash2_kernel", 9, "FlashAttention-2's forward as a whole kernel: tiles, barriers, the K/V loop, the "
+           "causal mask, one write of O and L", flash2_forward_kernel)
+def _run_flash2_kernel(make, Br: int = 4, Bc: int = 4, d: int = 4):
+    _factory_not_done(make)
+    plain = _sized(FORWARD_CASES, Br, Bc)
+    total = len(plain) + len(CAUSAL_FORWARD_CASES)
+    for causal, cases, first in ((False, plain, 1), (True, CAUSAL_FORWARD_CASES, len(plain) + 1)):
+        kernel = make(Br, Bc, d, causal)
+
+        def kernel_for(Nq, Nk, kernel=kernel):
+            outs = [("O", np.full((Nq, d), np.nan, np.float32)), ("L", np.full(Nq, np.nan, np.float32))]
+            return kernel, -(-Nq // Br), Br, outs
+
+        model, per_array = _flash2_model(Br, Bc, d, causal)
+        n, bad = _run_forward(kernel_for, "flash2_kernel", cases, d, Bc, causal, model, per_array, first, total)
+        if bad is not None:
+            return n, _bytes_hint(bad, causal)
+    return total, None
+
+
+def _dq_numpy(q, k, v, do, L, Dv, mask, scale):
+    """dQ in float64 from L and D: P = exp(S - L) where visible, dS = P (dP - D), dQ = scale dS K."""
+    q, k, v, do = (a.astype(np.float64) for a in (q, k, v, do))
+    S = scale * (q @ k.T)
+    P = np.where(mask, np.exp(S - np.where(np.isinf(L), 0.0, L)[:, None]), 0.0)
+    P = np.where(np.isinf(L)[:, None], 0.0, P)
+    dS = P * (do @ v.T - Dv[:, None])
+    return scale * dS @ k
+
+
+DQ_CASES = [
+    Case("one tile each way: Nq = Br, Nk = Bc"),
+    Case("N = 13, not a multiple of the block", 13, 13),
+    Case("Nq = 5 queries, Nk = 11 keys", 5, 11),
+    Case("causal, Nq = Nk = 13", 13, 13, causal=True),
+    Case("causal, Nq = 6 < Nk = 14", 6, 14, causal=True),
+    Case("causal, Nq = 14 > Nk = 6: queries 0-7 see no key (L = -inf, dQ = 0)", 14, 6, causal=True),
+]
+
+
+def _visible(Nq, Nk, causal):
+    return reference.causal_mask(Nq, Nk) if causal else np.ones((Nq, Nk), bool)
+
+
+def _dq_model(Nq, Nk, Br, Bc, d, causal, atomic):
+    """((bytes read, written), {array: (element reads, element writes)}) of a dQ kernel.
+
+    Without atomics: flash2's "dQ" launch (:func:`flash_numba.iomodel.flash2.backward`): q, dO, L, D once per
+    query row, K and V once per (query tile, key tile it sees), dQ written once.  With atomics (one block per key
+    tile): K and V once, q, dO, L, D once per visited (key tile, query row), and one atomic add (a read and a
+    write of E bytes) per element of dQ per visible (query, key) pair."""
+    if not atomic:
+        model = _bytes_of(iomodel.flash2.backward(1, Nq, Nk, d, np.float32, causal, (Br, Bc)), 2)
+        kv = sum(kv_rows_read(Nq, Nk, causal, (Br, Bc)))
+        per = {"q": (Nq * d, 0), "k": (kv * d, 0), "v": (kv * d, 0), "do": (Nq * d, 0), "L": (Nq, 0),
+               "D": (Nq, 0), "dQ": (0, Nq * d)}
+    else:
+        rows = _pairs_rows(Nq, Nk, Br, Bc, causal)
+        adds = int(_visible(Nq, Nk, causal).sum()) * d
+        per = {"q": (rows * d, 0), "k": (Nk * d, 0), "v": (Nk * d, 0), "do": (rows * d, 0), "L": (rows, 0),
+               "D": (rows, 0), "dQ": (adds, adds)}
+        model = (E * sum(r for r, _ in per.values()), E * sum(w for _, w in per.values()))
+    return model, per
+
+
+def _global_conflicts(log, atomics, name):
+    """A _Mismatch when two threads wrote one element of global array ``name`` and one of them with a plain store
+    (a read-add-write that another thread's can interleave with, losing an add), else None.  ``atomics``:
+    [(name, flat, block, thread)] of every cuda.atomic.add the kernel made."""
+    if log is None:
+        return None
+    from collections import Counter
+
+    writes = Counter((f, b, t) for n, kind, f, b, t in log.events if n == name and kind == "w")
+    atomic = Counter((f, b, t) for n, f, b, t in atomics if n == name)
+    writers: dict = {}
+    for (f, b, t), count in writes.items():
+        writers.setdefault(f, []).append(((b, t), count - atomic[(f, b, t)]))
+    for f, ws in sorted(writers.items()):
+        plain = [w for w, n_plain in ws if n_plain > 0]
+        if plain and len(ws) > 1:
+            (b1, t1), (b2, t2) = plain[0], next(w for w, _ in ws if w != plain[0])
+            return _Mismatch(f"{name}: a write race in global memory", f"{name}[{f}] (flat index) written by thread "
+                             f"{t1} of block {b1[0]} with a plain store, and by thread {t2} of block {b2[0]}",
+                             "one thread a row, or every add a cuda.atomic.add",
+                             ("two threads that add into one element with `x[i] += v` each read x[i], add and write "
+                              "back; on a GPU they can both read the old value and one add is lost. The simulator "
+                              "runs one thread at a time, so the values may look right here: the checker looks at "
+                              "who wrote what. cuda.atomic.add(x, i, v) does the read-add-write as one step",))
+    return None
+
+
+def _run_dq(make, name, atomic, Br, Bc, d):
+    _factory_not_done(make)
+    rng = _rng(name)
+    scale = 1 / math.sqrt(d)
+    cases = _sized(DQ_CASES, Br, Bc)
+    kernels = {}
+    for n, (label, Nq, Nk, _, causal) in enumerate(cases, 1):
+        where = f"case {n} of {len(cases)} ({label}; Br = {Br}, Bc = {Bc}, d = {d})"
+        q, k, v = _qkv(rng, Nq, Nk, d)
+        do = rng.standard_normal((Nq, d)).astype(np.float32)
+        o, lse = reference.attention_forward(q, k, v, causal=causal)
+        Dv = (do.astype(np.float64) * o).sum(axis=1)
+        want = reference.attention_backward(q, k, v, o, lse, do, causal=causal)[0]
+        spec = {"dQ": want}
+        assert _close(_dq_numpy(q, k, v, do, lse, Dv, _visible(Nq, Nk, causal), scale), want, 1e-9, 1e-9)
+        mistakes = {"dQ without its factor scale": {"dQ": want / scale},
+                    "the scale applied twice in dQ": {"dQ": want * scale}}
+        if causal:
+            visited = _visited(Nq, Nk, Br, Bc)  # the pairs of the tiles a correct loop visits
+            mistakes["a backward that ignores the causal mask inside the tiles it visits"] = {"dQ": _dq_numpy(
+                q, k, v, do, lse, Dv, visited, scale)}
+            mistakes["a backward that ignores the causal mask"] = {"dQ": _dq_numpy(
+                q, k, v, do, lse, Dv, np.ones((Nq, Nk), bool), scale)}
+            mistakes["a top-left mask (right only when Nq = Nk)"] = {"dQ": _dq_numpy(
+                q, k, v, do, lse, Dv, _top_left(Nq, Nk) & visited, scale)}
+        init = np.zeros((Nq, d), np.float32) if atomic else np.full((Nq, d), np.nan, np.float32)
+        arrays = [("q", q), ("k", k), ("v", v), ("do", do), ("L", lse.astype(np.float32)),
+                  ("D", Dv.astype(np.float32)), ("dQ", init)]
+        if causal not in kernels:
+            kernels[causal] = make(Br, Bc, d, causal)
+        kernel = kernels[causal]
+        grid, threads = (-(-Nk // Bc), Bc) if atomic else (-(-Nq // Br), Br)
+        atomics = []
+        try:
+            out, counted, log, race = _launch(kernel, grid, threads, arrays, (np.float32(scale),), where, atomics)
+        except Exception as exc:  # the learner's error is part of the verdict
+            return len(cases), _Mismatch(where, _fmt(exc), "dQ", ("an index past the end of an array"
+                                         if isinstance(exc, IndexError) else "the kernel raised",),
+                                         (INDEX_HINT,) if isinstance(exc, IndexError) else ())
+        bad = race or _global_conflicts(log, atomics, "dQ")
+        if bad is not None:
+            bad.case = f"{where}: {bad.case}" if not bad.case.startswith("case") else bad.case
+            return len(cases), bad
+        bad = _values_verdict(where, {"dQ": out["dQ"]}, spec, mistakes)
+        if bad is None:
+            model, per_array = _dq_model(Nq, Nk, Br, Bc, d, causal, atomic)
+            bad = _bytes_verdict(where, counted, model, per_array, log)
+            if bad is not None and atomic and causal:
+                bad.notes = (*bad.notes, "every atomic add costs a read and a write of E bytes: skip the masked "
+                                         "pairs (P = 0 adds nothing) and the key tiles no query of the tile sees")
+            elif not atomic:
+                bad = _bytes_hint(bad, causal)
+        if bad is not None:
+            return len(cases), bad
+    return len(cases), None
+
+
+@_register("dq_kernel", 7, "dQ as its own kernel: one block per query tile, K_j, V_j through shared memory",
+           dq_kernel)
+def _run_dq_kernel(make, Br: int = 4, Bc: int = 4, d: int = 4):
+    return _run_dq(make, "dq_kernel", False, Br, Bc, d)
+
+
+@_register("dq_atomic", 7, "dQ from the key side: one block per key tile, every add into dQ atomic", dq_atomic_kernel)
+def _run_dq_atomic(make, Br: int = 4, Bc: int = 4, d: int = 4):
+    return _run_dq(make, "dq_atomic", True, Br, Bc, d)
+
+
+def measure_kernel(exercise: str, make, Nq: int, Nk: int, Br: int = 4, Bc: int = 4, d: int = 4,
+                   causal: bool = False, seed: int = 0) -> dict:
+    """Launch a whole-kernel exercise's kernel ``make(Br, Bc, d, causal)`` once on random inputs, unchecked.
+
+    Returns {name: output array, "bytes": (read, written) by its counter, "log": the simulator's AccessLog or
+    None, "atomics": [(array, flat, block, thread)] of its atomic adds}."""
+    if exercise not in WHOLE_KERNELS:
+        raise ValueError(f"exercise: expected one of {', '.join(WHOLE_KERNELS)}, got {exercise!r}")
+    rng = np.random.default_rng(seed)
+    q, k, v = _qkv(rng, Nq, Nk, d)
+    scale = np.float32(1 / math.sqrt(d))
+    if exercise == "flash2_kernel":
+        arrays = [("q", q), ("k", k), ("v", v), ("O", np.full((Nq, d), np.nan, np.float32)),
+                  ("L", np.full(Nq, np.nan, np.float32))]
+        grid, threads = -(-Nq // Br), Br
+    else:
+        do = rng.standard_normal((Nq, d)).astype(np.float32)
+        o, lse = reference.attention_forward(q, k, v, causal=causal)
+        Dv = (do.astype(np.float64) * o).sum(axis=1).astype(np.float32)
+        atomic = exercise == "dq_atomic"
+        init = np.zeros((Nq, d), np.float32) if atomic else np.full((Nq, d), np.nan, np.float32)
+        arrays = [("q", q), ("k", k), ("v", v), ("do", do), ("L", lse.astype(np.float32)), ("D", Dv), ("dQ", init)]
+        grid, threads = (-(-Nk // Bc), Bc) if atomic else (-(-Nq // Br), Br)
+    atomics = []
+    out, counted, log, _ = _launch(make(Br, Bc, d, causal), grid, threads, arrays, (scale,), None, atomics)
+    return {**out, "bytes": counted, "log": log, "atomics": atomics}
+
+
+def write_races(run: dict, name: str = "dQ"):
+    """The global write race (a _Mismatch, printable) a :func:`measure_kernel` run shows on ``name``, or None."""
+    return _global_conflicts(run["log"], run["atomics"], name)
+
+
 # ============================================================================= lesson 11: the bug zoo's riddles and repairs
 
 
@@ -641,6 +907,37 @@ HINTS = {
 }
 
 
+HINTS["flash2_kernel"] = [
+    "Block i owns query rows i*Br + tid. Declare K_j, V_j as cuda.shared.array((Bc, D), float32) and the row's "
+    "q, scores and O accumulator as cuda.local.array; load q's row once (if row < Nq) and count D * E bytes.",
+    "The loop over key tiles: c0 = j * Bc, cols = min(Bc, Nk - c0). Barrier; all Br threads load K_j, V_j "
+    "(for idx in range(tid, cols * D, Br)), 2 * E bytes each; barrier again before anyone reads them.",
+    "Inside the loop, only threads with row < Nq compute: scores masked to -inf where c0 + c > row + diag "
+    "(diag = Nk - Nq under the mask, every key visible otherwise), then lesson 9's update with the old m_i.",
+    "Guard the row that has seen no visible key (m_new = -inf: skip the update) and the end (l_i = 0: O = 0, "
+    "L = -inf). Under the mask, stop after the tile holding key min((i + 1) * Br, Nq) - 1 + diag.",
+    "After the loop: o[row, x] = o_acc[x] / l_i, L[row] = m_i + log(l_i), D * E + E bytes; at the very end "
+    "cuda.atomic.add(counter, 0, nr) and cuda.atomic.add(counter, 1, nw), outside any `if row < Nq`.",
+]
+HINTS["dq_kernel"] = [
+    "The forward kernel's skeleton: block i owns query rows i*Br + tid; K_j, V_j tiles in shared memory between "
+    "two barriers, loaded by all threads; the same tile bound under the causal mask.",
+    "Keep the row's q, dO (local arrays), L_r and D_r in registers: 2 * D * E + 2 * E bytes, once.",
+    "For each visible key c of the tile: s = q . k_c, dP = dO . v_c, P = exp(scale * s - L_r), dS = P (dP - D_r), "
+    "dq_r[x] += scale * dS * K_j[c, x].",
+    "Write dq[row, x] once after the loop (D * E bytes). One thread owns each row of dQ: no atomics needed.",
+]
+HINTS["dq_atomic"] = [
+    "Block j owns keys j*Bc + tid (k_c, v_c in registers, 2 * D * E bytes); it walks over the query tiles: "
+    "Q_i, dO_i (Br x D) and L_i, D_i (Br) through shared memory between two barriers, like dkdv_block's frame.",
+    "Skip a query tile none of whose rows sees this block's first key (c0 > r0 + rows - 1 + diag): the same "
+    "decision for every thread of the block, so the barriers stay matched.",
+    "For each visible row r (col <= r0 + r + diag): dS as in dq_kernel, then add scale * dS * k_c[x] into "
+    "dq[r0 + r, x] with cuda.atomic.add(dq, (r0 + r, x), value): every thread of every key block adds there.",
+    "Count each atomic add as a read and a write of E bytes.",
+]
+
+
 def hints(name: str, upto: int | None = None) -> None:
     """Print the hints of kernel exercise ``name``, the first ``upto`` of them (all by default)."""
     if name not in HINTS:
@@ -678,4 +975,11 @@ def compile_all(cc=(7, 5)) -> list[tuple[str, str]]:
     for label, exercise, heart in hearts:
         frame, signature = frames[exercise]
         out.append((f"{label} sm_{cc[0]}{cc[1]}", compile_ptx(frame(heart).py_func, signature, cc)))
+    whole = {"flash2_kernel": (flash2_forward_kernel, (F2, F2, F2, F2, F1, F, C)),
+             "dq_kernel": (dq_kernel, (F2, F2, F2, F2, F1, F1, F2, F, C)),
+             "dq_atomic": (dq_atomic_kernel, (F2, F2, F2, F2, F1, F1, F2, F, C))}
+    for name, (make, signature) in whole.items():
+        for causal in (False, True):
+            label = f"{name}{' causal' if causal else ''} sm_{cc[0]}{cc[1]}"
+            out.append((label, compile_ptx(make(4, 4, 4, causal).py_func, signature, cc)))
     return out

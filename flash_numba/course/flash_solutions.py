@@ -315,3 +315,245 @@ _FRAMES = {"flash1_block": flash1_frame, "flash2_loop": flash2_frame, "dkdv_bloc
 def frame_source(name: str) -> str:
     """The source of the kernel that exercise ``name`` plugs the learner's function into."""
     return inspect.getsource(_FRAMES[name])
+
+
+# ============================================================================= whole kernels (lessons 7 and 9)
+#
+# The learner writes these whole: a factory that takes the tile sizes (closure constants, so that the shared
+# arrays have compile-time shapes) and returns the @cuda.jit kernel.  The checker launches it.
+
+
+def flash2_forward_kernel(Br: int, Bc: int, d: int, causal: bool):
+    """FlashAttention-2's forward as one kernel: launch ``[ceil(Nq / Br), Br](q, k, v, o, L, scale, counter)``.
+
+    Block i owns query rows i*Br ... (thread tid: row i*Br + tid); it walks over the key tiles, all threads
+    loading K_j, V_j into shared memory between two barriers; each thread keeps its row's m, l and
+    unnormalised O on chip and writes O and L = m + log(l) once.  Causal: key c is visible to query r iff
+    c <= r + Nk - Nq (bottom-right), and the block stops after the last key tile its last row sees.
+    Counts its bytes into ``counter`` (read, written).
+    """
+    D = d
+    CAUSAL = causal
+
+    @cuda.jit
+    def flash2_forward(q, k, v, o, L, scale, counter):
+        tid = cuda.threadIdx.x
+        i = cuda.blockIdx.x
+        Nq = q.shape[0]
+        Nk = k.shape[0]
+        row = i * Br + tid
+        K_j = cuda.shared.array((Bc, D), float32)
+        V_j = cuda.shared.array((Bc, D), float32)
+        q_r = cuda.local.array(D, float32)
+        s_r = cuda.local.array(Bc, float32)
+        o_acc = cuda.local.array(D, float32)
+        nr = 0
+        nw = 0
+        if row < Nq:
+            for x in range(D):
+                q_r[x] = q[row, x]
+                o_acc[x] = ZERO
+            nr += D * E
+        m_i = NEG_INF
+        l_i = ZERO
+        n_tiles = (Nk + Bc - 1) // Bc
+        diag = Nk  # every key visible
+        if CAUSAL:
+            diag = Nk - Nq
+            last_key = min((i + 1) * Br, Nq) - 1 + diag  # the last key the block's last row sees
+            if last_key < 0:
+                n_tiles = 0  # no row of the block sees any key
+            else:
+                n_tiles = min(n_tiles, last_key // Bc + 1)
+        for j in range(n_tiles):
+            c0 = j * Bc
+            cols = min(Bc, Nk - c0)
+            cuda.syncthreads()  # every thread is done with the previous K_j, V_j
+            for idx in range(tid, cols * D, Br):
+                K_j[idx // D, idx % D] = k[c0 + idx // D, idx % D]
+                V_j[idx // D, idx % D] = v[c0 + idx // D, idx % D]
+                nr += 2 * E
+            cuda.syncthreads()  # K_j, V_j are complete
+            if row < Nq:
+                m_new = m_i
+                for c in range(cols):
+                    s = ZERO
+                    for x in range(D):
+                        s += q_r[x] * K_j[c, x]
+                    s *= scale
+                    if c0 + c > row + diag:
+                        s = NEG_INF
+                    s_r[c] = s
+                    m_new = max(s, m_new)
+                if m_new != NEG_INF:  # no visible key yet: keep (0, 0, -inf)
+                    alpha = math.exp(m_i - m_new)
+                    l_i *= alpha
+                    for x in range(D):
+                        o_acc[x] *= alpha
+                    for c in range(cols):
+                        p = math.exp(s_r[c] - m_new)
+                        l_i += p
+                        for x in range(D):
+                            o_acc[x] += p * V_j[c, x]
+                    m_i = m_new
+        if row < Nq:
+            L_r = NEG_INF
+            inv = ZERO
+            if l_i > ZERO:
+                L_r = m_i + math.log(l_i)
+                inv = 1 / l_i
+            for x in range(D):
+                o[row, x] = o_acc[x] * inv
+            L[row] = L_r
+            nw += D * E + E
+        cuda.atomic.add(counter, 0, nr)
+        cuda.atomic.add(counter, 1, nw)
+
+    return flash2_forward
+
+
+def dq_kernel(Br: int, Bc: int, d: int, causal: bool):
+    """dQ on its own: launch ``[ceil(Nq / Br), Br](q, k, v, do, L, Dv, dq, scale, counter)``.
+
+    Block i owns query rows i*Br ...; thread tid owns row i*Br + tid, whose q, dO, L and D it keeps on chip.
+    It walks over the key tiles it sees (loaded into shared memory by all threads between two barriers):
+    P = exp(scale q k^T - L_r), dS = P (dO v^T - D_r), dQ_r += scale dS k.  One thread writes each row of
+    dQ, once: no atomics.
+    """
+    D = d
+    CAUSAL = causal
+
+    @cuda.jit
+    def dq_pass(q, k, v, do, L, Dv, dq, scale, counter):
+        tid = cuda.threadIdx.x
+        i = cuda.blockIdx.x
+        Nq = q.shape[0]
+        Nk = k.shape[0]
+        row = i * Br + tid
+        K_j = cuda.shared.array((Bc, D), float32)
+        V_j = cuda.shared.array((Bc, D), float32)
+        q_r = cuda.local.array(D, float32)
+        do_r = cuda.local.array(D, float32)
+        dq_r = cuda.local.array(D, float32)
+        nr = 0
+        nw = 0
+        L_r = ZERO
+        D_r = ZERO
+        if row < Nq:
+            for x in range(D):
+                q_r[x] = q[row, x]
+                do_r[x] = do[row, x]
+                dq_r[x] = ZERO
+            L_r = L[row]
+            D_r = Dv[row]
+            nr += 2 * D * E + 2 * E
+        n_tiles = (Nk + Bc - 1) // Bc
+        diag = Nk
+        if CAUSAL:
+            diag = Nk - Nq
+            last_key = min((i + 1) * Br, Nq) - 1 + diag
+            if last_key < 0:
+                n_tiles = 0  # no row of the block sees any key
+            else:
+                n_tiles = min(n_tiles, last_key // Bc + 1)
+        for j in range(n_tiles):
+            c0 = j * Bc
+            cols = min(Bc, Nk - c0)
+            cuda.syncthreads()
+            for idx in range(tid, cols * D, Br):
+                K_j[idx // D, idx % D] = k[c0 + idx // D, idx % D]
+                V_j[idx // D, idx % D] = v[c0 + idx // D, idx % D]
+                nr += 2 * E
+            cuda.syncthreads()
+            if row < Nq:
+                for c in range(cols):
+                    if c0 + c > row + diag:
+                        continue  # masked: P = 0
+                    s = ZERO
+                    dP = ZERO
+                    for x in range(D):
+                        s += q_r[x] * K_j[c, x]
+                        dP += do_r[x] * V_j[c, x]
+                    P = math.exp(scale * s - L_r)
+                    dS = P * (dP - D_r)
+                    for x in range(D):
+                        dq_r[x] += scale * dS * K_j[c, x]
+        if row < Nq:
+            for x in range(D):
+                dq[row, x] = dq_r[x]
+            nw += D * E
+        cuda.atomic.add(counter, 0, nr)
+        cuda.atomic.add(counter, 1, nw)
+
+    return dq_pass
+
+
+def dq_atomic_kernel(Br: int, Bc: int, d: int, causal: bool):
+    """dQ from the key side, as a fused backward computes it: launch ``[ceil(Nk / Bc), Bc](q, k, v, do, L, Dv,
+    dq, scale, counter)`` with dq = 0.
+
+    Block j owns key rows j*Bc ...; thread tid owns key c = j*Bc + tid (k_c, v_c on chip).  For each query
+    tile i it sees (Q_i, dO_i, L_i, D_i loaded into shared memory by all threads between two barriers), the
+    thread adds scale dS_rc k_c into row r of dQ for every visible query r.  Every thread of every key block
+    adds into the same rows of dQ: each add is a cuda.atomic.add (a read and a write of E bytes, counted).
+    """
+    D = d
+    CAUSAL = causal
+
+    @cuda.jit
+    def dq_atomic(q, k, v, do, L, Dv, dq, scale, counter):
+        tid = cuda.threadIdx.x
+        Nq = q.shape[0]
+        Nk = k.shape[0]
+        c0 = cuda.blockIdx.x * Bc
+        col = c0 + tid
+        Q_i = cuda.shared.array((Br, D), float32)
+        dO_i = cuda.shared.array((Br, D), float32)
+        L_i = cuda.shared.array(Br, float32)
+        D_i = cuda.shared.array(Br, float32)
+        k_c = cuda.local.array(D, float32)
+        v_c = cuda.local.array(D, float32)
+        nr = 0
+        nw = 0
+        if col < Nk:
+            for x in range(D):
+                k_c[x] = k[col, x]
+                v_c[x] = v[col, x]
+            nr += 2 * D * E
+        diag = Nk
+        if CAUSAL:
+            diag = Nk - Nq
+        for i in range((Nq + Br - 1) // Br):
+            r0 = i * Br
+            rows = min(Br, Nq - r0)
+            if CAUSAL and c0 > r0 + rows - 1 + diag:
+                continue  # no query of tile i sees a key of this block: the same for every thread
+            cuda.syncthreads()
+            for idx in range(tid, rows * D, Bc):
+                Q_i[idx // D, idx % D] = q[r0 + idx // D, idx % D]
+                dO_i[idx // D, idx % D] = do[r0 + idx // D, idx % D]
+                nr += 2 * E
+            for r in range(tid, rows, Bc):
+                L_i[r] = L[r0 + r]
+                D_i[r] = Dv[r0 + r]
+                nr += 2 * E
+            cuda.syncthreads()
+            if col < Nk:
+                for r in range(rows):
+                    if col > r0 + r + diag:
+                        continue  # masked: P = 0, nothing to add
+                    s = ZERO
+                    dP = ZERO
+                    for x in range(D):
+                        s += Q_i[r, x] * k_c[x]
+                        dP += dO_i[r, x] * v_c[x]
+                    P = math.exp(scale * s - L_i[r])
+                    dS = P * (dP - D_i[r])
+                    for x in range(D):
+                        cuda.atomic.add(dq, (r0 + r, x), scale * dS * k_c[x])  # other threads add here too
+                    nr += D * E
+                    nw += D * E
+        cuda.atomic.add(counter, 0, nr)
+        cuda.atomic.add(counter, 1, nw)
+
+    return dq_atomic

@@ -152,6 +152,26 @@ def access_map(log, name: str, kind: str, shape, title: str | None = None, block
     return fig
 
 
+def kernel_accesses(log, arrays: dict, block=(0, 0, 0), title: str | None = None):
+    """GPU-Puzzles style, one panel per array of a kernel: each element labelled with the thread of ``block`` that
+    first touched it ('.' where none did).  ``arrays``: ``{name: (shape, kind)}``, kind 'r' (read) or 'w'
+    (written), in the order to draw them; ``log``: a :class:`flash_numba.simtrace.AccessLog`."""
+    panels = [(name, shape, kind, log.touch_map(name, kind, shape, block=block).reshape(shape[0], -1))
+              for name, (shape, kind) in arrays.items()]
+    width = sum(0.42 * g.shape[1] + 0.9 for *_, g in panels)
+    height = 0.42 * max(g.shape[0] for *_, g in panels) + 1.2
+    fig, axes = _figure(width, height, ncols=len(panels))
+    for ax, (name, shape, kind, grid) in zip(axes[0], panels):
+        ax.imshow(np.where(grid < 0, np.nan, grid), cmap="tab20", vmin=0, vmax=19)
+        for (r, c), t in np.ndenumerate(grid):
+            ax.text(c, r, "." if t < 0 else str(t), ha="center", va="center", fontsize=7)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(f"{name} ({'read' if kind == 'r' else 'written'})", fontsize=9)
+    fig.suptitle(title or f"block {block[0]}: which thread touched each element first", fontsize=10)
+    return fig
+
+
 def read_counts(logs: dict, name: str, shape):
     """How many times each element of ``name`` was read, one panel per ``{label: AccessLog}``."""
     fig, axes = _figure(3.0 * len(logs), 3.0, ncols=len(logs))
