@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
-NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
+LESSON_NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
+APPENDICES = sorted(LESSONS.glob("A[0-9]_*.ipynb"))
+NOTEBOOKS = LESSON_NOTEBOOKS + APPENDICES
 CELL_TIMEOUT_S = 300
 
 
@@ -41,9 +43,10 @@ def _sources(path, kind=None) -> list[str]:
 
 
 def test_the_course_is_complete():
-    """Lessons 00..12, one notebook per source, each listed in lessons/README.md."""
-    numbers = [int(p.name[:2]) for p in NOTEBOOKS]
-    assert numbers == list(range(13)), [p.name for p in NOTEBOOKS]
+    """Lessons 00..12 and the appendices, one notebook per source, each listed in lessons/README.md."""
+    numbers = [int(p.name[:2]) for p in LESSON_NOTEBOOKS]
+    assert numbers == list(range(13)), [p.name for p in LESSON_NOTEBOOKS]
+    assert [p.name for p in APPENDICES] == ["A1_how_flash2_fast_got_fast.ipynb"]
     assert [p.stem for p in NOTEBOOKS] == [s.stem for s in _build.sources()]
     readme = (LESSONS / "README.md").read_text()
     for p in NOTEBOOKS:
@@ -174,3 +177,20 @@ def test_every_path_and_module_a_lesson_names_exists():
                 import flash_numba
 
                 assert hasattr(flash_numba, mod.split(".")[1]), f"{src.name}: {mod} names no module"
+
+
+WORK_LOG_TAG = re.compile(r"(?i)\bsessions? \d+|\bs\d+/[A-Z]\b|SESSION\d+")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_no_work_log_tags(path):
+    """A learner cannot follow "session 14" or "s15/F": measurements are named by GPU, date, commit and file."""
+    text = "\n".join(_sources(path))
+    assert not WORK_LOG_TAG.search(text), WORK_LOG_TAG.search(text).group(0)
+
+
+@pytest.mark.parametrize("path", LESSON_NOTEBOOKS, ids=_ids(LESSON_NOTEBOOKS))
+def test_at_most_2000_words_of_prose(path):
+    """Short lessons (the optional appendix aside): at most 2,000 words in the markdown cells."""
+    words = len("\n".join(_sources(path, "markdown")).split())
+    assert words <= 2000, f"{path.name}: {words} words of prose"

@@ -85,8 +85,8 @@ DQ_WRONG = {
                                "                    if False:\n                        continue")],
                              "ignores the causal mask"),
         "a zero added for every masked pair": (
-            [("                    if col > r0 + r + diag:\n                        continue  # masked: P = 0, nothing to add\n",
-              ""),
+            [("                    if col > r0 + r + diag:\n"
+              "                        continue  # masked: P = 0, nothing to add\n", ""),
              ("                    P = math.exp(scale * s - L_i[r])\n",
               "                    P = math.exp(scale * s - L_i[r])\n                    if col > r0 + r + diag:\n"
               "                        P = ZERO\n")],
@@ -110,4 +110,5 @@ def test_the_race_picture_of_a_plain_add():
     good = kx.measure_kernel("dq_atomic", kx.dq_atomic_kernel, 4, 8)
     assert kx.write_races(bad) is not None and kx.write_races(good) is None
     assert len(good["atomics"]) == 4 * 8 * 4  # one add per (query, key) pair per element of d
-    assert abs(good["dQ"] - bad["dQ"]).max() < 1e-5  # the simulator runs one thread at a time: the values agree, only the detector sees it
+    # the simulator runs one thread at a time: the values agree, only the write record sees the race
+    assert abs(good["dQ"] - bad["dQ"]).max() < 1e-5

@@ -28,7 +28,7 @@ class _Mismatch:
 @dataclass(frozen=True)
 class _Exercise:
     name: str
-    lesson: int
+    lesson: int | str  # a lesson's number, or an appendix's name ("A1")
     task: str
     solution: Callable  # the spec; for kernels a factory taking the exercise's parameters
     run: Callable  # run(answer, **params) -> (number of cases, _Mismatch or None)
@@ -38,7 +38,7 @@ class _Exercise:
 _EXERCISES: dict[str, _Exercise] = {}
 
 
-def _register(name: str, lesson: int, task: str, solution: Callable, *, kernel: bool = False):
+def _register(name: str, lesson: int | str, task: str, solution: Callable, *, kernel: bool = False):
     def wrap(run):
         _EXERCISES[name] = _Exercise(name, lesson, task, solution, run, kernel)
         return run
@@ -208,3 +208,8 @@ def _verdict(name: str, who: str, n_cases: int, mismatch: _Mismatch | None, *, d
         *mismatch.notes,
         *(mismatch.diagnoses if diagnoses else ()),
     ])
+
+
+def _course_order(lesson) -> tuple:
+    """Sort key of a lesson: the numbered lessons first, then the appendices ("A1", ...)."""
+    return (1, lesson) if isinstance(lesson, str) else (0, str(lesson).zfill(3))

@@ -628,7 +628,7 @@ def _factory_not_done(factory) -> None:
     while todo:
         code = todo.pop()
         if "NotImplementedError" in code.co_names:
-            raise NotImplementedError("the kernel still contains `raise NotImplementedError`; replace it with your code")
+            raise NotImplementedError("the kernel still contains `raise NotImplementedError`: replace it with yours")
         todo += [c for c in code.co_consts if hasattr(c, "co_names")]
 
 
@@ -833,7 +833,7 @@ def write_races(run: dict, name: str = "dQ"):
     return _global_conflicts(run["log"], run["atomics"], name)
 
 
-# ============================================================================= lesson 11: the bug zoo's riddles and repairs
+# ============================================================================= lesson 11: riddles and repairs
 
 
 def examine(letter: str) -> bool:

@@ -246,7 +246,7 @@ def causal_tiles(Nq: int, Nk: int, Br: int, Bc: int):
 
 
 def recorded_times(rows: list[dict], title: str):
-    """Bars of recorded times (ms) and fraction of peak, one per row of :func:`flash_numba.course.recorded.bench_rows`."""
+    """Bars of recorded times (ms) and fraction of peak, one per row of :func:`.recorded.bench_rows`."""
     fig, ((ax_ms, ax_peak),) = _figure(9, 0.35 * len(rows) + 1.4, ncols=2)
     names = [f"{r['implementation']} {r['pass']}" for r in rows]
     y = np.arange(len(rows))

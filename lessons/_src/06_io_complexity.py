@@ -189,9 +189,10 @@ for dd in (16, 32, 64, 128):
 # * writes are collected in L2 and written back later, sometimes merged.
 #
 # NVIDIA's Nsight Compute profiler (`ncu`) measures the real traffic (`dram__bytes_read.sum`,
-# `dram__bytes_write.sum`). `flash-numba profile` (`flash_numba/tools/profile.py`) runs every kernel under it and tabulates its numbers
-# next to the counters and the IO model (on a machine where `ncu` is installed and allowed to read the
-# performance counters; many cloud machines are not, and the script says so).
+# `dram__bytes_write.sum`). `flash-numba profile` (`flash_numba/tools/profile.py`) runs every kernel
+# under it and tabulates its numbers next to the counters and the IO model (on a machine where `ncu` is
+# installed and allowed to read the performance counters; many cloud machines are not, and the script
+# says so).
 
 # %%
 has_profile = importlib.util.find_spec("flash_numba.tools.profile") is not None

@@ -193,10 +193,10 @@ def make_dq(Br, Bc, d, causal):
     @cuda.jit
     def dq_pass(q, k, v, do, L, D, dq, scale, counter):
         tid = cuda.threadIdx.x
-        row = cuda.blockIdx.x * Br + tid  # this thread's query row (none if row >= Nq)
-        K_j = cuda.shared.array((Bc, d), float32)
-        V_j = cuda.shared.array((Bc, d), float32)
-        nr, nw = 0, 0
+        row = cuda.blockIdx.x * Br + tid  # noqa: F841  (this thread's query row; none if row >= Nq)
+        K_j = cuda.shared.array((Bc, d), float32)  # noqa: F841  (yours to fill)
+        V_j = cuda.shared.array((Bc, d), float32)  # noqa: F841
+        nr, nw = 0, 0  # noqa: F841  (the bytes you read and write)
         # Your turn: the row's q, dO, L, D on chip; the loop over key tiles (barrier, load, barrier, add);
         # dq[row, :] written once; then cuda.atomic.add(counter, 0, nr) and (counter, 1, nw).
         raise NotImplementedError("the dQ kernel")
@@ -274,12 +274,12 @@ def make_dq_atomic(Br, Bc, d, causal):
     @cuda.jit
     def dq_atomic(q, k, v, do, L, D, dq, scale, counter):
         tid = cuda.threadIdx.x
-        col = cuda.blockIdx.x * Bc + tid  # this thread's key (none if col >= Nk)
-        Q_i = cuda.shared.array((Br, d), float32)
-        dO_i = cuda.shared.array((Br, d), float32)
-        L_i = cuda.shared.array(Br, float32)
-        D_i = cuda.shared.array(Br, float32)
-        nr, nw = 0, 0
+        col = cuda.blockIdx.x * Bc + tid  # noqa: F841  (this thread's key; none if col >= Nk)
+        Q_i = cuda.shared.array((Br, d), float32)  # noqa: F841  (yours to fill)
+        dO_i = cuda.shared.array((Br, d), float32)  # noqa: F841
+        L_i = cuda.shared.array(Br, float32)  # noqa: F841
+        D_i = cuda.shared.array(Br, float32)  # noqa: F841
+        nr, nw = 0, 0  # noqa: F841  (the bytes you read and write)
         # Your turn: k_c, v_c on chip; the loop over query tiles (barrier, load, barrier); for each visible
         # row an atomic add of scale * dS * k_c[x] into dq[row, x]; then add nr, nw to the counter.
         raise NotImplementedError("the atomic dQ kernel")

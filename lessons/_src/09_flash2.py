@@ -219,8 +219,8 @@ def make_flash2(Br, Bc, d, causal):
     def flash2_forward(q, k, v, o, L, scale, counter):
         tid = cuda.threadIdx.x
         i = cuda.blockIdx.x
-        row = i * Br + tid  # this thread's query row (none if row >= Nq)
-        nr, nw = 0, 0
+        row = i * Br + tid  # noqa: F841  (this thread's query row; none if row >= Nq)
+        nr, nw = 0, 0  # noqa: F841  (the bytes you read and write)
         # Your turn: the shared tiles K_j, V_j (Bc, d) and the row's local arrays; q's row loaded once;
         # the loop over key tiles (barrier, load, barrier, the online softmax with the mask); O and L
         # written once; then cuda.atomic.add(counter, 0, nr) and cuda.atomic.add(counter, 1, nw).

@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-import flash_numba as fn
 import flash_numba.torch as fnt
 from flash_numba import device
 from flash_numba.course import lessonkit, pictures, recorded

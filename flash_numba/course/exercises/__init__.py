@@ -25,32 +25,40 @@ learner has written anything.  A kernel counts as not done while its source
 still contains ``raise NotImplementedError``: on a GPU an exception inside a
 kernel is not reported to the host, so the checker looks before launching.
 
-=====================  ======  =====================================================
-exercise               lesson  the learner writes
-=====================  ======  =====================================================
-``axpy``               0       a first kernel: ``out = alpha * x + y``, one thread each
-``matmul_intensity``   1       FLOPs per byte of a matrix product
-``standard_attention`` 2       ``softmax(scale Q K^T) V`` in NumPy, numerically stable
-``online_softmax``     3       the running (m, l) update for one block of scores
-``tiled_matmul``       4       the tiled matrix-product kernel, with its byte counter
-``flash_rescale``      5       Algorithm 1, lines 10-13: one block step of the forward
-``theorem2``           6       Theorem 2's count of HBM accesses of Algorithm 1
-``compute_D``          7       ``D_i = rowsum(dO_i * O_i)``
-``recompute_P``        7       ``P_ij = exp(S_ij - L_i)`` from the saved L
-``causal_skip``        8       the test that a (query, key) block is wholly masked
-``flash2_update``      9       FlashAttention-2's step, normalisation delayed
-``kv_cache_bytes``     10      the size of a KV cache
-``tile_bytes``         10      the shared memory of one flash2_fast forward block
-``blocks_per_sm``      10      the blocks of a kernel one SM holds at once
-``loads_per_madd``     10      shared loads per multiply-add, one product a thread or two
-``dq_loads_per_madd``  10      the dQ loop's loads per useful multiply-add, lanes in one group or two
-``bug_zoo``            11      the bug of each mystery kernel, named from its verdict
-``split_heads``        12      a model's fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)
-=====================  ======  =====================================================
+=======================  ======  =====================================================
+exercise                 lesson  the learner writes
+=======================  ======  =====================================================
+``axpy``                 0       a first kernel: ``out = alpha * x + y``, one thread each
+``matmul_intensity``     1       FLOPs per byte of a matrix product
+``standard_attention``   2       ``softmax(scale Q K^T) V`` in NumPy, numerically stable
+``online_softmax``       3       the running (m, l) update for one block of scores
+``tiled_matmul``         4       the tiled matrix-product kernel, with its byte counter
+``flash_rescale``        5       Algorithm 1, lines 10-13: one block step of the forward
+``flash1_block``         5       Algorithm 1, lines 9-13, in a kernel frame
+``theorem2``             6       Theorem 2's count of HBM accesses of Algorithm 1
+``compute_D``            7       ``D_i = rowsum(dO_i * O_i)``
+``recompute_P``          7       ``P_ij = exp(S_ij - L_i)`` from the saved L
+``dkdv_block``           7       the dK/dV body of the backward, in a kernel frame
+``dq_kernel``            7       a whole dQ kernel, one block per query tile
+``dq_atomic``            7       a whole dQ kernel from the key side, with atomic adds
+``causal_skip``          8       the test that a (query, key) block is wholly masked
+``causal_tiles``         8       a kernel's loop bound under the causal mask
+``flash2_update``        9       FlashAttention-2's step, normalisation delayed
+``flash2_loop``          9       FlashAttention-2's loop, in a kernel frame
+``flash2_kernel``        9       the whole FlashAttention-2 forward kernel
+``kv_cache_bytes``       10      the size of a KV cache
+``bug_zoo``              11      the bug of each mystery kernel, named from its verdict
+``fix_missing_barrier``  11      repair a kernel whose threads race
+``fix_stale_max``        11      repair a kernel whose merge of tiles is wrong
+``split_heads``          12      a model's fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)
+``tile_bytes``           A1      the shared memory of one flash2_fast forward block
+``blocks_per_sm``        A1      the blocks of a kernel one SM holds at once
+``loads_per_madd``       A1      shared loads per multiply-add, one product a thread or two
+``dq_loads_per_madd``    A1      the dQ loop's loads per useful multiply-add, lanes in one group or two
+=======================  ======  =====================================================
 
-The FlashAttention *kernel* exercises (``flash1_block``, ``dkdv_block``,
-``causal_tiles``, ``flash2_loop``; lessons 5-9) live in
-:mod:`flash_numba.course.flash_checks` and register here: ``check`` runs them too.
+The FlashAttention *kernel* exercises (lessons 5-9 and 11) live in
+:mod:`flash_numba.course.flash_checks` and register themselves: ``check`` runs them too.
 The others live in this package: :mod:`.numpy_steps` (the NumPy steps of the
 algorithm), :mod:`.counts` (closed-form counts) and :mod:`.first_kernels`
 (``axpy``, ``tiled_matmul``); :mod:`.checking` holds what every checker shares.
@@ -60,7 +68,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..checking import _EXERCISES, _Exercise, _verdict
+from ..checking import _EXERCISES, _course_order, _Exercise, _verdict
 from .first_kernels import tiled_matmul_bytes
 from .numpy_steps import flash2_finish
 
@@ -86,7 +94,7 @@ class ExerciseFailed(AssertionError):
 
 def names() -> list[str]:
     """The exercises, in course order."""
-    return sorted(_EXERCISES, key=lambda n: _EXERCISES[n].lesson)
+    return sorted(_EXERCISES, key=lambda n: _course_order(_EXERCISES[n].lesson))
 
 
 
@@ -151,7 +159,7 @@ def _check(name, answer, who, raise_on_fail, params) -> bool:
 
 def describe() -> str:
     """One line per exercise: name, lesson and task."""
-    return "\n".join(f"{n:<20} lesson {_EXERCISES[n].lesson:>2}  {_EXERCISES[n].task}" for n in names())
+    return "\n".join(f"{n:<20} lesson {_EXERCISES[n].lesson!s:>2}  {_EXERCISES[n].task}" for n in names())
 
 
 # Importing a module registers its exercises; names() orders them by lesson, and within a lesson by

@@ -1,5 +1,6 @@
 """The exercises whose answer is a closed-form count: ``matmul_intensity`` (lesson 1), ``theorem2`` (lesson 6),
-``kv_cache_bytes``, ``tile_bytes``, ``blocks_per_sm``, ``loads_per_madd`` and ``dq_loads_per_madd`` (lesson 10)."""
+``kv_cache_bytes`` (lesson 10); ``tile_bytes``, ``blocks_per_sm``, ``loads_per_madd``,
+``dq_loads_per_madd`` (appendix 1)."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def _run_kv_cache_bytes(answer):
     return n, mismatch
 
 
-# ============================================================================= lesson 10: a block's shared memory
+# ============================================================================= appendix 1: a block's shared memory
 
 
 def _tile_bytes_solution(d, TM, TN, itemsize):
@@ -86,7 +87,7 @@ def _tile_bytes_solution(d, TM, TN, itemsize):
     return (QT + K + V + PT) * itemsize
 
 
-@_register("tile_bytes", 10, "shared memory of one flash2_fast forward block", _tile_bytes_solution)
+@_register("tile_bytes", "A1", "shared memory of one flash2_fast forward block", _tile_bytes_solution)
 def _run_tile_bytes(answer):
     cases = [
         ("d = 64, 8 x 2 (Br = 64, Bc = 32), float32: the 48 KB block", (64, 8, 2, 4)),
@@ -101,7 +102,7 @@ def _run_tile_bytes(answer):
     return n, mismatch
 
 
-# ============================================================================= lesson 10: blocks an SM holds
+# ============================================================================= appendix 1: blocks an SM holds
 
 
 def _blocks_per_sm_solution(tile_bytes, registers, threads, smem_per_sm):
@@ -112,7 +113,7 @@ def _blocks_per_sm_solution(tile_bytes, registers, threads, smem_per_sm):
     return min(by_registers, by_shared)
 
 
-@_register("blocks_per_sm", 10, "blocks of a kernel one SM holds at once", _blocks_per_sm_solution)
+@_register("blocks_per_sm", "A1", "blocks of a kernel one SM holds at once", _blocks_per_sm_solution)
 def _run_blocks_per_sm(answer):
     cases = [
         ("d = 128 backward, P and dS in two tiles: 80,128 bytes, 168 registers, 128 threads, H200 (228 KB)",
@@ -132,7 +133,7 @@ def _run_blocks_per_sm(answer):
     return n, mismatch
 
 
-# ============================================================================= lesson 10: shared loads per multiply-add
+# ============================================================================= appendix 1: loads per multiply-add
 
 
 def _loads_per_madd_solution(TM, TN, split):
@@ -144,7 +145,7 @@ def _loads_per_madd_solution(TM, TN, split):
     return loads / (2 * TM * TN)
 
 
-@_register("loads_per_madd", 10, "shared loads per multiply-add of the dK/dV kernel's S^T, dP^T loop",
+@_register("loads_per_madd", "A1", "shared loads per multiply-add of the dK/dV kernel's S^T, dP^T loop",
            _loads_per_madd_solution)
 def _run_loads_per_madd(answer):
     cases = [
@@ -162,7 +163,7 @@ def _run_loads_per_madd(answer):
     return n, mismatch
 
 
-# ============================================================================= lesson 10: the dQ loop's loads, lanes in groups
+# ============================================================================= appendix 1: the dQ loop's loads
 
 
 def _dq_loads_per_madd_solution(RW, DP, groups):
@@ -172,11 +173,11 @@ def _dq_loads_per_madd_solution(RW, DP, groups):
     # of dS_ij per row: ceil(groups DP / 32) + RW / groups vectors; the multiply-adds that count are those of the
     # columns that exist: (RW / groups) (groups DP / 32) of 4 each.  Vectors per useful multiply-add of 4.
     rows = RW // groups
-    cols = -(-groups * DP // 32)  # columns a lane holds, the last block partly idle where 32 / groups does not divide DP
+    cols = -(-groups * DP // 32)  # columns a lane holds (some idle where 32 / groups does not divide DP)
     return (cols + rows) / (rows * groups * DP / 32)
 
 
-@_register("dq_loads_per_madd", 10, "16-byte loads per useful multiply-add of 4 in the dK/dV kernel's dQ loop",
+@_register("dq_loads_per_madd", "A1", "16-byte loads per useful multiply-add of 4 in the dK/dV kernel's dQ loop",
            _dq_loads_per_madd_solution)
 def _run_dq_loads_per_madd(answer):
     cases = [
