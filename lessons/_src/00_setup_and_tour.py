@@ -192,6 +192,7 @@ assert ex.check_solution("axpy")  # the packaged solution passes the same checke
 if recorded.available():
     print(recorded.bench_table(["standard", "flash2_fast", "torch-math"], "fwd", 4096, recorded.STANDARD_BENCH_CSV))
     title = f"{recorded.LABEL}: {recorded.hierarchy()['gpu']}"
+    print(recorded.cite(recorded.LESSON1_LOG))
     lessonkit.show(pictures.memory_hierarchy(recorded.hierarchy_levels(), title))
 else:
     print("the recorded results are not installed (flash_numba/course/data/)")

@@ -229,6 +229,7 @@ if not SIM:
     title = f"measured now: {info.name}"
 elif recorded.available():
     levels, title = recorded.hierarchy_levels(), f"{recorded.LABEL}: {recorded.hierarchy()['gpu']}"
+    print(recorded.cite(recorded.LESSON1_LOG))
 else:
     levels, title = None, "no GPU and no recorded results (clone the repository)"
 print(title)

@@ -181,8 +181,8 @@ if recorded.available():
     rec_ms = recorded.standard_kernel_times()
     rec_bytes = iomodel.forward("standard", 32, 4096, 4096, 64, np.float32).per_kernel
     rec_flops = step_flops(32, 4096, 64)
-    print(f"{recorded.LABEL}: {recorded.provenance(recorded.STANDARD_BENCH_CSV)['device']}")
-    print(f"  {recorded.STANDARD_KERNELS_CSV.name}: each kernel alone, median of 20 calls")
+    print(recorded.cite(recorded.STANDARD_KERNELS_CSV))
+    print("  each kernel alone, median of 20 calls")
     for name in rec_flops:
         ms, gb = rec_ms[name], rec_bytes[name].total / 1e9
         print(f"  {name:<16} {ms:6.3f} ms {ms / sum(rec_ms[x] for x in rec_flops):>5.0%} {gb:6.2f} GB "
