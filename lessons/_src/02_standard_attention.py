@@ -139,7 +139,8 @@ print(lessonkit.counted_beside_model(res.hbm, "standard", BH, N, d, np.float32, 
 # $Q$ once, $K$ and $V$ once per query block, $O$ and $L$ once. So *standard minus flash2* is exactly the
 # S/P term, $4 N^2$ elements per head (plus $4N$ for $m$ and $\ell$): the $\Theta(N^2)$ that the paper's
 # Theorem 2 says FlashAttention removes. Standard attention moves $\Theta(Nd + N^2 d / B_r + N^2)$ bytes.
-#
+
+# %% [markdown]
 # ## Time per step
 #
 # `standard.forward_launches` returns the same three launches, one callable each, on device arrays it

@@ -64,7 +64,8 @@ def median_ms(run):
 #   = dO_i \cdot O_i.$$
 #
 # So $D = \mathrm{rowsum}(dO \circ O)$, from two $N \times d$ matrices the backward pass has anyway.
-#
+
+# %% [markdown]
 # ## Your turn: D, and P from L
 
 # %%
@@ -402,7 +403,8 @@ lessonkit.show(pictures.hbm_bytes_by_term(kernels=("standard", "flash1", "flash2
 # * A finite-difference gradient check tests the whole pass independently of any formula.
 # * When many threads add into one output (dQ from the key side), each add must be atomic; one owner per
 #   output element (dQ from the query side) needs none, and writes once.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

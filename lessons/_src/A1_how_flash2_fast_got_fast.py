@@ -141,7 +141,8 @@ if recorded.available():
 # In the $64 \times 32$ block the product still read 16-byte vectors, and the conflict-free stores made the
 # kernel a little faster. In the $64 \times 64$ block the compiler split each swizzled 16-byte read into four
 # single loads, and the kernel got slower. A fix pays only if it costs less than it saves.
-#
+
+# %% [markdown]
 # ### The fix that shipped: change which keys a thread owns
 #
 # The swizzle moves the *data*. The fix that shipped moves the *threads*. Thread $(t_y, t_x)$ now owns the
@@ -240,7 +241,8 @@ if recorded.available():
 # Why it pays: `flash2_fast` gives each thread an $8 \times 2$ tile of $S_{ij}$ (16 multiply-adds for every
 # 10 numbers it reads from shared memory), but at $d = 128$ the tiles of an $8 \times 2$ block do not fit 48 KB,
 # so it had to fall back to $4 \times 1$ tiles, with half the reuse.
-#
+
+# %% [markdown]
 # ### Your turn: the shared memory of one block
 #
 # `flash2_fast`'s forward runs 128 threads as an $8 \times 16$ grid; with $T_M \times T_N$ tiles per thread a
@@ -319,7 +321,8 @@ elif recorded.available():
 
 # %% [markdown]
 # ## 3. How many blocks an SM holds
-#
+
+# %% [markdown]
 # ### Your turn: blocks per SM
 #
 # More shared memory per block buys reuse, but it has a price: an SM runs the blocks whose tiles fit its shared
@@ -709,7 +712,8 @@ if recorded.available():
 # * Fewer loads per multiply-add shorten the wait of a loop that waits on loads; count them before you time.
 # * Atomic adds, a copy per block, or a second pass: three prices (bits, memory, arithmetic) for one $dQ$.
 # * At small $N$ a call's time is the host's: count the launches.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%
