@@ -705,7 +705,7 @@ def _dq_model(Nq, Nk, Br, Bc, d, causal, atomic):
     return model, per
 
 
-def _global_conflicts(log, atomics, name):
+def _global_conflicts(log, atomics, name, shape=None):
     """A _Mismatch when two threads wrote one element of global array ``name`` and one of them with a plain store
     (a read-add-write that another thread's can interleave with, losing an add), else None.  ``atomics``:
     [(name, flat, block, thread)] of every cuda.atomic.add the kernel made."""
@@ -722,7 +722,8 @@ def _global_conflicts(log, atomics, name):
         plain = [w for w, n_plain in ws if n_plain > 0]
         if plain and len(ws) > 1:
             (b1, t1), (b2, t2) = plain[0], next(w for w, _ in ws if w != plain[0])
-            return _Mismatch(f"{name}: a write race in global memory", f"{name}[{f}] (flat index) written by thread "
+            where = list(int(i) for i in np.unravel_index(f, shape)) if shape else f"{f}] (flat index"
+            return _Mismatch(f"{name}: a write race in global memory", f"{name}{where} written by thread "
                              f"{t1} of block {b1[0]} with a plain store, and by thread {t2} of block {b2[0]}",
                              "one thread a row, or every add a cuda.atomic.add",
                              ("two threads that add into one element with `x[i] += v` each read x[i], add and write "
@@ -771,7 +772,7 @@ def _run_dq(make, name, atomic, Br, Bc, d):
             return len(cases), _Mismatch(where, _fmt(exc), "dQ", ("an index past the end of an array"
                                          if isinstance(exc, IndexError) else "the kernel raised",),
                                          (INDEX_HINT,) if isinstance(exc, IndexError) else ())
-        bad = race or _global_conflicts(log, atomics, "dQ")
+        bad = race or _global_conflicts(log, atomics, "dQ", (Nq, d))
         if bad is not None:
             bad.case = f"{where}: {bad.case}" if not bad.case.startswith("case") else bad.case
             return len(cases), bad
@@ -825,12 +826,12 @@ def measure_kernel(exercise: str, make, Nq: int, Nk: int, Br: int = 4, Bc: int =
         grid, threads = (-(-Nk // Bc), Bc) if atomic else (-(-Nq // Br), Br)
     atomics = []
     out, counted, log, _ = _launch(make(Br, Bc, d, causal), grid, threads, arrays, (scale,), None, atomics)
-    return {**out, "bytes": counted, "log": log, "atomics": atomics}
+    return {**out, "bytes": counted, "log": log, "atomics": atomics, "shapes": {n: a.shape for n, a in arrays}}
 
 
 def write_races(run: dict, name: str = "dQ"):
     """The global write race (a _Mismatch, printable) a :func:`measure_kernel` run shows on ``name``, or None."""
-    return _global_conflicts(run["log"], run["atomics"], name)
+    return _global_conflicts(run["log"], run["atomics"], name, run["shapes"][name])
 
 
 # ============================================================================= lesson 11: riddles and repairs
