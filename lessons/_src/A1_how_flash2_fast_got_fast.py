@@ -552,12 +552,14 @@ if recorded.available():
 # to time both yourself.
 
 # %% [markdown]
+# ## 4. The backward: three ways to compute dQ
+#
 # Lesson 9's flash2 runs three backward kernels: $D$, then $dK$, $dV$ per key block, then $dQ$ per query
 # block. In lesson 7 you wrote the two ways to compute $dQ$: one owner per row, and atomic adds from the
 # key side. flash2_fast offers both, and a third.
 
 # %% [markdown]
-# ## 4. The backward: how many atomic additions? More keys a block, fewer
+# ### How many atomic additions? More keys a block, fewer
 #
 # A thread block of the atomic backward owns $B_c$ keys. For every query row it visits it adds its part of
 # $dQ$, $dS_{ij} K_j$, into all $d$ columns of that row in HBM: one atomic addition per element, which reads
