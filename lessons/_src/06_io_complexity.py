@@ -30,8 +30,9 @@ import numpy as np
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import device, iomodel, kernels, lessonkit, recorded
-from flash_numba import exercises as ex
+from flash_numba import device, iomodel, kernels
+from flash_numba.course import lessonkit, recorded
+from flash_numba.course import exercises as ex
 
 SIM = device.SIMULATOR
 print(device.describe())
@@ -55,7 +56,8 @@ def median_ms(run):
 #
 # $B_r$ does not appear: the $T_r$ query blocks of one outer step add up to $N$ rows whatever their
 # size. With $B_c = \Theta(M/d)$, $T_c = \Theta(Nd/M)$ and the count is $\Theta(Nd \cdot Nd/M)$: Theorem 2.
-#
+
+# %% [markdown]
 # ## Your turn: Theorem 2's count
 #
 # Write the exact number of elements Algorithm 1 reads and writes for one head, from the three items
@@ -188,9 +190,10 @@ for dd in (16, 32, 64, 128):
 # * writes are collected in L2 and written back later, sometimes merged.
 #
 # NVIDIA's Nsight Compute profiler (`ncu`) measures the real traffic (`dram__bytes_read.sum`,
-# `dram__bytes_write.sum`). `flash_numba.profile` runs every kernel under it and tabulates its numbers
-# next to the counters and the IO model (on a machine where `ncu` is installed and allowed to read the
-# performance counters; many cloud machines are not, and the script says so).
+# `dram__bytes_write.sum`). `flash-numba profile` (`flash_numba/tools/profile.py`) runs every kernel
+# under it and tabulates its numbers next to the counters and the IO model (on a machine where `ncu` is
+# installed and allowed to read the performance counters; many cloud machines are not, and the script
+# says so).
 
 # %%
 has_profile = importlib.util.find_spec("flash_numba.tools.profile") is not None
@@ -236,7 +239,8 @@ lessonkit.compare_prediction("bytes(Bc = 64) / bytes(Bc = 128)", my_prediction, 
 # * Bytes grow like $N^2$ for every kernel here, but with very different constants; the IO model carries the
 #   simulator's exact counts to any $N$.
 # * Counted bytes are what the code requests; the hardware (L2, sectors) adds its own, which a profiler sees.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%
