@@ -19,18 +19,21 @@ from .api import (  # noqa: E402
     standard_attention_backward,
     standard_attention_forward,
 )
+from .decode import DecodeResult, attention_decode  # noqa: E402
 from .hbm import HBMCount, KernelBytes  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackwardResult",
+    "DecodeResult",
     "ForwardResult",
     "HBMCount",
     "KernelBytes",
     "DEFAULT_KERNEL",
     "attention",
     "attention_backward",
+    "attention_decode",
     "attention_forward",
     "device",
     "flash_attention_backward",
