@@ -59,6 +59,7 @@ class DecodeProblem:
     torch_device: object = None
     stream: object = 0
     lead: tuple = ()
+    keys_in_flight: int | None = None  # T of the split kernel (None: its rule; the benchmark sets others)
 
     @property
     def G(self) -> int:

@@ -235,3 +235,40 @@ def test_the_spec_describes_the_kernel():
                                 False, 0.25, num_splits=2)
     assert spec.flops(prob) == {fd.SPLIT_NAME: 4 * 16 * 32 * 4, fd.COMBINE_NAME: 2 * 16 * 2 * 4}
     assert ((("float16",), (128,)) in spec.compile_groups)
+
+
+# ---------------------------------------------------------------------------- real sizes (GPU only)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gpu_ragged_paged_causal_at_real_sizes(rng, dtype):
+    """d = 128, Hq = 32, Hkv = 8, Nq = 4 causal, lengths 5000, 1, 0, 3001 in pages of 256 (shuffled)."""
+    lengths, d = (5000, 1, 0, 3001), 128
+    q, k, v, seqlens, table = make(rng, 4, 32, 8, 4, d, lengths, dtype, page_size=256)
+    o_ref, lse_ref = decode_reference(q, k, v, seqlens, table, causal=True)
+    tol = tolerance(dtype, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), max(lengths), d, 1 / np.sqrt(d))
+    for S in (1, 7, None):
+        r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, causal=True, num_splits=S,
+                                count_hbm=True)
+        assert (np.abs(r.o.astype(np.float64) - o_ref) <= tol).all(), S
+        assert np.array_equal(np.isneginf(r.lse), np.isneginf(lse_ref))
+        assert r.hbm == model_of(r, q, k, seqlens, table, True)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_tensors_side_stream_and_determinism(rng):
+    """PyTorch tensors on a side stream (the launches follow torch's current stream), bitwise equal twice."""
+    torch = pytest.importorskip("torch")
+    q, k, v, seqlens, _ = make(rng, 8, 32, 8, 1, 128, (4096, 17, 0, 1000, 4096, 1, 2048, 333), np.float16)
+    t = [torch.from_numpy(x).cuda() for x in (q, k, v, seqlens)]
+    o_ref, _ = decode_reference(q, k, v, seqlens)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = fn.attention_decode(*t[:3], cache_seqlens=t[3])
+        b = fn.attention_decode(*t[:3], cache_seqlens=t[3])
+    side.synchronize()
+    assert isinstance(a.o, torch.Tensor) and a.o.shape == q.shape
+    assert torch.equal(a.o, b.o) and torch.equal(a.lse, b.lse)
+    tol = tolerance(np.float16, o_ref, q, k, v, 4096, 128, 1 / np.sqrt(128))
+    assert (np.abs(a.o.cpu().numpy().astype(np.float64) - o_ref) <= tol).all()

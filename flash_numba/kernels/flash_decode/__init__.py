@@ -88,12 +88,12 @@ def run(prob, ops, counters):
     row_tiles = -(-prob.G * prob.Nq // RT)
     grid = (S, prob.B * prob.Hkv * row_tiles)
     split = S > 1
-    kernel = split_kernel(d, dt.name, RT, prob.paged, split, counters.enabled)
+    kernel = split_kernel(d, dt.name, RT, prob.paged, split, prob.causal, counters.enabled, prob.keys_in_flight)
     o = _inputs.empty((rows, d), dt)
     lse = _inputs.empty((rows,), np.float32)
     scale_log2 = np.float32(prob.scale * LOG2E)
     args = (ops["q"], ops["k"], ops["v"], ops["table"], ops["seqlens"])
-    tail = (prob.Hkv, prob.G, prob.Nq, int(prob.causal), prob.page_size, prob.max_pages, rows, row_tiles, scale_log2)
+    tail = (prob.Hkv, prob.G, prob.Nq, prob.page_size, prob.max_pages, rows, row_tiles, scale_log2)
     if not split:
         kernel[grid, NT, prob.stream](*args, o.reshape(rows * d), lse, *tail, counters.array(SPLIT_ONE_NAME))
         return o, lse
@@ -124,16 +124,18 @@ def _io(prob):
     return model.decode(prob)
 
 
-#: The counted builds of the tier use one row tile shape (the counters are integer code).
-_COUNTED_SHAPE = (4, True, True)
+#: The counted builds of the tier use one shape (rows a block, paged, split, causal): the counters are integer code.
+_COUNTED_SHAPE = (4, True, True, False)
 
 
 def _split_shapes(dtype: str, d: int):
-    """The (rows a block, paged, split) builds the compile tier assembles for a (dtype, d): every one at the
-    benchmark's float16, d = 128; elsewhere the two extremes (8 rows unpaged unsplit, 4 rows paged split)."""
+    """The (rows a block, paged, split, causal) builds the compile tier assembles for a (dtype, d): at the
+    benchmark's float16, d = 128 every non-causal one and two causal; elsewhere the extremes (8 rows unpaged
+    unsplit, 4 and 1 rows paged split) and one causal."""
     if dtype == "float16" and d == 128:
-        return list(itertools.product((1, 2, 4, MAX_ROWS), (False, True), (False, True)))
-    return [(MAX_ROWS, False, False), (4, True, True), (1, True, True)]
+        shapes = [(*s, False) for s in itertools.product((1, 2, 4, MAX_ROWS), (False, True), (False, True))]
+        return shapes + [(4, True, True, True), (MAX_ROWS, False, False, True)]
+    return [(MAX_ROWS, False, False, False), (4, True, True, False), (1, True, True, False), (4, True, True, True)]
 
 
 def _split_argtypes(dtype: str, split: bool):
@@ -144,7 +146,7 @@ def _split_argtypes(dtype: str, split: bool):
     out = types.Array(types.float32, 1, "C") if split else array_type(dtype, 1)
     i32 = types.Array(types.int32, 1, "C")
     return (array_type(dtype, 1), array_type(dtype, 1), array_type(dtype, 1), i32, i32, out,
-            types.Array(types.float32, 1, "C"), *(types.int64,) * 8, types.float32, COUNTER_TYPE)
+            types.Array(types.float32, 1, "C"), *(types.int64,) * 7, types.float32, COUNTER_TYPE)
 
 
 def compile_all(ccs, dtypes, ds) -> list[Compiled]:
@@ -159,10 +161,10 @@ def compile_all(ccs, dtypes, ds) -> list[Compiled]:
             continue
         for count in count_variants(dtype, d):
             shapes = [_COUNTED_SHAPE] if count else _split_shapes(dtype, d)
-            for RT, paged, split in shapes:
-                kernel = split_kernel(d, dtype, RT, paged, split, count)
+            for RT, paged, split, causal in shapes:
+                kernel = split_kernel(d, dtype, RT, paged, split, causal, count)
                 label = (f"{SPLIT_NAME if split else SPLIT_ONE_NAME} d={d} {dtype} rows={RT}"
-                         f"{' paged' if paged else ''}{' count' if count else ''}")
+                         f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}")
                 out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
             f32 = types.Array(types.float32, 1, "C")
             argtypes = (f32, f32, array_type(dtype, 1), f32, types.int64, types.int64, COUNTER_TYPE)

@@ -85,7 +85,8 @@ def rows_per_block(R: int) -> int:
 
 
 def keys_in_flight(RT: int) -> int:
-    """T: keys a lane group loads before it uses any (more bytes in flight; registers grow with T * RT)."""
+    """T: keys a lane group loads before it uses any (more bytes in flight; registers grow with T * RT):
+    4 for one or two rows a block, 2 for four, 1 for eight (ptxas: 122 registers at d = 128, float16, four rows)."""
     return max(1, min(4, 8 // RT))
 
 
@@ -96,12 +97,16 @@ def log2_or_minus_inf(x):
 
 
 @lru_cache(maxsize=None)
-def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, count: bool):
+def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, causal: bool, count: bool,
+                 T: int | None = None):
     """The split kernel for head dim d (a multiple of 16 bytes), storage ``dtype_name``, ``RT`` rows a block,
-    a ``paged`` cache, ``split`` (partials out) or not (o and lse out), ``count``ing bytes."""
+    a ``paged`` cache, ``split`` (partials out) or not (o and lse out), ``causal`` (bottom-right among the new
+    tokens; only then can a key the block reads be masked for a row, so only then does P V test p != 0),
+    ``count``ing bytes; ``T`` keys in flight a lane group (None: :func:`keys_in_flight`; the benchmark measures
+    others)."""
     g = geometry(d, dtype_name)
     V, C, LPR, NG = g["V"], g["C"], g["LPR"], g["NG"]
-    T = keys_in_flight(RT)
+    T = keys_in_flight(RT) if T is None else T
     DT = nb_type(dtype_name)
     S_ITEM = np.dtype(dtype_name).itemsize
     D = d
@@ -115,7 +120,7 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cou
     RT2 = 2 * RT
     STEPS = LPR.bit_length() - 1  # log2(LPR) butterfly steps
     KEYS = NG * T  # keys a block step
-    PAGED, SPLIT, COUNT = paged, split, count
+    PAGED, SPLIT, CAUSAL, COUNT = paged, split, causal, count
     load16 = _vec.loader(dtype_name)
     NEG_INF = float32(-math.inf)
     ZERO = float32(0.0)
@@ -124,7 +129,7 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cou
     VB = V * S_ITEM  # 16 bytes a load
 
     @jit(fastmath=FASTMATH)
-    def kernel(q, k, v, table, seqlens, o, lse, Hkv, G, Nq, causal, P, max_pages, rows, row_tiles, scale_log2,
+    def kernel(q, k, v, table, seqlens, o, lse, Hkv, G, Nq, P, max_pages, rows, row_tiles, scale_log2,
                counter):
         tid = cuda.threadIdx.x
         s = uint32(cuda.blockIdx.x)
@@ -183,7 +188,7 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cou
         for r in range(RT):
             rr = r0 + r
             last = L - 1
-            if causal:
+            if CAUSAL:
                 last = min(last, rr % int64(Nq) + (L - int64(Nq)))  # causal.last_visible_key(i, Nq, L)
             lim[r] = last if r < nrows else int64(-1)
             m[r] = NEG_INF
@@ -266,7 +271,9 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cou
                         ov = oacc[r * V + x] * alpha
                         for t in range(T):
                             p = sc[t * RT + r]
-                            if p != ZERO:  # a masked key adds nothing, even an Inf or NaN value
+                            if not CAUSAL:  # every key read is visible (a key past the chunk has p = 0, v = 0)
+                                ov += p * vf[t * V + x]
+                            elif p != ZERO:  # a masked key adds nothing, even an Inf or NaN value
                                 ov += p * vf[t * V + x]
                         oacc[r * V + x] = ov
                 j0 += KEYS
