@@ -10,7 +10,6 @@ int32s a call).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,6 +178,19 @@ def _metadata_device(a, host: np.ndarray):
     return cuda.to_device(np.ascontiguousarray(host, dtype=np.int32).reshape(-1))
 
 
+_NO_TABLE: dict = {}
+
+
+def _no_table():
+    """The one-element int32 device array an unpaged call passes for the table (never read), one per context."""
+    from numba import cuda
+
+    key = 0 if device.SIMULATOR else id(cuda.current_context())
+    if key not in _NO_TABLE:
+        _NO_TABLE[key] = cuda.to_device(np.zeros(1, np.int32))
+    return _NO_TABLE[key]
+
+
 def prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, stream):
     """Check every argument on the host; return the :class:`DecodeProblem` and the device operands."""
     causal = _bool(causal, "causal")
@@ -267,8 +279,7 @@ def prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal,
     ops = {"q": _flat(args["q"], "q", False), "k": _flat(args["k_cache"], "k_cache", True),
            "v": _flat(args["v_cache"], "v_cache", True)}
     ops["seqlens"] = _metadata_device(meta.get("cache_seqlens"), seqlens)
-    ops["table"] = (_metadata_device(meta["block_table"], table) if paged
-                    else _metadata_device(None, np.zeros(1, np.int32)))
+    ops["table"] = _metadata_device(meta["block_table"], table) if paged else _no_table()
     return prob, ops
 
 

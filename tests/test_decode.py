@@ -229,7 +229,8 @@ def test_the_spec_describes_the_kernel():
     spec = fn.kernels.get("flash_decode")
     assert spec is fd.SPEC and spec.pass_ == "decode"
     assert spec.supports(128, "float16") is None and spec.supports(64, "float32") is None
-    assert spec.supports(12, "float16") == "flash_decode runs float16 and float32 with head dims 8 to 128, a multiple of 8"
+    assert spec.supports(12, "float16") == ("flash_decode runs float16 and float32 with head dims 8 to 128, "
+                                            "a multiple of 8")
     assert spec.launches(1) == (fd.SPLIT_ONE_NAME,) and spec.launches(4) == (fd.SPLIT_NAME, fd.COMBINE_NAME)
     prob = decode.DecodeProblem(1, 4, 1, 1, 16, np.dtype(np.float16), False, 32, 1, 1, np.array([32], np.int32),
                                 False, 0.25, num_splits=2)
@@ -264,6 +265,7 @@ def test_gpu_torch_tensors_side_stream_and_determinism(rng):
     t = [torch.from_numpy(x).cuda() for x in (q, k, v, seqlens)]
     o_ref, _ = decode_reference(q, k, v, seqlens)
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the copies above ran on the default stream
     with torch.cuda.stream(side):
         a = fn.attention_decode(*t[:3], cache_seqlens=t[3])
         b = fn.attention_decode(*t[:3], cache_seqlens=t[3])

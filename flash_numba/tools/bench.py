@@ -337,7 +337,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", choices=("false", "true", "both"), default="both", help="mask (default both)")
     p.add_argument("--pass", dest="pass_", choices=(*PASSES, "both", "decode"),
                    help="fwd, fwd+bwd or both (default both); decode: one decoding step over a KV cache "
-                        "(flash_numba.tools.bench_decode: B = 8, Hq = 32, Hkv = 8, d = 128, float16, --n cache lengths)")
+                        "(tools.bench_decode: B = 8, Hq = 32, Hkv = 8, d = 128, float16, --n cache lengths)")
     p.add_argument("--kernels", nargs="+", metavar="NAME", help="implementations to run (default: all available)")
     p.add_argument("--repeats", type=positive, help=f"timed calls per row (default {DEFAULT_REPEATS})")
     p.add_argument("--peak", type=positive_float, metavar="TFLOPS", help="fp32 peak in TFLOP/s (default: measured)")

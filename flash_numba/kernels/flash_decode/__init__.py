@@ -28,7 +28,6 @@ them by term.  Public entry: :func:`flash_numba.attention_decode`.
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
@@ -36,7 +35,7 @@ from ... import _inputs
 from ...compile_check import Compiled, compile_kernel, count_variants
 from .._common import COUNTER_TYPE
 from .._decode_spec import DecodeSpec
-from .kernels import (COMBINE_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME, TABLE_BATCH,
+from .kernels import (COMBINE_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME,
                       WARPS, combine_kernel, geometry, keys_in_flight, rows_per_block, split_kernel)
 
 __all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_kernel", "combine_kernel", "geometry",

@@ -42,7 +42,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, int32, int64, uint32, uint64
 
-from ...device import SIMULATOR, jit
+from ...device import jit
 from .. import _vec
 from .._common import add_counts, exp2_ieee, nan_max, nb_type
 
@@ -124,7 +124,6 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
     load16 = _vec.loader(dtype_name)
     NEG_INF = float32(-math.inf)
     ZERO = float32(0.0)
-    ONE = float32(1.0)
     F_LN2 = float32(LN2)
     VB = V * S_ITEM  # 16 bytes a load
 
