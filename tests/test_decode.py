@@ -131,12 +131,15 @@ def test_default_lengths_and_splits_and_a_stream(rng):
 
 
 def test_split_rule():
-    """Enough splits for about 8 blocks an SM, no split under 256 keys (or two pages), at most 128."""
-    assert fd.choose_splits(8, 8, 1, 4096, None, 132) == 16  # 4096 / 256
-    assert fd.choose_splits(8, 8, 1, 32768, None, 132) == 17  # ceil(8 * 132 / 64)
-    assert fd.choose_splits(8, 8, 1, 131072, None, 132) == 17
+    """As many splits as fill one wave (4 blocks an SM), no split under 256 keys (or two pages), at most 128."""
+    assert fd.choose_splits(8, 8, 1, 32768, None, 132) == 8  # 4 * 132 // 64: 512 blocks of a 528-block wave
+    assert fd.choose_splits(8, 8, 1, 131072, None, 132) == 8
+    assert fd.choose_splits(8, 8, 1, 4096, None, 132) == 8
+    assert fd.choose_splits(8, 8, 1, 1024, None, 132) == 4  # 1024 / 256
     assert fd.choose_splits(8, 8, 1, 256, None, 132) == 1
     assert fd.choose_splits(8, 8, 1, 100, None, 132) == 1
+    assert fd.choose_splits(8, 8, 2, 32768, None, 132) == 4  # two row tiles a KV head
+    assert fd.choose_splits(64, 16, 1, 32768, None, 132) == 1  # 1,024 blocks: a wave without splitting
     assert fd.choose_splits(1, 1, 1, 10**6, None, 132) == fd.MAX_SPLITS
     assert fd.choose_splits(8, 8, 1, 4096, 1024, 132) == 2  # two pages a split
 
