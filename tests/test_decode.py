@@ -277,3 +277,23 @@ def test_gpu_torch_tensors_side_stream_and_determinism(rng):
     assert torch.equal(a.o, b.o) and torch.equal(a.lse, b.lse)
     tol = tolerance(np.float16, o_ref, q, k, v, 4096, 128, 1 / np.sqrt(128))
     assert (np.abs(a.o.cpu().numpy().astype(np.float64) - o_ref) <= tol).all()
+
+
+def test_the_decode_figure_plots_the_benchmark_rows(tmp_path):
+    """fig_decode reads the benchmark's CSV (here a made-up one) and writes the PNG and the points it plots."""
+    pytest.importorskip("matplotlib")
+    from flash_numba.tools import bench_decode, csvfile
+    from flash_numba.tools.figures import fig_decode
+
+    rows = []
+    for N in (4096, 8192):
+        for name, ms, splits in (("flash_decode", 0.3, 17), ("flash_decode-s8", 0.2, 8), ("torch-flash", 0.1, ""),
+                                 ("torch-math", 2.0, "")):
+            rows.append({"implementation": name, "N": N, "ms": ms * N / 4096, "kv_gbps": 1e3 / ms, "status": "ok",
+                         "num_splits": splits})
+    src = csvfile.write_csv(tmp_path / "decode.csv", ["device: made up"], rows, bench_decode.FIELDS)
+    png, data = fig_decode.make(src, tmp_path / "out", {"flash_decode": {4096: 8, 8192: 8}})
+    assert png.stat().st_size > 0
+    got = {(r["implementation"], int(r["N"])): r for r in csvfile.read_csv(data)}
+    assert got[("flash_decode", 8192)]["row"] == "flash_decode-s8" and float(got[("flash_decode", 8192)]["ms"]) == 0.4
+    assert ("torch-math", 4096) in got and ("flash_decode-s8", 4096) not in got
