@@ -333,3 +333,19 @@ def test_the_harness_forwards_the_decode_pass(capsys):
     names = bench_decode.implementations((1, 8))
     assert names[0] == "flash_decode" and "flash_decode-s1" in names and "flash2_fast" in names
     assert {"torch-flash", "torch-efficient", "torch-math"} <= set(names)
+
+
+def test_the_kv_cache_figure_counts_two_memory_stories(tmp_path):
+    """128 KiB of cache a token for Llama-3-8B's attention; a step reads the cache and a little more; the
+    prefill's S and P grow as N^2 (4x per doubling, up to the causal blocks' rounding)."""
+    pytest.importorskip("matplotlib")
+    from flash_numba.tools.figures import fig_kv_cache
+
+    rows = fig_kv_cache.rows((1024, 2048, 131072))
+    assert rows[-1]["kv_cache_bytes"] == 16 * 2**30 and rows[0]["kv_cache_bytes"] == 128 * 2**10 * 1024
+    for r in rows:
+        assert r["kv_cache_bytes"] < r["decode_step_bytes"] < 1.1 * r["kv_cache_bytes"]
+        assert r["decode_step_S_P_bytes"] < r["kv_cache_bytes"]
+    assert 3.8 < rows[1]["prefill_S_P_bytes"] / rows[0]["prefill_S_P_bytes"] < 4.0
+    png, data = fig_kv_cache.make(tmp_path)
+    assert png.stat().st_size > 0 and data.exists()
