@@ -279,6 +279,10 @@ def prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal,
             b, p = (int(x) for x in bad[0])
             raise ValueError(f"block_table: block_table[{b}, {p}] = {int(table[b, p])} is not a page of the cache "
                              f"(0 .. {num_pages - 1})")
+    heads = B * Hkv * -(-(Hq // Hkv) * Nq // _fd.rows_per_block(Hq // Hkv * Nq))  # the split grid's axis y
+    if heads > 65535:
+        raise ValueError(f"q: B * Hkv * row tiles = {heads} blocks on the grid's axis y, over CUDA's limit of 65,535; "
+                         "call with fewer sequences at a time")
     scale = _inputs.check_scale(scale, d, np.float32)
     storage = _inputs.BF16_STORAGE if dts["q"] == "bfloat16" else np.dtype(dts["q"])
     prob = DecodeProblem(B, Hq, Hkv, Nq, d, storage, paged, page_size, max_pages, num_pages, seqlens,

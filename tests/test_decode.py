@@ -247,6 +247,9 @@ def test_bad_arguments_unpaged_and_options(rng):
         fn.attention_decode(**a, stream="s")
     with pytest.raises(ValueError, match="scale: must be finite"):
         fn.attention_decode(**a, scale=np.inf)
+    big = np.zeros((65536, 1, 1, 8), np.float32)  # 65,536 sequences: one block row too many on axis y
+    with pytest.raises(ValueError, match="over CUDA's limit of 65,535"):
+        fn.attention_decode(big, np.zeros((65536, 1, 1, 8), np.float32), np.zeros((65536, 1, 1, 8), np.float32))
 
 
 def test_the_spec_describes_the_kernel():
