@@ -200,3 +200,17 @@ def test_cuda_graph_capture_replays_to_the_eager_result():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_every_launch_of_a_decoding_step_runs_on_the_calls_stream(num_splits, rng, launched_streams):
+    from numba import cuda
+
+    from flash_numba import attention_decode
+
+    q = cuda.to_device(rng.standard_normal((1, 2, 1, 16)).astype(np.float32))
+    k, v = (cuda.to_device(rng.standard_normal((1, 1, 9, 16)).astype(np.float32)) for _ in range(2))
+    stream = cuda.stream()
+    attention_decode(q, k, v, num_splits=num_splits, stream=stream)
+    assert len(launched_streams) == (1 if num_splits == 1 else 2)
+    assert all(s is stream for s in launched_streams), launched_streams
