@@ -41,7 +41,7 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, uint32, uint64
+from numba import cuda, float32, types, uint32, uint64
 
 from ...device import jit
 from .. import _dropout, _mma
@@ -127,7 +127,7 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
     pack = _mma.pack_bf16x2 if BF16 else _mma.pack_f16x2
     mma = mma16(dtype_name, path)
     ldsm, ldsm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
-    STORE = np.uint16 if BF16 else np.float16  # shared memory holds the 16-bit inputs as they are
+    STORE = types.uint16 if BF16 else types.float16  # shared memory holds the 16-bit inputs as they are
     SMEM = smem_elements(d)
     DS = d + PAD
     KSTEPS = d // 16  # k16 steps of S = Q K^T; also the Q fragments: 4 registers each
@@ -135,6 +135,7 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
     DTILES = d // 8  # n8 tiles of O_i (head dim)
     PSTEPS = Bc // 16  # k16 steps of P V (keys)
     V_AT = Bc * DS
+    Q_REGS, S_REGS, O_REGS = 4 * KSTEPS, 4 * NTILES, 4 * DTILES  # local array sizes: constants
     COUNT, CAUSAL, DROPOUT = count, causal, dropout
     ITEM = 2
     load = tile_loader(d, count, aligned)
@@ -146,11 +147,11 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
 
     def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed, threshold, inv_keep):
         sm = cuda.shared.array(SMEM, STORE)  # K_j | V_j, row stride DS (Q_i passes through K_j's rows first)
-        qf = cuda.local.array(4 * KSTEPS, uint32)  # Q_i's A fragments: 4 registers a k16 step
-        s = cuda.local.array(4 * NTILES, float32)  # S_ij (then P_ij): 4 accumulators an n8 tile
-        acc = cuda.local.array(4 * DTILES, float32)  # O_i: 4 accumulators an n8 tile of d
-        m = cuda.local.array(2, float32)  # m_i of rows g and g + 8
-        l = cuda.local.array(2, float32)  # l_i (this lane's part)
+        qf = cuda.local.array(Q_REGS, types.uint32)  # Q_i's A fragments: 4 registers a k16 step
+        s = cuda.local.array(S_REGS, types.float32)  # S_ij (then P_ij): 4 accumulators an n8 tile
+        acc = cuda.local.array(O_REGS, types.float32)  # O_i: 4 accumulators an n8 tile of d
+        m = cuda.local.array(2, types.float32)  # m_i of rows g and g + 8
+        l = cuda.local.array(2, types.float32)  # l_i (this lane's part)
 
         tid = cuda.threadIdx.x
         warp, lane = uint32(tid) >> uint32(5), uint32(tid) & uint32(31)
