@@ -47,7 +47,7 @@ from . import layout
 from .forward import forward_kernel
 from .layout import FORWARD_NAME, LOG2E, NT, Bc, Br
 
-__all__ = ["SPEC", "forward", "backward", "compile_all", "forward_kernel", "layout"]
+__all__ = ["SPEC", "grids", "forward", "backward", "compile_all", "forward_kernel", "layout"]
 
 BF16_STORAGE = np.dtype(np.uint16)
 
@@ -65,6 +65,14 @@ def instruction_path(dtype_name: str) -> str:
     return p
 
 
+def grids(prob, block) -> dict:
+    """The 1-D launch grid of each launch, by launch name: the forward's Tr * B*H blocks, and flash2_fast's
+    backward launches (what the backward runs for now)."""
+    out = dict(_fast.grids(prob, block)) if not _bf16(prob.dtype) else {}
+    out[FORWARD_NAME] = head_grid(-(-prob.Nq // Br), prob.BH)
+    return out
+
+
 def forward(prob, ops, block, counters):
     """O and L: one launch, a 1-D grid of Tr * B*H blocks (the last row tile first), 128 threads (4 warps)."""
     name = prob.dtype_name
@@ -75,8 +83,7 @@ def forward(prob, ops, block, counters):
     kernel = forward_kernel(prob.d, name, path, prob.causal, counters.enabled, dropout, aligned)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), np.float32)
-    grid = head_grid(-(-prob.Nq // Br), prob.BH)
-    _smem.configure(kernel, grid, NT, 0)(
+    _smem.configure(kernel, grids(prob, block)[FORWARD_NAME], NT, 0)(
         q, k, v, o, lse, prob.Nq, prob.Nk, prob.G, np.float32(prob.scale * LOG2E), counters.array(FORWARD_NAME),
         q_lay, k_lay, v_lay, *drop_args)
     return o, lse
