@@ -21,6 +21,7 @@ from .api import (  # noqa: E402
 )
 from ._inputs import DeviceMemoryError  # noqa: E402
 from .device import ConfigurationError, UnsupportedOnThisGPU  # noqa: E402
+from ._inputs import as_bfloat16  # noqa: E402
 from .hbm import HBMCount, KernelBytes  # noqa: E402
 
 __version__ = "0.1.0"
@@ -32,6 +33,7 @@ __all__ = [
     "ForwardResult",
     "HBMCount",
     "KernelBytes",
+    "as_bfloat16",
     "DEFAULT_KERNEL",
     "attention",
     "attention_backward",
