@@ -22,6 +22,7 @@ from .api import (  # noqa: E402
 from ._inputs import DeviceMemoryError  # noqa: E402
 from .device import ConfigurationError, UnsupportedOnThisGPU  # noqa: E402
 from ._inputs import as_bfloat16  # noqa: E402
+from .decode import DecodeResult, attention_decode  # noqa: E402
 from .hbm import HBMCount, KernelBytes  # noqa: E402
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __all__ = [
     "BackwardResult",
     "ConfigurationError",
     "DeviceMemoryError",
+    "DecodeResult",
     "ForwardResult",
     "HBMCount",
     "KernelBytes",
@@ -37,6 +39,7 @@ __all__ = [
     "DEFAULT_KERNEL",
     "attention",
     "attention_backward",
+    "attention_decode",
     "attention_forward",
     "device",
     "flash_attention_backward",

@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     """Compile every kernel module for cc 7.5 and 9.0; 0 if all compiled within the shared-memory limit."""
     parser = argparse.ArgumentParser(prog="python -m flash_numba.compile_check", description=main.__doc__)
     parser.add_argument("--csv", help="also write the table to this CSV file")
-    parser.add_argument("--kernels", nargs="+", help="kernel modules (default: all of flash_numba.kernels.NAMES)")
+    parser.add_argument("--kernels", nargs="+", help="kernel modules (default: all of flash_numba.kernels.ALL_NAMES)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     args = parser.parse_args(argv)
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if numba.config.ENABLE_CUDASIM:
         print("the compile tier needs the real CUDA target: run with NUMBA_ENABLE_CUDASIM=0", file=sys.stderr)
         return 2
-    names = args.kernels or kernels.NAMES
+    names = args.kernels or kernels.ALL_NAMES
     # One module per task: a worker keeps a kernel's lowering for both ccs (see _library).
     pool = ProcessPoolExecutor(max(1, min(args.jobs, len(names))), mp_context=multiprocessing.get_context("spawn"))
     with pool:

@@ -393,3 +393,44 @@ def flash_backward_tiled(q, k, v, o, lse, do, *, Br, Bc, causal=False, scale=Non
         dK[..., c0:c1, :] = dK_j  # line 18: write dK_j, dV_j to HBM
         dV[..., c0:c1, :] = dV_j
     return dQ, _sum_groups(dK, G), _sum_groups(dV, G)  # line 20 (grouped-query attention: summed per group)
+
+
+def decode_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal=False, scale=None):
+    """One decoding step in float64: o ``(B, Hq, Nq, d)`` and lse ``(B, Hq, Nq)`` (natural log).
+
+    The arguments are :func:`flash_numba.attention_decode`'s: a contiguous cache ``(B, Hkv, Nmax, d)`` or a
+    paged one ``(num_pages, Hkv, P, d)`` with ``block_table``; sequence b's keys are gathered first
+    (``K_b[j] = k_cache[block_table[b, j // P], :, j % P]``), then each query head h of b attends to KV head
+    ``h // (Hq / Hkv)`` over its visible keys: all L_b of them, or with ``causal`` keys ``j <= L_b - Nq + i``
+    for new token i.  A row with no visible key gets o = 0 and lse = -inf.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k_cache, v_cache = np.asarray(k_cache, dtype=np.float64), np.asarray(v_cache, dtype=np.float64)
+    B, Hq, Nq, d = q.shape
+    Hkv, P = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    if cache_seqlens is None:
+        cache_seqlens = [P * (1 if block_table is None else np.shape(block_table)[1])] * B
+    o = np.zeros((B, Hq, Nq, d))
+    lse = np.full((B, Hq, Nq), -np.inf)
+    for b in range(B):
+        L = int(cache_seqlens[b])
+        if block_table is None:
+            K, V = k_cache[b, :, :L], v_cache[b, :, :L]  # (Hkv, L, d)
+        else:
+            pages = [int(block_table[b][p]) for p in range(-(-L // P))]
+            K = np.concatenate([k_cache[p] for p in pages], axis=1)[:, :L] if pages else np.zeros((Hkv, 0, d))
+            V = np.concatenate([v_cache[p] for p in pages], axis=1)[:, :L] if pages else np.zeros((Hkv, 0, d))
+        for h in range(Hq):
+            S = scale * q[b, h] @ K[h // G].T  # (Nq, L)
+            for i in range(Nq):
+                last = min(L - 1, i + L - Nq) if causal else L - 1
+                if last < 0:
+                    continue
+                s = S[i, : last + 1]
+                m = s.max()
+                p = np.exp(s - m)
+                o[b, h, i] = p @ V[h // G, : last + 1] / p.sum()
+                lse[b, h, i] = m + np.log(p.sum())
+    return o, lse

@@ -13,6 +13,9 @@
                    atomic dQ (``deterministic=False``).  Package ``flash2_fast/``.
 ``flash2_tc``      FlashAttention-2's forward on tensor cores (mma.sync, float16 and
                    bfloat16): P stays in registers between S = Q K^T and P V.
+``flash_decode``   one decoding step over a KV cache: split-KV (flash-decoding) with a
+                   combine kernel, paged cache, grouped-query heads read once
+                   (:func:`flash_numba.attention_decode`; in :data:`DECODE_NAMES`).
 =================  =====================================================================
 
 Each module describes itself with a :class:`~flash_numba.kernels._spec.KernelSpec`
@@ -32,17 +35,22 @@ import importlib
 from ._spec import KernelSpec
 
 NAMES = ("standard", "flash1", "flash2", "flash2_fast", "flash2_tc")
+#: Decode kernels (one pass, "decode", over a KV cache; :class:`._decode_spec.DecodeSpec`): not attention
+#: forward/backward kernels, so not in :data:`NAMES`; the compile tier builds them too (:data:`ALL_NAMES`).
+DECODE_NAMES = ("flash_decode",)
+ALL_NAMES = NAMES + DECODE_NAMES
 
-__all__ = ["NAMES", "KernelSpec", "get", "module"]
+__all__ = ["NAMES", "DECODE_NAMES", "ALL_NAMES", "KernelSpec", "get", "module"]
 
 
 def module(name: str):
     """The Python module of kernel ``name`` (its kernel factories, for tools that compile or probe them)."""
-    if name not in NAMES:
-        raise ValueError(f"kernel: unknown kernel {name!r}; choose one of {', '.join(NAMES)}")
+    if name not in ALL_NAMES:
+        raise ValueError(f"kernel: unknown kernel {name!r}; choose one of {', '.join(ALL_NAMES)}")
     return importlib.import_module(f"{__name__}.{name}")
 
 
 def get(name: str) -> KernelSpec:
-    """The :class:`KernelSpec` of kernel ``name``; ValueError naming the choices otherwise."""
+    """The spec of kernel ``name`` (a :class:`KernelSpec`, or a ``DecodeSpec`` for :data:`DECODE_NAMES`);
+    ValueError naming the choices otherwise."""
     return module(name).SPEC

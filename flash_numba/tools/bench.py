@@ -335,7 +335,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bh", type=positive, help=f"B*H, split as (B, H) with H = gcd(B*H, 8) (default {DEFAULT_BH})")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="storage dtype (default float32)")
     p.add_argument("--causal", choices=("false", "true", "both"), default="both", help="mask (default both)")
-    p.add_argument("--pass", dest="pass_", choices=(*PASSES, "both"), help="fwd, fwd+bwd or both (default both)")
+    p.add_argument("--pass", dest="pass_", choices=(*PASSES, "both", "decode"),
+                   help="fwd, fwd+bwd or both (default both); decode: one decoding step over a KV cache "
+                        "(tools.bench_decode: B = 8, Hq = 32, Hkv = 8, d = 128, float16, --n cache lengths)")
     p.add_argument("--kernels", nargs="+", metavar="NAME", help="implementations to run (default: all available)")
     p.add_argument("--repeats", type=positive, help=f"timed calls per row (default {DEFAULT_REPEATS})")
     p.add_argument("--peak", type=positive_float, metavar="TFLOPS", help="fp32 peak in TFLOP/s (default: measured)")
@@ -515,8 +517,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="flash-numba bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    _check_args(parser, args)
     command = shlex.join(sys.argv) if argv is None else shlex.join(["flash-numba", "bench", *argv])
+    if args.pass_ == "decode":  # its own sizes, implementations and columns (bench_decode's docstring)
+        from . import bench_decode
+
+        forwarded = [*(["--n", *map(str, args.n)] if args.n else []), *(["--kernels", *args.kernels] if args.kernels
+                     else []), *(["--repeats", str(args.repeats)] if args.repeats else []),
+                     *(["--csv", args.csv] if args.csv else [])]
+        return bench_decode.main(forwarded, command)
+    _check_args(parser, args)
     return run(args, command)
 
 

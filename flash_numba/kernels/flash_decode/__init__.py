@@ -1,0 +1,188 @@
+"""flash_decode: one decoding step over a KV cache, split-KV (flash-decoding) with a paged cache.
+
+A decoding step computes attention for a few new query tokens (Nq = 1, or up to 16 for speculative
+decoding) of B sequences against their cached keys and values.  With one token the products are
+matrix-vector: the cache read is the bound, about one FLOP per byte (G FLOPs per byte with grouped-query
+attention, G = Hq / Hkv query heads sharing a KV head).  A prefill kernel puts one block per (sequence,
+head) on the GPU (B*H = 32 blocks for 132 SMs in our benchmark) and reads the cache at a few percent of
+HBM's rate; this module splits the cache of each (sequence, KV head) into ``num_splits`` chunks, each
+its own thread block (:mod:`.kernels`, "split kernel"), and merges the partial results in a second
+launch ("combine") with the online-softmax rescale of lesson 3:
+
+    lse2_s = m_s + log2(l_s),  LSE2 = log2(sum_s 2^lse2_s),  O = sum_s 2^(lse2_s - LSE2) * (O_s / l_s)
+
+* **GQA reads each KV element once per step**: the block of KV head hkv computes every query row that
+  reads it (the G query heads x Nq tokens of the group, up to 8 a block).
+* **Paged cache** (vLLM, FlashAttention 2.5): ``block_table[b, p]`` names the page holding keys
+  ``p*P .. p*P + P - 1`` of sequence b; pages in any order, P need not divide the length.
+* **CUDA cores**: 16-byte loads, fp32 accumulation, ``shfl_xor`` row sums (at Nq = 1 a tensor core would
+  multiply a 16-row tile of which one row is real).
+* **num_splits** (:func:`choose_splits`): enough blocks for about :data:`BLOCKS_PER_SM` per SM (two waves at
+  four resident blocks an SM), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
+
+Counters: "flash_decode (one split)" (num_splits = 1: the split kernel writes o and lse), or
+"flash_decode split-KV" and "flash_decode combine"; :mod:`flash_numba.iomodel.flash_decode` predicts
+them by term.  Public entry: :func:`flash_numba.attention_decode`.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ... import _inputs
+from ...compile_check import Compiled, compile_kernel, count_variants
+from .._common import COUNTER_TYPE
+from .._decode_spec import DecodeSpec
+from .kernels import (COMBINE_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME,
+                      WARPS, combine_kernel, geometry, keys_in_flight, rows_per_block, split_kernel)
+
+__all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_kernel", "combine_kernel", "geometry",
+           "rows_per_block", "keys_in_flight", "DTYPES", "MAX_SPLITS", "MAX_NQ", "SPLIT_NAME", "SPLIT_ONE_NAME",
+           "COMBINE_NAME"]
+
+DTYPES = ("float16", "float32")
+#: New query tokens a call may hold (speculative decoding's drafts).
+MAX_NQ = 16
+#: The split rule's target: blocks per SM over the whole grid (two waves of four resident blocks).
+BLOCKS_PER_SM = 8
+#: The split rule's floor: keys a split reads at least (and two pages of a paged cache).
+MIN_KEYS_PER_SPLIT = 256
+
+
+def head_dim_ok(d: int) -> bool:
+    """Head dims the kernels run: 8 to 128, a multiple of 8 (a key row is whole 16-byte loads)."""
+    return 8 <= d <= 128 and d % 8 == 0
+
+
+def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int | None, sm_count: int) -> int:
+    """``num_splits`` for ``num_splits=None``.
+
+    The grid has ``B * Hkv * row_tiles`` blocks per split.  Enough splits that the whole grid holds about
+    ``BLOCKS_PER_SM * sm_count`` blocks (two waves of four resident blocks an SM: with fewer, an SM has too
+    few loads in flight to stream the cache at HBM's rate), but no split shorter than
+    ``MIN_KEYS_PER_SPLIT`` keys of the longest sequence (nor than two pages): a split pays a block's start,
+    its q, its merge and a partial row of d + 1 floats per query row, which a short chunk does not repay.
+    At most :data:`MAX_SPLITS`.  B*Hkv = 64 on 132 SMs: 17 splits, reduced to 16 at 4k keys, 1 at 256.
+    """
+    blocks = max(1, B * Hkv * row_tiles)
+    want = -(-BLOCKS_PER_SM * max(1, sm_count) // blocks)
+    min_keys = MIN_KEYS_PER_SPLIT if page_size is None else max(MIN_KEYS_PER_SPLIT, 2 * page_size)
+    most = max(1, max_len // min_keys)
+    return int(max(1, min(want, most, MAX_SPLITS)))
+
+
+def launches(num_splits: int) -> tuple[str, ...]:
+    """The counter names of a call's launches, in order."""
+    return (SPLIT_ONE_NAME,) if num_splits == 1 else (SPLIT_NAME, COMBINE_NAME)
+
+
+def run(prob, ops, counters):
+    """Launch the split kernel (and, with more than one split, the combine); returns device ``(o, lse)``,
+    o ``(rows, d)`` in the storage dtype and lse ``(rows,)`` float32, rows = B*Hq*Nq in (b, h, i) order."""
+    S, d, dt = prob.num_splits, prob.d, prob.dtype
+    rows = prob.rows
+    RT = rows_per_block(prob.G * prob.Nq)
+    row_tiles = -(-prob.G * prob.Nq // RT)
+    grid = (S, prob.B * prob.Hkv * row_tiles)
+    split = S > 1
+    kernel = split_kernel(d, dt.name, RT, prob.paged, split, prob.causal, counters.enabled, prob.keys_in_flight)
+    o = _inputs.empty((rows, d), dt)
+    lse = _inputs.empty((rows,), np.float32)
+    scale_log2 = np.float32(prob.scale * LOG2E)
+    args = (ops["q"], ops["k"], ops["v"], ops["table"], ops["seqlens"])
+    tail = (prob.Hkv, prob.G, prob.Nq, prob.page_size, prob.max_pages, rows, row_tiles, scale_log2)
+    if not split:
+        kernel[grid, NT, prob.stream](*args, o.reshape(rows * d), lse, *tail, counters.array(SPLIT_ONE_NAME))
+        return o, lse
+    o_part = _inputs.empty((S * rows * d,), np.float32)
+    lse_part = _inputs.empty((S * rows,), np.float32)
+    kernel[grid, NT, prob.stream](*args, o_part, lse_part, *tail, counters.array(SPLIT_NAME))
+    combine = combine_kernel(d, dt.name, counters.enabled)
+    combine[-(-rows // WARPS), NT, prob.stream](o_part, lse_part, o.reshape(rows * d), lse, rows, S,
+                                                counters.array(COMBINE_NAME))
+    return o, lse
+
+
+def _flops(prob) -> dict:
+    """FLOPs per launch: 4 d per (query row, visible key) in the split kernel (S = q.k and P V: a multiply
+    and an add each); 2 d per (row, split that saw a key) in the combine."""
+    from ...iomodel import flash_decode as model
+
+    vis = model.visible_pairs(prob)
+    out = {launches(prob.num_splits)[0]: 4 * prob.d * vis}
+    if prob.num_splits > 1:
+        out[COMBINE_NAME] = 2 * prob.d * model.partial_rows(prob)
+    return out
+
+
+def _io(prob):
+    from ...iomodel import flash_decode as model
+
+    return model.decode(prob)
+
+
+#: The counted builds of the tier use one shape (rows a block, paged, split, causal): the counters are integer code.
+_COUNTED_SHAPE = (4, True, True, False)
+
+
+def _split_shapes(dtype: str, d: int):
+    """The (rows a block, paged, split, causal) builds the compile tier assembles for a (dtype, d): at the
+    benchmark's float16, d = 128 every non-causal one and two causal; elsewhere the extremes (8 rows unpaged
+    unsplit, 4 and 1 rows paged split) and one causal."""
+    if dtype == "float16" and d == 128:
+        shapes = [(*s, False) for s in itertools.product((1, 2, 4, MAX_ROWS), (False, True), (False, True))]
+        return shapes + [(4, True, True, True), (MAX_ROWS, False, False, True)]
+    return [(MAX_ROWS, False, False, False), (4, True, True, False), (1, True, True, False), (4, True, True, True)]
+
+
+def _split_argtypes(dtype: str, split: bool):
+    from numba import types
+
+    from .._common import array_type
+
+    out = types.Array(types.float32, 1, "C") if split else array_type(dtype, 1)
+    i32 = types.Array(types.int32, 1, "C")
+    return (array_type(dtype, 1), array_type(dtype, 1), array_type(dtype, 1), i32, i32, out,
+            types.Array(types.float32, 1, "C"), *(types.int64,) * 7, types.float32, COUNTER_TYPE)
+
+
+def compile_all(ccs, dtypes, ds) -> list[Compiled]:
+    """The compile tier: the split kernel's builds (:func:`_split_shapes`) and the combine, per cc, dtype, d."""
+    from numba import types
+
+    from .._common import array_type
+
+    out = []
+    for cc, dtype, d in itertools.product(ccs, dtypes, ds):
+        if dtype not in DTYPES or not head_dim_ok(d):
+            continue
+        for count in count_variants(dtype, d):
+            shapes = [_COUNTED_SHAPE] if count else _split_shapes(dtype, d)
+            for RT, paged, split, causal in shapes:
+                kernel = split_kernel(d, dtype, RT, paged, split, causal, count)
+                label = (f"{SPLIT_NAME if split else SPLIT_ONE_NAME} d={d} {dtype} rows={RT}"
+                         f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}")
+                out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
+            f32 = types.Array(types.float32, 1, "C")
+            argtypes = (f32, f32, array_type(dtype, 1), f32, types.int64, types.int64, COUNTER_TYPE)
+            label = f"{COMBINE_NAME} d={d} {dtype}{' count' if count else ''}"
+            out.append(compile_kernel(label, combine_kernel(d, dtype, count), argtypes, cc))
+    return out
+
+
+SPEC = DecodeSpec(
+    name="flash_decode",
+    doc=__doc__,
+    run=run,
+    launches=launches,
+    io_model=_io,
+    flops=_flops,
+    compile_all=compile_all,
+    dtypes=DTYPES,
+    head_dims=head_dim_ok,
+    head_dims_text="8 to 128, a multiple of 8",
+    choose_splits=choose_splits,
+    compile_groups=((("float16",), (128,)), (("float32",), (32,))),
+)

@@ -1,0 +1,410 @@
+"""The two kernels of a decode step: split-KV attention over one chunk of a KV cache, and the combine.
+
+**Split kernel** (grid ``(num_splits, B*Hkv*row_tiles)``, 128 threads).  Block ``(s, y)`` owns KV head ``hkv``
+of sequence ``b`` and keys ``start .. end - 1`` of that sequence's ``L = cache_seqlens[b]`` keys
+(``chunk = ceil(L / num_splits)``, ``start = s * chunk``).  It computes *all* the query rows that read this KV
+head, the ``R = G * Nq`` rows of the group (G = Hq / Hkv query heads, Nq new tokens), ``RT`` of them per block
+(:func:`rows_per_block`): each key and value element of the chunk is read from HBM once per block, not once
+per query head (grouped-query attention saves the bytes).  One key row is read by ``LPR`` lanes, 16 bytes each
+(:mod:`flash_numba.kernels._vec`); a warp holds ``32 / LPR`` such lane groups, the block ``NG = 128 / LPR``::
+
+      d = 128, float16: LPR = 16 lanes x 8 halves = one 256-byte key row
+      warp 0: lanes 0-15 key j0 + 0, lanes 16-31 key j0 + 1       (group = tid // LPR)
+      warp 1: key j0 + 2, j0 + 3      ...      warp 3: key j0 + 6, j0 + 7
+      then key j0 + 8 + group, ... : T keys a group a step, loaded before any is used
+
+Each lane group keeps its own online-softmax state (``m``, ``l`` and its LPR lanes' columns of ``O`` for the RT
+rows, fp32 registers) over the keys it visits; per key, S_r = q_r . k is one partial dot product per lane and
+``log2(LPR)`` ``shfl_xor`` steps.  At the end the NG states of the block are merged through shared memory (the
+same rescale as the combine, lesson 3's rule).  Scores are in base 2 (q is scaled by ``scale * log2(e)``).
+
+Paged cache: key ``j`` of sequence ``b`` lives in page ``block_table[b, j // P]`` at row ``j % P``; a block stages
+the table entries of its chunk in shared memory, :data:`TABLE_BATCH` at a time (each entry read once per block).
+Unpaged (``PAGED = False``) the "page" is the sequence's own ``(Hkv, Nmax, d)`` slab, no table.
+
+With one split the kernel writes ``o`` (storage dtype) and ``lse`` (natural log) itself; with more it writes,
+per split and row, ``lse2_s = m_s + log2(l_s)`` (base 2, -inf for a split that sees no key of that row) and the
+normalised partial ``O_s / l_s`` (float32, only where ``lse2_s`` is finite).
+
+**Combine kernel** (one warp per output row, 4 rows a block): ``LSE2 = log2(sum_s 2^lse2_s)``,
+``O = sum_s 2^(lse2_s - LSE2) O_s`` over the splits that saw a key, ``lse = LSE2 * ln 2``; a row no split saw
+(a length of 0, or a causal row before the cache) gets ``O = 0`` and ``lse = -inf``.
+
+Counted bytes (``COUNT``): what each thread's code reads and writes in global memory (see
+:mod:`flash_numba.hbm`); :mod:`flash_numba.iomodel.flash_decode` gives the same numbers term by term.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int32, int64, uint32, uint64
+
+from ...device import jit
+from .. import _vec
+from .._common import add_counts, exp2_ieee, nan_max, nb_type
+
+NT = 128  # threads a block
+WARPS = NT // 32
+FULL = 0xFFFFFFFF
+#: Page-table entries a block stages in shared memory at a time.
+TABLE_BATCH = 128
+#: The most splits a call may ask for (the combine's weights of a row sit in shared memory).
+MAX_SPLITS = 128
+#: Query rows a split block computes at most (its O accumulator lives in registers).
+MAX_ROWS = 8
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}  # no ninf/nnan: masked scores keep their -inf
+
+SPLIT_NAME = "flash_decode split-KV"
+SPLIT_ONE_NAME = "flash_decode (one split)"
+COMBINE_NAME = "flash_decode combine"
+
+
+def geometry(d: int, dtype_name: str) -> dict:
+    """The lane layout of a key row: V elements a lane (16 bytes), C lanes hold data, LPR (a power of 2) lanes
+    a row, NG lane groups (keys in flight) a block."""
+    V = _vec.lanes(dtype_name)
+    C = d // V
+    LPR = 1
+    while LPR < C:
+        LPR *= 2
+    return {"V": V, "C": C, "LPR": LPR, "NG": NT // LPR}
+
+
+def rows_per_block(R: int) -> int:
+    """RT: query rows a split block computes, for R = G * Nq rows that read one KV head: the smallest of
+    1, 2, 4, 8 that holds them, else 8 (then ceil(R / 8) row tiles each read the chunk)."""
+    for rt in (1, 2, 4):
+        if R <= rt:
+            return rt
+    return MAX_ROWS
+
+
+def keys_in_flight(RT: int) -> int:
+    """T: keys a lane group loads before it uses any (more bytes in flight; registers grow with T * RT):
+    4 for one or two rows a block, 2 for four, 1 for eight (ptxas: 122 registers at d = 128, float16, four rows)."""
+    return max(1, min(4, 8 // RT))
+
+
+@jit(device=True, forceinline=True)
+def log2_or_minus_inf(x):
+    """log2(x) for x > 0, -inf for x = 0 (the simulator's math.log2(0) raises), in x's own dtype."""
+    return math.log2(x) if x > float32(0.0) else float32(-math.inf)
+
+
+@lru_cache(maxsize=None)
+def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, causal: bool, count: bool,
+                 T: int | None = None):
+    """The split kernel for head dim d (a multiple of 16 bytes), storage ``dtype_name``, ``RT`` rows a block,
+    a ``paged`` cache, ``split`` (partials out) or not (o and lse out), ``causal`` (bottom-right among the new
+    tokens; only then can a key the block reads be masked for a row, so only then does P V test p != 0),
+    ``count``ing bytes; ``T`` keys in flight a lane group (None: :func:`keys_in_flight`; the benchmark measures
+    others)."""
+    g = geometry(d, dtype_name)
+    V, C, LPR, NG = g["V"], g["C"], g["LPR"], g["NG"]
+    T = keys_in_flight(RT) if T is None else T
+    DT = nb_type(dtype_name)
+    S_ITEM = np.dtype(dtype_name).itemsize
+    D = d
+    D_U = uint32(d)
+    RTD = RT * d
+    RTV = RT * V
+    TV = T * V
+    TRT = T * RT
+    NGRT = NG * RT
+    NGD = NG * d
+    RT2 = 2 * RT
+    STEPS = LPR.bit_length() - 1  # log2(LPR) butterfly steps
+    KEYS = NG * T  # keys a block step
+    PAGED, SPLIT, CAUSAL, COUNT = paged, split, causal, count
+    load16 = _vec.loader(dtype_name)
+    NEG_INF = float32(-math.inf)
+    ZERO = float32(0.0)
+    F_LN2 = float32(LN2)
+    VB = V * S_ITEM  # 16 bytes a load
+
+    @jit(fastmath=FASTMATH)
+    def kernel(q, k, v, table, seqlens, o, lse, Hkv, G, Nq, P, max_pages, rows, row_tiles, scale_log2,
+               counter):
+        tid = cuda.threadIdx.x
+        s = uint32(cuda.blockIdx.x)
+        y = uint32(cuda.blockIdx.y)
+        S = uint32(cuda.gridDim.x)
+        bhkv = y // uint32(row_tiles)
+        rt = y - bhkv * uint32(row_tiles)
+        b = bhkv // uint32(Hkv)
+        hkv = bhkv - b * uint32(Hkv)
+        RG = int64(G) * int64(Nq)  # rows that read this KV head
+        r0 = int64(rt) * RT
+        nrows = min(int64(RT), RG - r0)
+        grow0 = int64(bhkv) * RG + r0  # global row (b, h, i) of the block's first row
+
+        sh_q = cuda.shared.array(RTD, float32)
+        sh_len = cuda.shared.array(1, int32)
+        sh_pages = cuda.shared.array(TABLE_BATCH, int32)
+        sh_m = cuda.shared.array(NGRT, float32)
+        sh_l = cuda.shared.array(NGRT, float32)
+        sh_o = cuda.shared.array(NGD, float32)
+        sh_stat = cuda.shared.array(RT2, float32)
+        nr = int64(0)
+        nw = int64(0)
+
+        if tid == 0:
+            sh_len[0] = seqlens[b]
+            if COUNT:
+                nr += 4
+        e = uint32(tid)
+        while e < uint32(RTD):  # Q_i -> shared, scaled by scale * log2(e)
+            r = e // D_U
+            if int64(r) < nrows:
+                sh_q[e] = float32(q[uint64(grow0 + int64(r)) * uint64(D) + uint64(e - r * D_U)]) * scale_log2
+                if COUNT:
+                    nr += S_ITEM
+            else:
+                sh_q[e] = ZERO
+            e += uint32(NT)
+        cuda.syncthreads()
+
+        L = int64(sh_len[0])
+        chunk = (L + int64(S) - 1) // int64(S)
+        start = int64(s) * chunk
+        end = min(L, start + chunk)
+
+        gl = uint32(tid) % uint32(LPR)  # this lane's 16 bytes of a key row
+        grp = uint32(tid) // uint32(LPR)  # its lane group
+        active = gl < uint32(C)
+        col = gl * uint32(V)
+
+        lim = cuda.local.array(RT, int64)  # the last key each row sees
+        qr = cuda.local.array(RTV, float32)
+        oacc = cuda.local.array(RTV, float32)
+        m = cuda.local.array(RT, float32)
+        l = cuda.local.array(RT, float32)
+        for r in range(RT):
+            rr = r0 + r
+            last = L - 1
+            if CAUSAL:
+                last = min(last, rr % int64(Nq) + (L - int64(Nq)))  # causal.last_visible_key(i, Nq, L)
+            lim[r] = last if r < nrows else int64(-1)
+            m[r] = NEG_INF
+            l[r] = ZERO
+            for x in range(V):
+                qr[r * V + x] = sh_q[r * D + col + x] if active else ZERO
+                oacc[r * V + x] = ZERO
+
+        kf = cuda.local.array(TV, float32)
+        vf = cuda.local.array(TV, float32)
+        sc = cuda.local.array(TRT, float32)
+        head_base = uint64(0)
+        if not PAGED:  # sequence b's slab (Hkv, Nmax, d): one "page" of P = Nmax rows
+            head_base = uint64(uint32(b) * uint32(Hkv) + hkv) * uint64(P) * uint64(D)
+        lo = start
+        pb = int64(0)
+        while lo < end:
+            hi = end
+            if PAGED:  # stage the table entries of pages pb .. pb + TABLE_BATCH - 1
+                pb = lo // int64(P)
+                hi = min(end, (pb + TABLE_BATCH) * int64(P))
+                p_last = (hi - 1) // int64(P)
+                cuda.syncthreads()
+                if tid < TABLE_BATCH and pb + tid <= p_last:
+                    sh_pages[tid] = table[uint64(b) * uint64(max_pages) + uint64(pb + tid)]
+                    if COUNT:
+                        nr += 4
+                cuda.syncthreads()
+            j0 = lo
+            while j0 < hi:  # KEYS keys a step, T a lane group
+                for t in range(T):
+                    j = j0 + int64(grp) + NG * t
+                    if j < hi and active:
+                        if PAGED:
+                            pj = uint32(j) // uint32(P)
+                            page = uint32(sh_pages[pj - uint32(pb)])
+                            at = ((uint64(page * uint32(Hkv) + hkv) * uint64(P) + uint64(uint32(j) - pj * uint32(P)))
+                                  * uint64(D) + uint64(col))
+                        else:
+                            at = head_base + uint64(uint32(j) * D_U + col)
+                        kt = load16(k, at)
+                        vt = load16(v, at)
+                        for x in range(V):
+                            kf[t * V + x] = float32(kt[x])
+                            vf[t * V + x] = float32(vt[x])
+                        if COUNT:
+                            nr += 2 * VB
+                    else:
+                        for x in range(V):
+                            kf[t * V + x] = ZERO
+                            vf[t * V + x] = ZERO
+                for t in range(T):  # S_r = q_r . k_j, this lane's V columns
+                    for r in range(RT):
+                        acc = ZERO
+                        for x in range(V):
+                            acc += qr[r * V + x] * kf[t * V + x]
+                        sc[t * RT + r] = acc
+                for st in range(STEPS):  # ... summed over the LPR lanes of the row (all of them get the sum)
+                    mask = LPR >> (st + 1)
+                    for t in range(T):
+                        for r in range(RT):
+                            sc[t * RT + r] += cuda.shfl_xor_sync(FULL, sc[t * RT + r], mask)
+                for r in range(RT):  # online softmax over the T keys (lesson 3), base 2
+                    mx = m[r]
+                    for t in range(T):
+                        j = j0 + int64(grp) + NG * t
+                        x_ = sc[t * RT + r] if (j < hi and j <= lim[r]) else NEG_INF
+                        sc[t * RT + r] = x_
+                        mx = nan_max(mx, x_)
+                    m_use = mx if mx != NEG_INF else ZERO  # no key seen yet: exp2(-inf - 0) = 0, no NaN
+                    alpha = exp2_ieee(m[r] - m_use)
+                    m[r] = mx
+                    lsum = ZERO
+                    for t in range(T):
+                        p = exp2_ieee(sc[t * RT + r] - m_use)
+                        sc[t * RT + r] = p
+                        lsum += p
+                    l[r] = l[r] * alpha + lsum
+                    for x in range(V):
+                        ov = oacc[r * V + x] * alpha
+                        for t in range(T):
+                            p = sc[t * RT + r]
+                            if not CAUSAL:  # every key read is visible (a key past the chunk has p = 0, v = 0)
+                                ov += p * vf[t * V + x]
+                            elif p != ZERO:  # a masked key adds nothing, even an Inf or NaN value
+                                ov += p * vf[t * V + x]
+                        oacc[r * V + x] = ov
+                j0 += KEYS
+            lo = hi
+
+        # merge the NG lane groups' states: M = max m_g, L = sum l_g 2^(m_g - M), O = sum O_g 2^(m_g - M)
+        if gl == 0:
+            for r in range(RT):
+                sh_m[grp * RT + r] = m[r]
+                sh_l[grp * RT + r] = l[r]
+        cuda.syncthreads()
+        if tid < RT:
+            mm = NEG_INF
+            for gi in range(NG):
+                mm = nan_max(mm, sh_m[gi * RT + tid])
+            m_use = mm if mm != NEG_INF else ZERO
+            ll = ZERO
+            for gi in range(NG):
+                a = exp2_ieee(sh_m[gi * RT + tid] - m_use)
+                sh_m[gi * RT + tid] = a
+                ll += sh_l[gi * RT + tid] * a
+            sh_stat[tid] = mm
+            sh_stat[RT + tid] = ll
+        cuda.syncthreads()
+        for r in range(RT):
+            if active:
+                a = sh_m[grp * RT + r]
+                for x in range(V):
+                    sh_o[grp * D + col + x] = oacc[r * V + x] * a
+            cuda.syncthreads()
+            if r < nrows and tid < D:
+                acc = ZERO
+                for gi in range(NG):
+                    acc += sh_o[gi * D + tid]
+                ll = sh_stat[RT + r]
+                lse2 = sh_stat[r] + log2_or_minus_inf(ll)
+                row = uint64(grow0 + r)
+                if SPLIT:  # partials: lse2_s always, O_s / l_s where the split saw a key of the row
+                    at = uint64(s) * uint64(rows) + row
+                    if lse2 != NEG_INF:
+                        o[at * uint64(D) + uint64(tid)] = acc / ll
+                        if COUNT:
+                            nw += 4
+                    if tid == 0:
+                        lse[at] = lse2
+                        if COUNT:
+                            nw += 4
+                else:
+                    o[row * uint64(D) + uint64(tid)] = DT(acc / ll) if ll > ZERO else DT(0.0)
+                    if COUNT:
+                        nw += S_ITEM
+                    if tid == 0:
+                        lse[row] = lse2 * F_LN2 if ll > ZERO else NEG_INF
+                        if COUNT:
+                            nw += 4
+            cuda.syncthreads()
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def combine_kernel(d: int, dtype_name: str, count: bool):
+    """The combine kernel: one warp per output row, the splits' partials merged with the online-softmax rescale."""
+    DT = nb_type(dtype_name)
+    S_ITEM = np.dtype(dtype_name).itemsize
+    D = d
+    COUNT = count
+    NEG_INF = float32(-math.inf)
+    ZERO = float32(0.0)
+    F_LN2 = float32(LN2)
+    W_SPLITS = WARPS * MAX_SPLITS
+
+    @jit(fastmath=FASTMATH)
+    def combine(o_part, lse_part, o, lse, rows, num_splits, counter):
+        tid = cuda.threadIdx.x
+        warp = uint32(tid) // uint32(32)
+        lane = uint32(tid) % uint32(32)
+        row = uint64(cuda.blockIdx.x) * uint64(WARPS) + uint64(warp)
+        ok = row < uint64(rows)
+        sh_x = cuda.shared.array(W_SPLITS, float32)  # lse2_s of the warp's row
+        sh_w = cuda.shared.array(W_SPLITS, float32)  # its weights 2^(lse2_s - LSE2)
+        base = warp * uint32(MAX_SPLITS)
+        nr = int64(0)
+        nw = int64(0)
+        mm = NEG_INF
+        s = lane
+        while s < uint32(num_splits):
+            x = NEG_INF
+            if ok:
+                x = lse_part[uint64(s) * uint64(rows) + row]
+                if COUNT:
+                    nr += 4
+            sh_x[base + s] = x
+            mm = nan_max(mm, x)
+            s += uint32(32)
+        for st in range(5):
+            mm = nan_max(mm, cuda.shfl_xor_sync(FULL, mm, 16 >> st))
+        m_use = mm if mm != NEG_INF else ZERO
+        w = ZERO
+        s = lane
+        while s < uint32(num_splits):
+            w += exp2_ieee(sh_x[base + s] - m_use)
+            s += uint32(32)
+        for st in range(5):
+            w += cuda.shfl_xor_sync(FULL, w, 16 >> st)
+        lse2 = mm + log2_or_minus_inf(w)
+        s = lane
+        while s < uint32(num_splits):
+            x = sh_x[base + s]
+            sh_w[base + s] = exp2_ieee(x - lse2) if x != NEG_INF else ZERO
+            s += uint32(32)
+        cuda.syncthreads()
+        if ok:
+            c = lane
+            while c < uint32(D):
+                acc = ZERO
+                for si in range(num_splits):
+                    if sh_x[base + si] != NEG_INF:  # a split that saw no key of the row wrote no partial
+                        acc += sh_w[base + si] * o_part[(uint64(si) * uint64(rows) + row) * uint64(D) + uint64(c)]
+                        if COUNT:
+                            nr += 4
+                o[row * uint64(D) + uint64(c)] = DT(acc)
+                if COUNT:
+                    nw += S_ITEM
+                c += uint32(32)
+            if lane == 0:
+                lse[row] = lse2 * F_LN2 if lse2 != NEG_INF else NEG_INF
+                if COUNT:
+                    nw += 4
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return combine

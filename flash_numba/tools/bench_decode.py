@@ -1,0 +1,344 @@
+"""The decode benchmark: ``flash-numba bench --pass decode`` (or ``python -m flash_numba.tools.bench_decode``).
+
+One decoding step, B = 8 sequences, Hq = 32 query heads, Hkv = 8 KV heads (grouped-query attention, G = 4),
+d = 128, float16, one new token (Nq = 1), a KV cache of N = 4k ... 128k tokens.  The same three steps as
+:mod:`flash_numba.tools.bench`:
+
+1. **Validate**: ``flash_decode`` against the float64 reference (:func:`flash_numba.reference.decode_reference`)
+   on a small ragged, paged problem, and at every benchmark size against PyTorch's math path upcast to float32
+   (two sequences); its counted bytes against the IO model at every size.
+2. **Time**: ours, the kernels alone: events around each kernel launch (:class:`~flash_numba.tools.timing.
+   LaunchTimer`; the arguments checked once per cache), summed per call, median of ``--repeats`` calls after
+   :data:`WARMUP`; PyTorch and flash2_fast: ``--repeats`` whole calls queued back to back between two events
+   (their host work runs ahead of the GPU).  ``call_ms`` (flash_decode only): whole ``attention_decode`` calls
+   the same way, host checks included (they copy the lengths back to the host: a synchronisation each call).
+   Calls rotate among KV caches that together exceed 3x the L2 cache (the paged cache and the repeated K, V
+   for memory-efficient: one copy).
+3. **Report**: a fixed-width table per cache length and a CSV with the harness's columns
+   (:data:`flash_numba.tools.bench_report.CSV_FIELDS`: ``pass`` = ``decode``, ``H`` = query heads, ``N`` =
+   cache length, ``flops`` = 4 B Hq N d) and two more: ``kv_gbps`` (the KV bytes of the Hkv heads,
+   2 B Hkv N d s, over the time: how fast the cache streams), ``num_splits`` and ``call_ms``.
+
+Implementations: ``flash_decode`` (``num_splits=None``: the rule's choice), ``flash_decode-paged`` (the same
+cache in shuffled pages of 256 rows), ``flash_decode-s<S>`` (S splits forced; ``-s1`` is "without splits"),
+``flash_decode-t4`` (four keys in flight a lane group instead of the rule's two at four rows a block: a
+measurement of that choice),
+``flash2_fast`` (the prefill kernel at Nq = 1, for contrast: B*Hq blocks), and PyTorch SDPA pinned to a
+backend: ``torch-flash`` and ``torch-cudnn`` (``enable_gqa=True``), ``torch-efficient`` (it refuses
+``enable_gqa``: K and V repeated to Hq heads before timing) and ``torch-math`` (``enable_gqa=True``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+import sys
+
+import numpy as np
+
+from .. import device
+from ..decode import attention_decode
+from ..iomodel import flash_decode as model
+from ..reference import decode_reference
+from . import csvfile
+
+B, HQ, HKV, D = 8, 32, 8, 128
+DEFAULT_N = (4096, 8192, 16384, 32768, 65536, 131072)
+DEFAULT_SPLITS = (1, 4, 8, 32, 64)
+PAGE_SIZE = 256
+WARMUP, REPEATS = 3, 10
+TOLERANCE = 2e-2  # max |x - ref| / max |ref| for float16 outputs (the harness's float16 rule)
+TORCH = {"torch-flash": "FLASH_ATTENTION", "torch-cudnn": "CUDNN_ATTENTION", "torch-efficient": "EFFICIENT_ATTENTION",
+         "torch-math": "MATH"}
+FIELDS = ("implementation", "B", "H", "N", "d", "dtype", "causal", "pass", "ms", "tflops", "peak_fraction", "flops",
+          "hbm_bytes", "hbm_source", "peak_mem_bytes", "status", "kv_gbps", "num_splits", "call_ms")
+
+
+class Case:
+    """The caches of one length: ``sets`` of (q, k, v) torch tensors, the paged copies, the repeated K, V."""
+
+    def __init__(self, torch, N: int, dtype: str, n_sets: int):
+        self.N, self.dtype = N, dtype
+        tdt = getattr(torch, dtype)
+        g = torch.Generator(device="cuda").manual_seed(N)
+        self.sets = []
+        for _ in range(n_sets):
+            q = torch.randn(B, HQ, 1, D, device="cuda", dtype=tdt, generator=g)
+            k = torch.randn(B, HKV, N, D, device="cuda", dtype=tdt, generator=g)
+            v = torch.randn(B, HKV, N, D, device="cuda", dtype=tdt, generator=g)
+            self.sets.append((q, k, v))
+        self.seqlens = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        self._paged = self._rep = None
+        self.torch = torch
+
+    def paged(self):
+        """Set 0's cache as shuffled pages of PAGE_SIZE rows and its block table (built once)."""
+        if self._paged is None:
+            torch = self.torch
+            q, k, v = self.sets[0]
+            per = -(-self.N // PAGE_SIZE)
+            perm = torch.randperm(B * per, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+            table = perm.view(B, per).to(torch.int32)
+
+            def pages(x):
+                x = torch.nn.functional.pad(x, (0, 0, 0, per * PAGE_SIZE - self.N))  # (B, Hkv, per*P, d)
+                x = x.view(B, HKV, per, PAGE_SIZE, D).permute(0, 2, 1, 3, 4).reshape(B * per, HKV, PAGE_SIZE, D)
+                out = torch.empty_like(x)
+                out[perm] = x  # sequence b's page p lands at perm[b*per + p]
+                return out
+
+            self._paged = (q, pages(k), pages(v), table)
+        return self._paged
+
+    def repeated(self, i):
+        """K and V of set i repeated to Hq heads (memory-efficient refuses enable_gqa); set 0 only, kept."""
+        if self._rep is None:
+            q, k, v = self.sets[0]
+            self._rep = (q, k.repeat_interleave(HQ // HKV, dim=1), v.repeat_interleave(HQ // HKV, dim=1))
+        return self._rep
+
+
+def implementations(splits) -> list[str]:
+    return (["flash_decode", "flash_decode-paged", "flash_decode-t4"] + [f"flash_decode-s{s}" for s in splits]
+            + ["flash2_fast"] + list(TORCH))
+
+
+def call(name: str, case: Case, i: int, count_hbm: bool = False):
+    """One decode step of ``name`` on input set i: (o, DecodeResult or None)."""
+    torch = case.torch
+    q, k, v = case.sets[i]
+    if name == "flash_decode" or name.startswith("flash_decode-s"):
+        splits = None if name == "flash_decode" else int(name.rsplit("-s", 1)[1])
+        r = attention_decode(q, k, v, cache_seqlens=case.seqlens, num_splits=splits, count_hbm=count_hbm)
+        return r.o, r
+    if name == "flash_decode-t4":  # the rule's splits, four keys in flight a lane group (the rule: two at G = 4)
+        from .. import _inputs, decode as _decode
+        from ..hbm import Counters
+
+        prob, ops = _decode.prepare(q, k, v, case.seqlens, None, None, False, None, None)
+        prob.keys_in_flight = 4
+        with _inputs.allocate_like(prob):
+            o, _ = _decode.SPEC.run(prob, ops, Counters(count_hbm))
+        return _inputs.finish(prob, o, (1, D)), None
+    if name == "flash_decode-paged":
+        q, kp, vp, table = case.paged()
+        r = attention_decode(q, kp, vp, cache_seqlens=case.seqlens, block_table=table, count_hbm=count_hbm)
+        return r.o, r
+    if name == "flash2_fast":
+        from ..api import attention_forward
+
+        return attention_forward(q, k, v, kernel="flash2_fast").o, None
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with sdpa_kernel(getattr(SDPBackend, TORCH[name])), torch.no_grad():
+        if name == "torch-efficient":
+            q, kr, vr = case.repeated(i)
+            return sdpa(q, kr, vr), None
+        return sdpa(q, k, v, enable_gqa=True), None
+
+
+def n_calls_sets(name: str, case: Case) -> int:
+    """Input sets a name rotates through (the paged and repeated copies exist for set 0 only)."""
+    return 1 if name in ("flash_decode-paged", "torch-efficient") else len(case.sets)
+
+
+def ours(name: str) -> bool:
+    return name.startswith("flash_decode")
+
+
+def kernel_ms(name: str, case: Case, repeats: int) -> float:
+    """A flash_decode call's launches alone: :class:`~flash_numba.tools.timing.LaunchTimer` brackets each kernel
+    launch with two events (no host work between them), summed per call; median of ``repeats`` calls after
+    :data:`WARMUP`.  The arguments are checked once per input set (:func:`flash_numba.decode.prepare`)."""
+    from .. import _inputs
+    from .. import decode as _decode
+    from .timing import LaunchTimer
+
+    probs = []
+    for i in range(n_calls_sets(name, case)):
+        q, k, v = case.sets[i]
+        table = None
+        if name == "flash_decode-paged":
+            q, k, v, table = case.paged()
+        splits = int(name.rsplit("-s", 1)[1]) if "-s" in name else None
+        prob, ops = _decode.prepare(q, k, v, case.seqlens, table, splits, False, None, None)
+        if name == "flash_decode-t4":
+            prob.keys_in_flight = 4
+        probs.append((prob, ops))
+
+    def once(j):
+        prob, ops = probs[j % len(probs)]
+        with LaunchTimer() as timer, _inputs.allocate_like(prob):
+            _decode.SPEC.run(prob, ops, timer)
+        return sum(timer.stop().values())
+
+    for j in range(WARMUP):
+        once(j)
+    return statistics.median(once(WARMUP + r) for r in range(repeats))
+
+
+def loop_ms(name: str, case: Case, repeats: int) -> float:
+    """Whole calls: two events around ``repeats`` calls queued back to back (the host runs ahead of the GPU
+    where its work per call is shorter), divided by ``repeats``, after :data:`WARMUP` calls."""
+    torch = case.torch
+    n = n_calls_sets(name, case)
+    for i in range(WARMUP):
+        call(name, case, i % n)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for r in range(repeats):
+        call(name, case, (WARMUP + r) % n)
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / repeats
+
+
+def max_rel_error(x, ref) -> float:
+    x, ref = np.asarray(x, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.abs(x - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def validate_small(torch) -> list[str]:
+    """flash_decode on a small ragged, paged, causal problem with three new tokens, against float64."""
+    rng = np.random.default_rng(0)
+    Bs, P, lengths = 3, 16, (1000, 0, 333)
+    q = rng.standard_normal((Bs, 8, 3, 64)).astype(np.float16)
+    per = [-(-L // P) for L in lengths]
+    k = rng.standard_normal((sum(per) + 1, 2, P, 64)).astype(np.float16)
+    v = rng.standard_normal(k.shape).astype(np.float16)
+    order = rng.permutation(k.shape[0])
+    table = np.zeros((Bs, max(per)), np.int32)
+    n = 0
+    for b, u in enumerate(per):
+        table[b, :u] = order[n:n + u]
+        n += u
+    seqlens = np.array(lengths, np.int32)
+    bad = []
+    for splits in (1, 3, None):
+        r = attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, causal=True, num_splits=splits)
+        o_ref, lse_ref = decode_reference(q, k, v, seqlens, table, causal=True)
+        err = max_rel_error(r.o, o_ref)
+        fin = np.isfinite(lse_ref)
+        if err > TOLERANCE or not np.array_equal(np.isfinite(r.lse), fin):
+            bad.append(f"MISMATCH flash_decode small problem num_splits={splits}: o error {err:.3g}")
+    return bad
+
+
+def validate_case(name: str, case: Case) -> list[str]:
+    """``name`` against PyTorch's math path in float32 on sequences 0 and B - 1 of set 0."""
+    torch = case.torch
+    q, k, v = case.sets[0]
+    o, _ = call(name, case, 0)
+    idx = [0, B - 1]
+    qf, kf, vf = (x[idx].float() for x in (q, k, v))
+    kf, vf = (x.repeat_interleave(HQ // HKV, dim=1) for x in (kf, vf))
+    ref = torch.softmax(qf @ kf.transpose(-1, -2) / math.sqrt(D), dim=-1) @ vf
+    got = torch.as_tensor(o, device="cuda")[idx].float()
+    err = float((got - ref).abs().max() / ref.abs().max())
+    return [] if err <= TOLERANCE else [f"MISMATCH {name} N={case.N}: error {err:.3g} against float32 math"]
+
+
+def kv_sets(N: int, dtype: str) -> int:
+    from .microbench import l2_cache_bytes
+
+    nbytes = model.kv_bytes(B, HKV, N, D, np.dtype(dtype).itemsize)
+    return max(1, min(4, math.ceil(3 * (l2_cache_bytes() or 0) / nbytes)))
+
+
+def run(Ns, names, dtype: str, repeats: int, csv_path: str | None, command: str) -> int:
+    import torch
+
+    print(device.describe())
+    bad = validate_small(torch)
+    if bad:
+        print("\n".join(bad))
+        return 1
+    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    header = [f"device: {device.describe()}", f"date: {date}", f"command: {command}",
+              f"decode: B = {B}, Hq = {HQ}, Hkv = {HKV}, d = {D}, Nq = 1, {dtype}; kv_gbps = 2 B Hkv N d s / time; "
+              f"median of {repeats} calls after {WARMUP}, CUDA events, caches rotated (3x L2)"]
+    out = csvfile.RowWriter(csv_path, header, FIELDS) if csv_path else None
+    status = 0
+    try:
+        for N in Ns:
+            case = Case(torch, N, dtype, kv_sets(N, dtype))
+            kvb = model.kv_bytes(B, HKV, N, D, np.dtype(dtype).itemsize)
+            flops = 4 * B * HQ * N * D
+            lines = [f"N = {N}: KV cache {kvb / 1e9:.3f} GB",
+                     f"{'implementation':<20} {'splits':>6} {'ms':>9} {'GB/s':>8} {'HBM bytes':>14} {'status':>10}"]
+            for name in names:
+                row = dict(implementation=name, B=B, H=HQ, N=N, d=D, dtype=dtype, causal=False, flops=flops,
+                           status="ok", hbm_source="n/a")
+                row["pass"] = "decode"
+                try:
+                    mism = validate_case(name, case)
+                    if mism:
+                        print("\n".join(mism))
+                        row["status"], status = "mismatch", 1
+                    if name.startswith("flash_decode") and name != "flash_decode-t4":
+                        _, r = call(name, case, 0, count_hbm=True)
+                        want = r and attention_model(r, case, name)
+                        row.update(hbm_bytes=r.hbm.total, hbm_source="counted", num_splits=r.num_splits)
+                        if r.hbm != want:
+                            print(f"MISMATCH {name} N={N}: counted {r.hbm} != model {want}")
+                            row["status"], status = "count != model", 1
+                    ms = kernel_ms(name, case, repeats) if ours(name) else loop_ms(name, case, repeats)
+                    row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, kv_gbps=kvb / (ms * 1e-3) / 1e9)
+                    if name == "flash_decode":  # the whole API call: host checks (the metadata copied back), launches
+                        row["call_ms"] = loop_ms(name, case, repeats)
+                except Exception as exc:  # a backend that refuses the call: its status, the sweep goes on
+                    if not name.startswith("torch"):
+                        raise
+                    row["status"] = f"not available: {str(exc).splitlines()[0][:80]}"
+                if out:
+                    out.write(row)
+                ms = row.get("ms")
+                t = "" if ms is None else f"{ms:.4f}"
+                gbps = "" if ms is None else f"{row['kv_gbps']:.0f}"
+                lines.append(f"{name:<20} {row.get('num_splits', ''):>6} {t:>9} {gbps:>8} "
+                             f"{row.get('hbm_bytes') or '':>14} {row['status'][:10]:>10}")
+            print("\n".join(lines), flush=True)
+            del case
+            torch.cuda.empty_cache()
+    finally:
+        if out:
+            out.close()
+    return status
+
+
+def attention_model(r, case: Case, name: str):
+    """The IO model of a flash_decode call of the benchmark."""
+    from .. import decode as _decode
+
+    paged = name == "flash_decode-paged"
+    seqlens = np.full(B, case.N, np.int32)
+    P = PAGE_SIZE if paged else case.N
+    per = -(-case.N // PAGE_SIZE)
+    prob = _decode.DecodeProblem(B, HQ, HKV, 1, D, np.dtype(case.dtype), paged, P, per if paged else 1,
+                                 B * per if paged else B, seqlens, False, 1 / math.sqrt(D), num_splits=r.num_splits)
+    return model.decode(prob)
+
+
+def main(argv=None, command: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flash_numba.tools.bench_decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_N), help="cache lengths")
+    p.add_argument("--splits", type=int, nargs="*", default=list(DEFAULT_SPLITS), help="forced num_splits rows")
+    p.add_argument("--kernels", nargs="+", help="implementations (default: all)")
+    p.add_argument("--dtype", choices=("float16",), default="float16")
+    p.add_argument("--repeats", type=int, default=REPEATS)
+    p.add_argument("--csv", help="write the rows here")
+    args = p.parse_args(argv)
+    if device.SIMULATOR:
+        print("the decode benchmark needs a GPU (and PyTorch with CUDA)", file=sys.stderr)
+        return 2
+    names = args.kernels or implementations(args.splits)
+    return run(args.n, names, args.dtype, args.repeats, args.csv,
+               command or "python -m flash_numba.tools.bench_decode " + " ".join(argv or sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

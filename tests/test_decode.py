@@ -1,0 +1,276 @@
+"""flash_decode (``flash_numba.attention_decode``): one decoding step over a KV cache, in the simulator.
+
+Against the float64 reference (:func:`flash_numba.reference.decode_reference`): ragged lengths with a
+length of 0, a paged cache with its pages shuffled and a page size that does not divide the lengths,
+Nq = 1 and Nq = 3 causal (bottom-right among the new tokens, a row before the cache included),
+grouped-query heads (G = 4, whose 12 rows at Nq = 3 take two row tiles), float16 and float32, one, two
+and three splits (the same answer within rounding), poisoned outputs (conftest), counted bytes equal to
+the IO model per launch and by term; every bad argument refused on the host, naming it.
+"""
+
+import numpy as np
+import pytest
+
+import flash_numba as fn
+from flash_numba import decode, device
+from flash_numba.iomodel import flash_decode as model
+from flash_numba.kernels import flash_decode as fd
+from flash_numba.reference import decode_reference
+
+U = {np.float16: 2.0**-11, np.float32: 2.0**-24}  # unit roundoff of the storage dtype
+
+
+def tolerance(dtype, o_ref, q, k, v, L, d, scale):
+    """The error the arithmetic allows: o rounded once to the storage dtype (u_s |o|), and fp32 sums over d
+    products for a score and over L keys for O and l, with a score error of (d + 8) u_32 |s| moving each
+    weight by that much relatively (exp2's approximation included): (d + L + 8) u_32 (1 + max |s|) max |v|,
+    four times over."""
+    u32 = 2.0**-24
+    smax = scale * float(np.abs(q.astype(np.float64)).max()) * float(np.abs(k.astype(np.float64)).max()) * d
+    vmax = float(np.abs(v.astype(np.float64)).max())
+    return U[dtype] * np.abs(o_ref) + 4 * (d + L + 8) * u32 * (1 + smax) * vmax
+
+
+def make(rng, B, Hq, Hkv, Nq, d, lengths, dtype, page_size=None):
+    """q, k_cache, v_cache, cache_seqlens, block_table (None when unpaged): a paged cache's pages shuffled,
+    its spare pages filled with NaN (read by nobody), each table row's unused entries -1."""
+    q = rng.standard_normal((B, Hq, Nq, d)).astype(dtype)
+    seqlens = np.array(lengths, dtype=np.int32)
+    if page_size is None:
+        Nmax = max(max(lengths), 1) + 3
+        k, v = (rng.standard_normal((B, Hkv, Nmax, d)).astype(dtype) for _ in range(2))
+        return q, k, v, seqlens, None
+    used = [-(-L // page_size) for L in lengths]
+    max_pages = max(max(used), 1) + 1
+    num_pages = sum(used) + 2
+    k, v = (np.full((num_pages, Hkv, page_size, d), np.nan, dtype=dtype) for _ in range(2))
+    order = rng.permutation(num_pages)
+    table = np.full((B, max_pages), -1, dtype=np.int32)
+    n = 0
+    for b, u in enumerate(used):
+        for p in range(u):
+            page = order[n]
+            n += 1
+            table[b, p] = page
+            k[page] = rng.standard_normal((Hkv, page_size, d)).astype(dtype)
+            v[page] = rng.standard_normal((Hkv, page_size, d)).astype(dtype)
+    return q, k, v, seqlens, table
+
+
+def model_of(result, q, k, seqlens, table, causal):
+    """The IO model of a call (the problem rebuilt from its arguments)."""
+    B, Hq, Nq, d = q.shape
+    Hkv, P = k.shape[1], k.shape[2]
+    prob = decode.DecodeProblem(B, Hq, Hkv, Nq, d, q.dtype, table is not None, P,
+                                1 if table is None else table.shape[1], k.shape[0], seqlens, causal, 1 / np.sqrt(d),
+                                num_splits=result.num_splits)
+    return fd.SPEC.io_model(prob)
+
+
+CASES = [  # (Nq, causal, Hq, Hkv, lengths, page_size)
+    (1, False, 4, 1, (13, 0, 6), None),  # G = 4: one block reads the KV head for four query heads
+    (3, True, 8, 2, (13, 0, 2), None),  # G = 4, Nq = 3: 12 rows, two row tiles; L = 2 < Nq: a row sees no key
+    (1, False, 4, 2, (13, 0, 6), 5),  # paged, shuffled, P = 5 divides none of the lengths
+    (3, True, 4, 1, (11, 0, 7), 4),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("Nq, causal, Hq, Hkv, lengths, page_size", CASES)
+def test_matches_float64_reference_in_one_two_and_three_splits(rng, dtype, Nq, causal, Hq, Hkv, lengths, page_size):
+    d = 16
+    q, k, v, seqlens, table = make(rng, 3, Hq, Hkv, Nq, d, lengths, dtype, page_size)
+    o_ref, lse_ref = decode_reference(q, k, v, seqlens, table, causal=causal)
+    scale = 1 / np.sqrt(d)
+    tol = tolerance(dtype, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), max(lengths), d, scale)
+    outs = []
+    for S in (1, 2, 3):
+        r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, num_splits=S, causal=causal,
+                                count_hbm=True)
+        assert r.kernel == "flash_decode" and r.num_splits == S
+        assert r.o.shape == q.shape and r.o.dtype == dtype
+        assert r.lse.shape == q.shape[:3] and r.lse.dtype == np.float32
+        assert not np.isnan(r.o).any() and not np.isnan(r.lse).any()
+        assert (np.abs(r.o.astype(np.float64) - o_ref) <= tol).all(), S
+        none = np.isneginf(lse_ref)  # rows that see no key: the sequence of length 0, causal rows before the cache
+        assert none[:, :, :].any()
+        assert (r.o[none] == 0).all() and np.isneginf(r.lse[none]).all()
+        assert np.abs(r.lse[~none] - lse_ref[~none]).max() <= 4 * (d + max(lengths) + 8) * 2.0**-24 * (
+            1 + np.abs(lse_ref[~none]).max()) * 8
+        want = model_of(r, q, k, seqlens, table, causal)
+        assert r.hbm == want, (S, r.hbm.table(), want.table())
+        assert sum(r.hbm.terms.values()) == r.hbm.total
+        assert r.hbm.terms["KV cache"] == model.kv_bytes(1, Hkv, sum(lengths), d, np.dtype(dtype).itemsize) * (
+            2 if Hq // Hkv * Nq > fd.kernels.MAX_ROWS else 1)
+        assert (r.hbm.terms["page table"] > 0) == (page_size is not None)
+        assert (r.hbm.terms["partials"] > 0) == (S > 1)
+        outs.append(r.o.astype(np.float64))
+    for o in outs[1:]:  # the splits change the order of the sums only
+        assert (np.abs(o - outs[0]) <= 2 * tol).all()
+
+
+def test_many_pages_one_sequence_page_size_one(rng):
+    """Page size 1 and 140 keys: the block stages the table 128 entries at a time (two batches)."""
+    q, k, v, seqlens, table = make(rng, 1, 2, 1, 1, 8, (140,), np.float32, page_size=1)
+    r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, num_splits=1, count_hbm=True)
+    o_ref, _ = decode_reference(q, k, v, seqlens, table)
+    assert np.abs(r.o - o_ref).max() < 1e-5
+    assert r.hbm == model_of(r, q, k, seqlens, table, False)
+    assert r.hbm.terms["page table"] == 4 * 140
+
+
+def test_default_lengths_and_splits_and_a_stream(rng):
+    """No cache_seqlens: every sequence is the whole cache; num_splits=None takes the rule's choice."""
+    from numba import cuda
+
+    q, k, v, _, _ = make(rng, 2, 2, 2, 1, 8, (9, 9), np.float32)
+    r = fn.attention_decode(q, k, v, stream=cuda.stream())
+    o_ref, lse_ref = decode_reference(q, k, v)
+    assert np.abs(r.o - o_ref).max() < 1e-5 and np.abs(r.lse - lse_ref).max() < 1e-5
+    assert r.num_splits == fd.choose_splits(2, 2, 1, k.shape[2], None, device.info().sm_count)
+
+
+def test_split_rule():
+    """Enough splits for about 8 blocks an SM, no split under 256 keys (or two pages), at most 128."""
+    assert fd.choose_splits(8, 8, 1, 4096, None, 132) == 16  # 4096 / 256
+    assert fd.choose_splits(8, 8, 1, 32768, None, 132) == 17  # ceil(8 * 132 / 64)
+    assert fd.choose_splits(8, 8, 1, 131072, None, 132) == 17
+    assert fd.choose_splits(8, 8, 1, 256, None, 132) == 1
+    assert fd.choose_splits(8, 8, 1, 100, None, 132) == 1
+    assert fd.choose_splits(1, 1, 1, 10**6, None, 132) == fd.MAX_SPLITS
+    assert fd.choose_splits(8, 8, 1, 4096, 1024, 132) == 2  # two pages a split
+
+
+def test_large_scores_and_a_masked_infinite_value(rng):
+    """Scores of 1e3 (the online rescale), and an Inf in a value only a masked (causal) row would read."""
+    q, k, v, seqlens, _ = make(rng, 1, 1, 1, 2, 8, (7,), np.float32)
+    q *= 30
+    v[0, 0, 6] = np.inf  # key 6 is visible to new token 1 only
+    r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, num_splits=2, causal=True)
+    o_ref, _ = decode_reference(q, k, v, seqlens, causal=True)
+    assert np.isfinite(r.o[0, 0, 0]).all()
+    assert np.abs(r.o[0, 0, 0] - o_ref[0, 0, 0]).max() < 1e-3
+
+
+def _args(rng, paged=True):
+    q, k, v, seqlens, table = make(rng, 2, 4, 2, 1, 8, (6, 9), np.float32, page_size=4 if paged else None)
+    return dict(q=q, k_cache=k, v_cache=v, cache_seqlens=seqlens, block_table=table)
+
+
+def _edit(a, **changes):
+    a = dict(a)
+    a.update(changes)
+    return a
+
+
+BAD = [  # (name, edit of the paged arguments, error, words the message holds)
+    ("seqlens dtype", lambda a: _edit(a, cache_seqlens=a["cache_seqlens"].astype(np.int64)), TypeError,
+     "cache_seqlens: expected dtype int32"),
+    ("seqlens shape", lambda a: _edit(a, cache_seqlens=a["cache_seqlens"][:1]), ValueError,
+     "cache_seqlens: expected shape (2,)"),
+    ("seqlens negative", lambda a: _edit(a, cache_seqlens=np.array([6, -1], np.int32)), ValueError,
+     "cache_seqlens[1] = -1"),
+    ("seqlens beyond pages", lambda a: _edit(a, cache_seqlens=np.array([6, 4 * a["block_table"].shape[1] + 1],
+                                                                        np.int32)), ValueError,
+     "pages of 4 rows in block_table"),
+    ("table dtype", lambda a: _edit(a, block_table=a["block_table"].astype(np.int64)), TypeError,
+     "block_table: expected dtype int32"),
+    ("table shape", lambda a: _edit(a, block_table=a["block_table"][:1]), ValueError, "block_table: expected shape"),
+    ("table 1-D", lambda a: _edit(a, block_table=a["block_table"][0]), ValueError, "block_table: expected shape"),
+    ("page negative", lambda a: _edit(a, block_table=np.where(np.arange(a["block_table"].shape[1]) == 1, -3,
+                                                              a["block_table"]).astype(np.int32)), ValueError,
+     "block_table[0, 1] = -3"),
+    ("page out of range", lambda a: _edit(a, block_table=np.where(np.arange(a["block_table"].shape[1]) == 2,
+                                                                  a["k_cache"].shape[0], a["block_table"]
+                                                                  ).astype(np.int32)), ValueError,
+     "is not a page of the cache"),
+    ("Hkv not dividing", lambda a: _edit(a, q=a["q"][:, :3]), ValueError, "do not divide q's 3 query heads"),
+    ("head dim differs", lambda a: _edit(a, q=a["q"][..., :4].copy()), ValueError, "k_cache: head dim"),
+    ("head dim unsupported", lambda a: _edit(a, q=a["q"][..., :4].copy(), k_cache=a["k_cache"][..., :4].copy(),
+                                             v_cache=a["v_cache"][..., :4].copy()), ValueError,
+     "8 to 128, a multiple of 8"),
+    ("dtype float64", lambda a: {n: (x.astype(np.float64) if n in ("q", "k_cache", "v_cache") else x)
+                                 for n, x in a.items()}, TypeError, "flash_decode runs float16 and float32"),
+    ("dtypes differ", lambda a: _edit(a, q=a["q"].astype(np.float16)), TypeError, "differs from q's"),
+    ("v shape", lambda a: _edit(a, v_cache=a["v_cache"][:-1]), ValueError, "v_cache: shape"),
+    ("Nq 17", lambda a: _edit(a, q=np.zeros((2, 4, 17, 8), np.float32)), ValueError, "Nq = 17"),
+    ("q 3-D", lambda a: _edit(a, q=a["q"][0]), ValueError, "q: expected shape (B, Hq, Nq, d)"),
+]
+
+
+@pytest.mark.parametrize("name, edit, error, words", BAD, ids=[b[0] for b in BAD])
+def test_bad_arguments_are_refused_on_the_host(rng, name, edit, error, words):
+    with pytest.raises(error) as info:
+        fn.attention_decode(**edit(_args(rng)))
+    assert words in str(info.value), str(info.value)
+
+
+def test_bad_arguments_unpaged_and_options(rng):
+    a = _args(rng, paged=False)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = 13 is outside 0 .. 12 \(the cache's 12 rows\)"):
+        fn.attention_decode(**_edit(a, cache_seqlens=np.array([13, 1], np.int32)))
+    with pytest.raises(ValueError, match="k_cache: batch 1 differs from q's 2"):
+        fn.attention_decode(**_edit(a, k_cache=a["k_cache"][:1], v_cache=a["v_cache"][:1]))
+    for bad, error, words in ((0, ValueError, "num_splits: 0 is out of range"),
+                              (129, ValueError, "num_splits: 129"), (2.0, TypeError, "num_splits: expected")):
+        with pytest.raises(error, match=words):
+            fn.attention_decode(**a, num_splits=bad)
+    with pytest.raises(TypeError, match="causal: expected True or False"):
+        fn.attention_decode(**a, causal=1)
+    with pytest.raises(TypeError, match="count_hbm: expected True or False"):
+        fn.attention_decode(**a, count_hbm="yes")
+    with pytest.raises(TypeError, match="stream: expected a Numba CUDA stream"):
+        fn.attention_decode(**a, stream="s")
+    with pytest.raises(ValueError, match="scale: must be finite"):
+        fn.attention_decode(**a, scale=np.inf)
+
+
+def test_the_spec_describes_the_kernel():
+    spec = fn.kernels.get("flash_decode")
+    assert spec is fd.SPEC and spec.pass_ == "decode"
+    assert spec.supports(128, "float16") is None and spec.supports(64, "float32") is None
+    assert spec.supports(12, "float16") == ("flash_decode runs float16 and float32 with head dims 8 to 128, "
+                                            "a multiple of 8")
+    assert spec.launches(1) == (fd.SPLIT_ONE_NAME,) and spec.launches(4) == (fd.SPLIT_NAME, fd.COMBINE_NAME)
+    prob = decode.DecodeProblem(1, 4, 1, 1, 16, np.dtype(np.float16), False, 32, 1, 1, np.array([32], np.int32),
+                                False, 0.25, num_splits=2)
+    assert spec.flops(prob) == {fd.SPLIT_NAME: 4 * 16 * 32 * 4, fd.COMBINE_NAME: 2 * 16 * 2 * 4}
+    assert ((("float16",), (128,)) in spec.compile_groups)
+
+
+# ---------------------------------------------------------------------------- real sizes (GPU only)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gpu_ragged_paged_causal_at_real_sizes(rng, dtype):
+    """d = 128, Hq = 32, Hkv = 8, Nq = 4 causal, lengths 5000, 1, 0, 3001 in pages of 256 (shuffled)."""
+    lengths, d = (5000, 1, 0, 3001), 128
+    q, k, v, seqlens, table = make(rng, 4, 32, 8, 4, d, lengths, dtype, page_size=256)
+    o_ref, lse_ref = decode_reference(q, k, v, seqlens, table, causal=True)
+    tol = tolerance(dtype, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), max(lengths), d, 1 / np.sqrt(d))
+    for S in (1, 7, None):
+        r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, causal=True, num_splits=S,
+                                count_hbm=True)
+        assert (np.abs(r.o.astype(np.float64) - o_ref) <= tol).all(), S
+        assert np.array_equal(np.isneginf(r.lse), np.isneginf(lse_ref))
+        assert r.hbm == model_of(r, q, k, seqlens, table, True)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_tensors_side_stream_and_determinism(rng):
+    """PyTorch tensors on a side stream (the launches follow torch's current stream), bitwise equal twice."""
+    torch = pytest.importorskip("torch")
+    q, k, v, seqlens, _ = make(rng, 8, 32, 8, 1, 128, (4096, 17, 0, 1000, 4096, 1, 2048, 333), np.float16)
+    t = [torch.from_numpy(x).cuda() for x in (q, k, v, seqlens)]
+    o_ref, _ = decode_reference(q, k, v, seqlens)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the copies above ran on the default stream
+    with torch.cuda.stream(side):
+        a = fn.attention_decode(*t[:3], cache_seqlens=t[3])
+        b = fn.attention_decode(*t[:3], cache_seqlens=t[3])
+    side.synchronize()
+    assert isinstance(a.o, torch.Tensor) and a.o.shape == q.shape
+    assert torch.equal(a.o, b.o) and torch.equal(a.lse, b.lse)
+    tol = tolerance(np.float16, o_ref, q, k, v, 4096, 128, 1 / np.sqrt(128))
+    assert (np.abs(a.o.cpu().numpy().astype(np.float64) - o_ref) <= tol).all()
