@@ -46,8 +46,8 @@ _SOURCE_ONLY = "# source-only"
 
 
 def sources() -> list[Path]:
-    """The lesson sources, in course order."""
-    return sorted(SOURCES.glob("[0-9][0-9]_*.py"))
+    """The lesson sources, in course order: the numbered lessons, then the appendices (``A1_...``)."""
+    return sorted(SOURCES.glob("[0-9][0-9]_*.py")) + sorted(SOURCES.glob("A[0-9]_*.py"))
 
 
 def notebook_path(src: Path) -> Path:

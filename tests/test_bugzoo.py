@@ -2,8 +2,8 @@
 
 import pytest
 
-from flash_numba import bugzoo
-from flash_numba import exercises as ex
+from flash_numba.course import bugzoo
+from flash_numba.course import exercises as ex
 from flash_numba.device import SIMULATOR
 
 # What the verdict must say for each exhibit (the words that point at the bug).

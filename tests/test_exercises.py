@@ -1,6 +1,6 @@
 """The lessons' exercise checkers: each accepts its packaged solution and rejects a typical mistake.
 
-Every exercise in :mod:`flash_numba.exercises` has here a wrong answer, the kind
+Every exercise in :mod:`flash_numba.course.exercises` has here a wrong answer, the kind
 of slip a learner makes (a forgotten rescale, a missing guard, the mask's
 offset left out).  The checker must report it as wrong with the ``Yours:`` /
 ``Spec :`` printout, return False, and raise when asked.  Kernel exercises run
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
-from flash_numba import exercises as ex
+from flash_numba.course import exercises as ex
 from flash_numba.device import SIMULATOR
-from flash_numba.exercises import first_kernels
+from flash_numba.course.exercises import first_kernels
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the wrong answers overflow on purpose
 
@@ -150,11 +150,14 @@ def _params(name):
 
 
 def test_every_exercise_has_a_wrong_answer_here():
-    """Here, or in the bug zoo for the FlashAttention kernel exercises (tests/test_bugzoo.py)."""
-    from flash_numba import bugzoo
+    """Here, or in the bug zoo for the FlashAttention kernel exercises (tests/test_bugzoo.py), or for the
+    repairs and the whole kernels in tests/test_checker_holes.py and tests/test_whole_kernels.py."""
+    from flash_numba.course import bugzoo
+    from flash_numba.course import flash_checks as kx
 
     zoo = {exhibit.exercise for exhibit in bugzoo.EXHIBITS.values()}
-    assert sorted(set(WRONG) | zoo) == sorted(ex.names())
+    elsewhere = set(kx.REPAIRS) | set(getattr(kx, "WHOLE_KERNELS", ()))
+    assert sorted(set(WRONG) | zoo | elsewhere) == sorted(ex.names())
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
@@ -251,8 +254,11 @@ def test_unknown_exercise():
 def test_describe_lists_every_exercise_in_course_order():
     lines = ex.describe().splitlines()
     assert [line.split()[0] for line in lines] == ex.names()
-    lessons = [int(line.split()[2]) for line in lines]
-    assert lessons == sorted(lessons) and lessons[0] == 0 and lessons[-1] == 12
+    lessons = [line.split()[2] for line in lines]
+    numbered = [int(x) for x in lessons if x.isdigit()]
+    appendix = lessons[len(numbered):]
+    assert numbered == sorted(numbered) and numbered[0] == 0 and numbered[-1] == 12
+    assert appendix and set(appendix) == {"A1"}  # the appendix's exercises come last
 
 
 def test_flash2_finish_handles_rows_that_saw_no_key():

@@ -8,7 +8,9 @@ import matplotlib
 import numpy as np
 import pytest
 
-from flash_numba import iomodel, recorded, reference
+from flash_numba import iomodel, reference
+
+from flash_numba.course import recorded
 from flash_numba.iomodel import terms
 from flash_numba.kernels import standard
 from flash_numba.tools import csvfile, l2, profile

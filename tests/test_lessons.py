@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
-NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
+LESSON_NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
+APPENDICES = sorted(LESSONS.glob("A[0-9]_*.ipynb"))
+NOTEBOOKS = LESSON_NOTEBOOKS + APPENDICES
 CELL_TIMEOUT_S = 300
 
 
@@ -41,9 +43,10 @@ def _sources(path, kind=None) -> list[str]:
 
 
 def test_the_course_is_complete():
-    """Lessons 00..12, one notebook per source, each listed in lessons/README.md."""
-    numbers = [int(p.name[:2]) for p in NOTEBOOKS]
-    assert numbers == list(range(13)), [p.name for p in NOTEBOOKS]
+    """Lessons 00..12 and the appendices, one notebook per source, each listed in lessons/README.md."""
+    numbers = [int(p.name[:2]) for p in LESSON_NOTEBOOKS]
+    assert numbers == list(range(13)), [p.name for p in LESSON_NOTEBOOKS]
+    assert [p.name for p in APPENDICES] == ["A1_how_flash2_fast_got_fast.ipynb"]
     assert [p.stem for p in NOTEBOOKS] == [s.stem for s in _build.sources()]
     readme = (LESSONS / "README.md").read_text()
     for p in NOTEBOOKS:
@@ -102,7 +105,7 @@ def test_takeaways_a_prediction_and_a_figure(path):
 
 
 def test_every_exercise_appears_in_a_lesson():
-    from flash_numba import exercises
+    from flash_numba.course import exercises
 
     text = "\n".join("\n".join(_sources(p, "code")) for p in NOTEBOOKS)
     for name in exercises.names():
@@ -147,3 +150,47 @@ def test_lesson_runs_on_the_gpu(path, monkeypatch):
     """The GPU branches: real sizes, timings; the same final asserts."""
     out = _execute(path, monkeypatch, simulator=False, timeout=600)
     assert "gpu: " in out and "not timed" not in out
+
+
+def test_lesson_0_lists_every_lesson():
+    """Lesson 0's course table has a row per notebook (a new lesson adds its row)."""
+    text = (LESSONS / "_src" / "00_setup_and_tour.py").read_text()
+    table = text.split("# | notebook | what you build or measure |", 1)[1].split("\n#\n", 1)[0]
+    listed = {line.split("|")[1].strip() for line in table.splitlines()[2:] if line.startswith("# |")}
+    numbers = {str(int(p.name[:2])) if p.name[:2].isdigit() else p.name.split("_")[0]
+               for p in LESSONS.glob("*.ipynb")}
+    assert numbers - {"0"} <= listed, sorted(numbers - listed)
+
+
+def test_every_path_and_module_a_lesson_names_exists():
+    """`flash_numba/...` paths and `flash_numba.x.y` modules named in a lesson exist (no dead references)."""
+    root = LESSONS.parent
+    for src in sorted((LESSONS / "_src").glob("*.py")):
+        text = src.read_text()
+        for path in set(re.findall(r"`(flash_numba/[\w/]+(?:\.py)?)`", text)):
+            assert (root / path).exists(), f"{src.name}: {path} does not exist"
+        for mod in set(re.findall(r"(?<![\w/])(flash_numba(?:\.\w+)+)", text)):
+            parts = mod.split(".")
+            while parts and not ((root / Path(*parts)).with_suffix(".py").exists() or (root / Path(*parts)).is_dir()):
+                parts = parts[:-1]  # an attribute of a module: the module must exist
+            if len(parts) == 1 and mod != "flash_numba":  # an attribute of the package itself
+                import flash_numba
+
+                assert hasattr(flash_numba, mod.split(".")[1]), f"{src.name}: {mod} names no module"
+
+
+WORK_LOG_TAG = re.compile(r"(?i)\bsessions? \d+|\bs\d+/[A-Z]\b|SESSION\d+")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_no_work_log_tags(path):
+    """A learner cannot follow "session 14" or "s15/F": measurements are named by GPU, date, commit and file."""
+    text = "\n".join(_sources(path))
+    assert not WORK_LOG_TAG.search(text), WORK_LOG_TAG.search(text).group(0)
+
+
+@pytest.mark.parametrize("path", LESSON_NOTEBOOKS, ids=_ids(LESSON_NOTEBOOKS))
+def test_at_most_2000_words_of_prose(path):
+    """Short lessons (the optional appendix aside): at most 2,000 words in the markdown cells."""
+    words = len("\n".join(_sources(path, "markdown")).split())
+    assert words <= 2000, f"{path.name}: {words} words of prose"

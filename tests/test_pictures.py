@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from flash_numba import iomodel, kernel_exercises as kx, pictures, recorded
+from flash_numba import iomodel
+
+from flash_numba.course import flash_checks as kx, pictures, recorded
 from flash_numba.device import SIMULATOR
 
 
@@ -80,7 +82,7 @@ def test_backward_bytes_by_term():
 
 
 def test_counted_beside_model_refuses_counts_that_differ_from_the_model():
-    from flash_numba import lessonkit
+    from flash_numba.course import lessonkit
 
     model = iomodel.forward("standard", 1, 32, 32, 16, np.float32)
     table = lessonkit.counted_beside_model(model, "standard", 1, 32, 16, np.float32, Ns=(1024, 16384))

@@ -81,7 +81,7 @@ def test_gpu_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch,
 def test_the_recorded_store_conflicts_read_consistently():
     """Nsight Compute's hint, parsed: conflicts = (ways - 1) x requests (ways rounded to 0.1), and the passes are
     the requests plus the conflicts; the swizzle timings with their GPU and commit."""
-    from flash_numba import recorded
+    from flash_numba.course import recorded
 
     reports = recorded.shared_store_conflicts()
     assert len(reports) == 3 and all(r["cc"] == "9.0" for r in reports)
@@ -94,7 +94,7 @@ def test_the_recorded_store_conflicts_read_consistently():
 
 
 def test_the_recorded_sweep_and_latest_run_read_with_their_provenance():
-    from flash_numba import recorded
+    from flash_numba.course import recorded
 
     rows = recorded.block_sweep_rows(128)
     blocks = {(int(r["Br"]), int(r["Bc"])) for r in rows}
@@ -108,7 +108,7 @@ def test_the_recorded_sweep_and_latest_run_read_with_their_provenance():
 
 def test_the_recorded_atomic_blocks_read_with_their_provenance():
     """Lesson 9's recorded atomic backward at 32 and 64 keys a block: both head dims, both masks, from the H200."""
-    from flash_numba import recorded
+    from flash_numba.course import recorded
 
     rows = recorded.atomic_block_rows()
     assert {(r["d"], r["Bc"], r["causal"]) for r in rows} == {
@@ -121,7 +121,7 @@ def test_the_recorded_atomic_blocks_read_with_their_provenance():
 def test_the_recorded_host_times_read_before_and_after():
     """Lesson 10's host time of one call (2026-12-01, h200-2026-12-01-s12/C/): both trees, both runs, each kernel
     and pass, from the H200; flash2_fast's backward (one launch fewer after) is the faster in every pairing of runs."""
-    from flash_numba import recorded
+    from flash_numba.course import recorded
 
     rows = recorded.host_rows()
     keys = {(r["tree"], r["run"], r["kernel"], r["pass"]) for r in rows}
@@ -136,7 +136,7 @@ def test_the_recorded_split_s_dp_backward_reads_with_its_commits():
     """Lesson 10's d = 128 backward, S^T and dP^T in every thread or in separate warps (h200-2026-12-01-s14/A/):
     both modes and masks each way, from the H200, each with its tree's commit; the split one faster in each pairing
     (why it ships)."""
-    from flash_numba import recorded
+    from flash_numba.course import recorded
 
     rows = recorded.split_s_dp_rows()
     assert {(r["threads"], r["mode"], r["causal"]) for r in rows} == {
@@ -151,7 +151,7 @@ def test_the_recorded_dq_lane_groups_read_with_their_commit():
     """Lesson 10's d = 64 backward, the dQ loop's lanes in one group or two (h200-2026-12-01-s15/E/): both blocks,
     modes and masks, two runs each, from the H200 and one commit; the atomic 32 x 64 (as shipped) faster with two
     groups in every pairing of runs (why it ships)."""
-    from flash_numba import recorded
+    from flash_numba.course import recorded
 
     rows = recorded.dq_lane_rows()
     assert {(r["groups"], r["run"], r["Bc"], r["mode"], r["causal"]) for r in rows} == {
@@ -167,7 +167,7 @@ def test_the_recorded_forward_steps_read_with_their_commits():
     """The forward, change by change (2026-12-01, h200-2026-12-01-s10/A/ and B/; lesson 4): every tree timed twice
     at d = 64 and 128, each row with its tree's commit; and Nsight Compute after the fix, whose counts agree with
     each other."""
-    from flash_numba import recorded
+    from flash_numba.course import recorded
 
     rows = recorded.forward_step_rows()
     trees = {r["tree"] for r in rows}
@@ -189,6 +189,6 @@ def test_the_recorded_forward_steps_read_with_their_commits():
                                              (1, 1, 1, np.float64)])
 def test_lesson_10s_tile_bytes_is_the_kernels_geometry(d, TM, TN, dtype):
     """The exercise's solution (lesson 10) counts the tiles the forward holds, as flash2_fast.geometry lays them out."""
-    from flash_numba.exercises.counts import _tile_bytes_solution
+    from flash_numba.course.exercises.counts import _tile_bytes_solution
 
     assert _tile_bytes_solution(d, TM, TN, np.dtype(dtype).itemsize) == flash2_fast.geometry(d, TM, TN, dtype)["smem"]

@@ -372,7 +372,9 @@ def test_lesson_10s_backend_table_on_cpu_tensors():
     the MATH backend (which always runs) agrees with the float64 reference to float32 rounding."""
     import numpy as np
 
-    from flash_numba import lessonkit, reference
+    from flash_numba import reference
+
+    from flash_numba.course import lessonkit
 
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float32) for _ in range(3))

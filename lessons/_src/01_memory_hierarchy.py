@@ -23,9 +23,10 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
 import numpy as np
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, pictures, recorded
+from flash_numba import device, iomodel
+from flash_numba.course import lessonkit, pictures, recorded
 from flash_numba.tools import l2, microbench
-from flash_numba import exercises as ex
+from flash_numba.course import exercises as ex
 
 SIM = device.SIMULATOR
 print(device.describe())
@@ -38,7 +39,7 @@ if SIM:
 # `microbench.hbm_bandwidth()` copies a 1 GiB float32 buffer into another with a simple grid-stride
 # kernel, several loads in flight per thread, and divides the bytes read plus written by the median
 # time of 20 launches. The buffers are far larger than the L2 cache, so the bytes really come from and
-# go to HBM. (Read `flash_numba/microbench.py`: each benchmark is one short kernel.)
+# go to HBM. (Read `flash_numba/tools/microbench.py`: each benchmark is one short kernel.)
 
 # %%
 hbm = microbench.hbm_bandwidth()
@@ -110,8 +111,9 @@ print(f"C = A B with M = N = K = 1024 in float32: {intensity(1024, 1024, 1024, 4
 # A large square product is far above the ridge point: compute-bound. Now attention's
 # pieces at a real size (one head: $N = 4096$, $d = 64$, float32; this is arithmetic, nothing runs).
 # Standard attention is three kernels: $S = QK^\top/\sqrt{d}$ is a product with a small inner dimension
-# $K = d$ and a large $N \times N$ output; the softmax does a handful of operations per element of $S$
-# (we count 5: compare for the max, subtract, exponential, add to the sum, scale), reading $S$ and writing
+# $K = d$ and a large $N \times N$ output; the softmax does 3 operations per element of $S$ (subtract the
+# row's maximum, exponential, multiply by $1/\ell$: lesson 2's kernel, whose row maximum and sum come from
+# the first kernel), reading $S$ and writing
 # $P$; $O = PV$ is a product with a large inner dimension. Their minimum traffic, and the traffic our
 # kernels actually request (counted by the IO model of lesson 2's kernels, which re-read tiles):
 
@@ -120,7 +122,7 @@ N, d, e = 4096, 64, 4
 std_bytes = iomodel.forward("standard", 1, N, N, d, np.float32).per_kernel
 rows = [  # (kernel, FLOPs, minimum bytes, bytes our kernel requests)
     ("S = scale*Q@K^T", 2 * N * N * d, (2 * N * d + N * N) * e, std_bytes["S = scale*Q@K^T"].total),
-    ("P = softmax(S)", 5 * N * N, 2 * N * N * e, std_bytes["P = softmax(S)"].total),
+    ("P = softmax(S)", 3 * N * N, 2 * N * N * e, std_bytes["P = softmax(S)"].total),
     ("O = P@V", 2 * N * N * d, (N * N + 2 * N * d) * e, std_bytes["O = P@V"].total),
 ]
 print(f"one head, N = {N}, d = {d}, float32; ridge point {roof.ridge:.1f} FLOP/byte ({SOURCE})")

@@ -31,9 +31,10 @@ import numpy as np
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, pictures, recorded, reference
+from flash_numba import device, iomodel, reference
+from flash_numba.course import lessonkit, pictures, recorded
 from flash_numba.tools import microbench
-from flash_numba import exercises as ex
+from flash_numba.course import exercises as ex
 from flash_numba.kernels import standard
 
 SIM = device.SIMULATOR

@@ -4,10 +4,12 @@
 # %% [markdown]
 # # Lesson 3: The online softmax
 #
-# The softmax kernel of lesson 2 reads each row of $S$ three times: once for the maximum $m$, once for
-# the sum $\ell = \sum_j e^{x_j - m}$, once to write $e^{x_j - m} / \ell$. The maximum is there for
-# stability: it keeps every exponent $\le 0$. But it seems to force a pass over the whole row before the
-# sum can start, and that is what stands in the way of computing attention block by block.
+# A softmax that starts from a row of scores $x$ alone reads the row three times: once for the maximum
+# $m$, once for the sum $\ell = \sum_j e^{x_j - m}$, once to write $e^{x_j - m} / \ell$. (Lesson 2's
+# softmax kernel reads $S$ once only because its first kernel already computed $m$ and $\ell$, with the
+# trick of this lesson.) The maximum is there for stability: it keeps every exponent $\le 0$. But it
+# seems to force a pass over the whole row before the sum can start, and that is what stands in the way
+# of computing attention block by block.
 #
 # Milakov and Gimelshein (*Online normalizer calculation for softmax*, 2018) showed that the maximum and
 # the sum can be computed together in one pass, by rescaling the sum whenever the maximum changes.
@@ -26,8 +28,10 @@ import math
 
 import numpy as np
 
-from flash_numba import device, lessonkit, pictures, reference
-from flash_numba import exercises as ex
+from flash_numba import device, reference
+
+from flash_numba.course import lessonkit, pictures
+from flash_numba.course import exercises as ex
 
 print(device.describe())
 print("(this lesson is NumPy only: it runs the same in the simulator and on a GPU)")

@@ -23,8 +23,10 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from flash_numba import device, lessonkit, pictures, recorded, simtrace
-from flash_numba import exercises as ex
+from flash_numba import device, simtrace
+
+from flash_numba.course import lessonkit, pictures
+from flash_numba.course import exercises as ex
 from flash_numba.iomodel import matmul16 as io_matmul16
 from flash_numba.kernels import matmul16
 
@@ -258,154 +260,8 @@ else:
           f"({bank_ms[32] / bank_ms[33]:.1f}x)")
 
 # %% [markdown]
-# ### A conflict in this course's fastest kernel
-#
-# Padding fixes a warp that walks down one column. Real kernels store in less tidy patterns. An earlier
-# version of `flash2_fast`'s forward (lessons 9 and 10) wrote each block of probabilities $P_{ij}$ into shared
-# memory *transposed*, so that its product $P_{ij} V_j$ can read each thread's rows as 16-byte vectors.
-#
-# - Its 128 threads form an $8 \times 16$ grid.
-# - Thread $(t_y, t_x)$ owned $T_M$ rows and $T_N$ *adjacent* keys.
-# - It stored the probability of row $t_y T_M + a$ and key $t_x T_N + b$ at word
-#   $(t_x T_N + b)\,P_S + t_y T_M + a$, where the row stride $P_S = B_r + 4$.
-# - A warp is two rows of the grid: $t_y \in \{0, 1\}$ and $t_x = 0, \dots, 15$.
-#
-# **Predict, then run.** Take the $64 \times 32$ block: $T_M = 8$, $T_N = 2$, $P_S = 68$. How many passes
-# does one such store take (say $a = b = 0$)?
-
-# %%
-my_prediction = None  # passes of one store of P^T
-
-
-# %%
-def store_passes(TM, TN, PS):
-    """Passes one warp (ty = 0, 1; tx = 0..15) needs to store element (a, b) = (0, 0) of its micro-tiles into P^T."""
-    ty, tx = np.divmod(np.arange(32), 16)
-    banks = ((tx * TN) * PS + ty * TM) % 32  # 32 different words: the passes are the fullest bank's count
-    return int(np.bincount(banks, minlength=32).max())
-
-
-p_store_passes = store_passes(8, 2, 68)
-lessonkit.compare_prediction("passes of one store of P^T", my_prediction, p_store_passes)
-
-# %% [markdown]
-# Nsight Compute measured that kernel's shared stores on the H200, over all its stores. Its transposed
-# $K_j^\top$ tile was stored with a 4-way conflict, and $V_j$ without one. The average below mixes those
-# with $P_{ij}^\top$'s stores.
-
-# %%
-if recorded.available():
-    shipped = recorded.shared_store_conflicts()[0]
-    print(f"{recorded.LABEL}: flash2_fast forward (before the fix below), d = 64, 64 x 32 blocks, N = 4096, "
-          f"compute capability {shipped['cc']} ({recorded.folder_provenance(recorded.FORWARD_NCU_TXT)['file']})")
-    print(f"  shared stores: a {shipped['ways']:.1f}-way conflict on average; "
-          f"{shipped['conflicts'] / shipped['store_wavefronts']:.0%} of their {shipped['store_wavefronts']:,} passes "
-          f"are conflicts")
-
-# %% [markdown]
-# Is it worth fixing? The project tried first with the classic tool. No padding that keeps 16-byte rows
-# spreads these stores. An *XOR swizzle* does: store 4 rows at a time and move 16-byte chunk $c$ of key $k$
-# to chunk $c \oplus (\lfloor k / T_N \rfloor \bmod 8)$. The product reads with the same rule. The table below
-# is that forward timed against the one before, twice each, alternating.
-
-# %%
-if recorded.available():
-    prov = recorded.folder_provenance(recorded.SWIZZLE_CSV)
-    times = {}
-    for r in recorded.swizzle_rows():
-        if r["d"] == "64":
-            times.setdefault((r["block"], r["causal"]), {}).setdefault(r["tree"], []).append(float(r["ms"]))
-    print(f"{recorded.LABEL}: {prov['device']}, commit {prov['commit']} ({prov['file']}); N = 4096, d = 64, B*H = 32")
-    print(f"{'block':>7} {'causal':>7} {'before ms':>10} {'swizzled ms':>12}")
-    for (block, causal), t in times.items():
-        print(f"{block:>7} {causal:>7} {min(t['before']):>10.3f} {min(t['swizzled']):>12.3f}")
-
-# %% [markdown]
-# In the $64 \times 32$ block the product still read 16-byte vectors, and the conflict-free stores made the
-# kernel a little faster. In the $64 \times 64$ block the compiler split each swizzled 16-byte read into four
-# single loads, and the kernel got slower. A fix pays only if it costs less than it saves.
-#
-# ### The fix that shipped: change which keys a thread owns
-#
-# The swizzle moves the *data*. The fix that shipped moves the *threads*. Thread $(t_y, t_x)$ now owns the
-# keys $t_x, t_x + 16, t_x + 32, \dots$: 16 apart, not adjacent. It still computes $T_M \times T_N$ scores,
-# and nothing else in the algorithm changes. What changes is where its stores land:
-#
-# - It stores each key's $T_M = 8$ probabilities with two 16-byte stores at word $(t_x + 16 b)\,P_S + t_y T_M$.
-# - For 16-byte accesses the hardware serves 8 threads at a time (8 x 16 bytes = 128 bytes, one pass if their
-#   8 chunks fall on 8 different groups of 4 banks). A warp's 512 bytes need at least 4 passes.
-#
-# **Predict, then run.** With the $64 \times 64$ block ($T_M = 8$, $P_S = 68$, so a row is 17 chunks of
-# 16 bytes), how many passes does one warp's 16-byte store of $P_{ij}^\top$ take with keys 16 apart? The
-# function below counts them; the old layout (adjacent keys, $T_N = 4$) is printed beside it.
-
-# %%
-my_prediction = None  # passes of one 16-byte store of P^T, keys 16 apart
-
-
-# %%
-def vector_store_passes(words):
-    """Passes one warp needs when thread t stores 16 bytes at words[t] .. words[t] + 3: the hardware takes the
-    threads 8 at a time, and a group's passes are the most of its threads whose chunk lands on the same 4 banks."""
-    chunks = (np.asarray(words) // 4) % 8  # 8 chunks of 16 bytes span the 32 banks
-    return sum(int(np.bincount(group, minlength=8).max()) for group in chunks.reshape(4, 8))
-
-
-ty, tx = np.divmod(np.arange(32), 16)
-p_strided = vector_store_passes(tx * 68 + ty * 8)  # key tx + 16 b (b = 0), rows ty*8 ..: keys 16 apart
-p_adjacent = vector_store_passes(tx * 4 * 68 + ty * 8)  # key tx*4 + b (b = 0): adjacent keys, T_N = 4
-lessonkit.compare_prediction("passes of one 16-byte store, keys 16 apart", my_prediction, p_strided)
-print(f"adjacent keys would take {p_adjacent} passes for the same 512 bytes")
-
-# %% [markdown]
-# With keys 16 apart, neighbouring threads write rows 17 chunks apart: an odd number, so 8 neighbours hit
-# 8 different chunks. Adjacent keys put them $4 \times 17$ chunks apart, and 8 neighbours share 2 chunks.
-# The same trick lets the kernel keep $K_j$ row-major (row stride 68, again 17 chunks) and read each key's
-# row 16 bytes at a time, where $K_j^\top$ had 4-way conflicted stores. The order in which each score sums
-# its $d$ products is unchanged, so the backward, which recomputes the scores, still gets the same bits.
-#
-# Here is the forward on the H200, change by change, each timed twice, alternating (best of the two), beside
-# PyTorch's memory-efficient kernel in the same runs. Two more changes came with it: $K_j$ and $V_j$ are read
-# from global memory 16 bytes a thread, and written into shared memory 16 bytes at a time
-# (`flash_numba/kernels/_vec.py`).
-
-# %%
-STEPS = {"main": "adjacent keys (before)", "keys16": "keys 16 apart, P^T in 16-byte stores, fmax row max",
-         "keys16v": "+ 16-byte global loads of K_j, V_j", "keys16s": "+ 16-byte shared stores of K_j, V_j"}
-if recorded.available():
-    rows = [r for r in recorded.forward_step_rows() if r["d"] == "64" and r["tree"] in STEPS]
-    best = {}
-    for r in rows:
-        key = (r["tree"] if r["implementation"] == "flash2_fast" else "torch", r["causal"])
-        best[key] = min(best.get(key, np.inf), float(r["ms"]))
-    commits = {r["tree"]: r["commit"] for r in rows}
-    print(f"{recorded.LABEL}: NVIDIA H200, N = 4096, d = 64, B*H = 32, float32 "
-          f"({recorded.SESSION10.relative_to(recorded.RESULTS.parents[2])}/A, B)")
-    print(f"{'forward':<48} {'commit':>8} {'ms':>7} {'causal ms':>10}")
-    for tree, label in STEPS.items():
-        print(f"{label:<48} {commits[tree]:>8} {best[tree, 'False']:>7.3f} {best[tree, 'True']:>10.3f}")
-    print(f"{'PyTorch memory-efficient (same runs)':<48} {'':>8} {best['torch', 'False']:>7.3f} "
-          f"{best['torch', 'True']:>10.3f}")
-
-# %% [markdown]
-# Nsight Compute on the new forward. Careful with its "ways": it divides the store passes by the store
-# instructions, and a 16-byte store needs 4 passes even with no conflict, so 4.0 is the floor here, not 1.0.
-# Read the share of passes that are conflicts instead. (The profile before was of the $64 \times 32$ block, this
-# one of the $64 \times 64$ block the kernel now chooses: compare the shares, not the counts.)
-
-# %%
-if recorded.available():
-    after = recorded.shared_store_conflicts(recorded.FORWARD_NCU_AFTER_TXT)[0]
-    print(f"{recorded.LABEL}: flash2_fast forward (keys 16 apart), d = 64, 64 x 64 blocks, N = 4096 "
-          f"({recorded.folder_provenance(recorded.FORWARD_NCU_AFTER_TXT)['file']})")
-    print(f"  {after['store_wavefronts']:,} store passes for {after['store_requests']:,} store instructions "
-          f"({after['ways']:.1f} a store); {after['conflicts'] / after['store_wavefronts']:.0%} of the passes are "
-          f"conflicts (before: {shipped['conflicts'] / shipped['store_wavefronts']:.0%})")
-
-# %% [markdown]
-# A conflict costs time only where shared memory is what the kernel waits for, and this kernel waited for it.
-# Two fixes removed the same conflict; the one that also kept every read 16 bytes wide won. Measure the
-# conflict, then measure the fix. (`docs/PERFORMANCE.md`, sessions 9 and 10, has the whole story.)
+# Real kernels store in less tidy patterns than one column. The optional appendix, "How flash2_fast got
+# fast", finds a conflict in this course's fastest kernel and measures two ways to remove it.
 #
 # ## The bytes tiling saves in attention
 #
@@ -468,8 +324,6 @@ assert mm_err < 1e-4 and hbm.total == tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4)
 assert hbm.total == io_matmul16.matmul(1, Mt, Nt, Kt, np.float32).total
 assert same
 assert conflict_degree(32) == 32 and conflict_degree(33) == 1 and conflict_degree(17) == 1
-assert p_store_passes == 8 and store_passes(8, 2, 65) == 2  # an odd stride would spread them (no 16-byte rows)
-assert not recorded.available() or recorded.shared_store_conflicts()[0]["ways"] > 1
 assert (t_tiled is None) == SIM and (bank_ms[32] is None) == SIM
 assert naive_bytes(M, N, K, 4) > 15 * tiled_bytes(M, N, K, 16, 4)
 print("lesson 4: all checks passed")

@@ -48,9 +48,10 @@ import numpy as np
 from numba import cuda, float32
 
 import flash_numba as fn
-from flash_numba import blocks, device, iomodel, lessonkit, pictures, recorded, reference
-from flash_numba import exercises as ex
-from flash_numba import kernel_exercises as kx
+from flash_numba import blocks, device, iomodel, reference
+from flash_numba.course import lessonkit, pictures, recorded
+from flash_numba.course import exercises as ex
+from flash_numba.course import flash_checks as kx
 from flash_numba.kernels import flash1
 
 SIM = device.SIMULATOR

@@ -30,8 +30,9 @@ import numpy as np
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import device, iomodel, kernels, lessonkit, recorded
-from flash_numba import exercises as ex
+from flash_numba import device, iomodel, kernels
+from flash_numba.course import lessonkit, recorded
+from flash_numba.course import exercises as ex
 
 SIM = device.SIMULATOR
 print(device.describe())
@@ -188,9 +189,10 @@ for dd in (16, 32, 64, 128):
 # * writes are collected in L2 and written back later, sometimes merged.
 #
 # NVIDIA's Nsight Compute profiler (`ncu`) measures the real traffic (`dram__bytes_read.sum`,
-# `dram__bytes_write.sum`). `flash_numba.profile` runs every kernel under it and tabulates its numbers
-# next to the counters and the IO model (on a machine where `ncu` is installed and allowed to read the
-# performance counters; many cloud machines are not, and the script says so).
+# `dram__bytes_write.sum`). `flash-numba profile` (`flash_numba/tools/profile.py`) runs every kernel
+# under it and tabulates its numbers next to the counters and the IO model (on a machine where `ncu` is
+# installed and allowed to read the performance counters; many cloud machines are not, and the script
+# says so).
 
 # %%
 has_profile = importlib.util.find_spec("flash_numba.tools.profile") is not None

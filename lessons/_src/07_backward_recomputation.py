@@ -31,9 +31,10 @@ import numpy as np
 from numba import cuda, float32  # noqa: F401  (float32: for your kernels)
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, pictures, reference
-from flash_numba import exercises as ex
-from flash_numba import kernel_exercises as kx
+from flash_numba import device, iomodel, reference
+from flash_numba.course import bugzoo, lessonkit, pictures
+from flash_numba.course import exercises as ex
+from flash_numba.course import flash_checks as kx
 
 SIM = device.SIMULATOR
 print(device.describe())
@@ -162,6 +163,145 @@ assert ex.check_solution("dkdv_block")
 # kx.hints("dkdv_block", upto=1)  # uncomment for a hint; upto=2 for two, and so on
 
 # %% [markdown]
+# ## Your turn: a whole dQ kernel
+#
+# $dK_j$ and $dV_j$ sum over query rows; $dQ_i$ sums over keys: $dQ_r = \text{scale} \sum_c dS_{rc}\, k_c$.
+# So $dQ$ wants the opposite loop: one thread block per *query* tile, one thread per query row, walking
+# over the key tiles. Now you write the whole kernel, not only its body.
+#
+# * A *factory* `make_dq(Br, Bc, d, causal)` returns the `@cuda.jit` kernel. The tile sizes are closure
+#   constants, so `cuda.shared.array((Bc, d), float32)` has a compile-time shape.
+# * The launch is ours: `kernel[ceil(Nq / Br), Br](q, k, v, do, L, D, dq, scale, counter)`.
+# * Each thread keeps its row of $q$ and $dO$, and $L_r$, $D_r$, on chip.
+# * For each key tile: a barrier, all threads load $K_j$, $V_j$ into shared memory, a barrier again.
+#   Then each thread adds $\text{scale}\; dS_{rc}\, k_c$ for every key $c$ its row sees.
+# * After the loop the thread writes its row of $dQ$, once.
+# * Count your bytes (`nr`, `nw`, $E = 4$ a float32) and add them to `counter[0]`, `counter[1]` at the end.
+#
+# Under the causal mask, key $c$ is visible to query $r$ iff $c \le r + N_k - N_q$. A block can stop
+# after the last key tile its last row sees (lesson 8). The checker compares $dQ$ with the float64
+# reference (causal and $N_q \ne N_k$ cases included), your bytes with flash2's IO model, every global
+# access with your counter, and watches shared memory for races.
+
+# %%
+E = 4  # bytes of a float32
+
+
+def make_dq(Br, Bc, d, causal):
+    """dQ, one block per query tile: launched as kernel[ceil(Nq / Br), Br](q, k, v, do, L, D, dq, scale, counter)."""
+
+    @cuda.jit
+    def dq_pass(q, k, v, do, L, D, dq, scale, counter):
+        tid = cuda.threadIdx.x
+        row = cuda.blockIdx.x * Br + tid  # noqa: F841  (this thread's query row; none if row >= Nq)
+        K_j = cuda.shared.array((Bc, d), float32)  # noqa: F841  (yours to fill)
+        V_j = cuda.shared.array((Bc, d), float32)  # noqa: F841
+        nr, nw = 0, 0  # noqa: F841  (the bytes you read and write)
+        # Your turn: the row's q, dO, L, D on chip; the loop over key tiles (barrier, load, barrier, add);
+        # dq[row, :] written once; then cuda.atomic.add(counter, 0, nr) and (counter, 1, nw).
+        raise NotImplementedError("the dQ kernel")
+
+    return dq_pass
+
+
+# %%
+mine_dq = ex.check("dq_kernel", make_dq)
+assert ex.check_solution("dq_kernel")
+# kx.hints("dq_kernel", upto=1)  # uncomment for a hint; upto=2 for two, and so on
+
+# %% [markdown]
+# Which thread touched what, in the GPU-Puzzles manner: block 0 of your kernel (or the packaged one
+# until yours passes) at $N_q = N_k = 8$, $B_r = B_c = 4$, $d = 4$. Each square is an element, labelled
+# with the thread that first read it (or wrote it, for $dQ$).
+
+# %%
+dq_make = make_dq if mine_dq else kx.dq_kernel
+if SIM:
+    run_dq = kx.measure_kernel("dq_kernel", dq_make, 8, 8)
+    shapes = {"q": ((8, 4), "r"), "k": ((8, 4), "r"), "v": ((8, 4), "r"), "dQ": ((8, 4), "w")}
+    lessonkit.show(pictures.kernel_accesses(run_dq["log"], shapes, title="dq_kernel, block 0 (queries 0-3)"))
+else:
+    print("the access trace exists only in the simulator")
+
+# %% [markdown]
+# ## dQ from the key side: why atomics
+#
+# A fused backward (FlashAttention-2's) computes $dK_j$, $dV_j$ *and* $dQ$ in the one pass over key
+# blocks, so $dS$ is computed once. But then thread $c$ of key block $j$ owns key $c$, not a query row.
+# For every query $r$ it sees, it adds $\text{scale}\; dS_{rc}\, k_c$ into row $r$ of $dQ$ in HBM. Every
+# thread of every key block adds into the same rows.
+#
+# `x[i] += v` is three steps: read $x_i$, add, write it back. Two threads doing it at once can both
+# read the old value, and one addition is lost. `cuda.atomic.add(x, i, v)` does the three steps as one.
+# The simulator runs one thread at a time, so a plain `+=` gives the right values here. The checker
+# therefore records who wrote each element of $dQ$, and how: two threads writing one element, one of
+# them with a plain store, is a race.
+#
+# Run the packaged atomic kernel, and the same kernel with a plain `+=`:
+
+# %%
+if SIM:
+    with_plain_add = bugzoo.edited_factory("dq_atomic_kernel", bugzoo.PLAIN_ADD)  # the packaged kernel, add made +=
+    atomic_run = kx.measure_kernel("dq_atomic", kx.dq_atomic_kernel, 4, 8)
+    plain_run = kx.measure_kernel("dq_atomic", with_plain_add, 4, 8)
+    print("same values:", np.allclose(atomic_run["dQ"], plain_run["dQ"], atol=1e-6))
+    print("atomic adds:", len(atomic_run["atomics"]), "| race in the atomic kernel:", kx.write_races(atomic_run))
+    print("the plain +=:", kx.write_races(plain_run).yours)
+    plain_race = kx.write_races(plain_run) is not None
+else:
+    plain_race = True  # on a GPU nothing records the writes
+    print("the write record exists only in the simulator")
+
+# %% [markdown]
+# ## Your turn: dQ with atomics
+#
+# Write the key-side kernel: one thread block per key tile, one thread per key, launched as
+# `kernel[ceil(Nk / Bc), Bc](q, k, v, do, L, D, dq, scale, counter)` with `dq` zeroed.
+#
+# * The thread keeps its key's $k_c$, $v_c$ on chip.
+# * For each query tile: a barrier, load $Q_i$, $dO_i$ ($B_r \times d$) and $L_i$, $D_i$ into shared
+#   memory, a barrier again.
+# * For each query row the key is visible to, add $\text{scale}\; dS\, k_c$ into $dQ$ with
+#   `cuda.atomic.add(dq, (row, x), value)`. Count each add as a read and a write of $E$ bytes.
+#
+# A block can skip a query tile none of whose rows sees its first key; the test must give the same
+# answer for every thread of the block, or the barriers stop matching.
+
+# %%
+def make_dq_atomic(Br, Bc, d, causal):
+    """dQ from the key side: launched as kernel[ceil(Nk / Bc), Bc](q, k, v, do, L, D, dq, scale, counter), dq = 0."""
+
+    @cuda.jit
+    def dq_atomic(q, k, v, do, L, D, dq, scale, counter):
+        tid = cuda.threadIdx.x
+        col = cuda.blockIdx.x * Bc + tid  # noqa: F841  (this thread's key; none if col >= Nk)
+        Q_i = cuda.shared.array((Br, d), float32)  # noqa: F841  (yours to fill)
+        dO_i = cuda.shared.array((Br, d), float32)  # noqa: F841
+        L_i = cuda.shared.array(Br, float32)  # noqa: F841
+        D_i = cuda.shared.array(Br, float32)  # noqa: F841
+        nr, nw = 0, 0  # noqa: F841  (the bytes you read and write)
+        # Your turn: k_c, v_c on chip; the loop over query tiles (barrier, load, barrier); for each visible
+        # row an atomic add of scale * dS * k_c[x] into dq[row, x]; then add nr, nw to the counter.
+        raise NotImplementedError("the atomic dQ kernel")
+
+    return dq_atomic
+
+
+# %%
+mine_dq_atomic = ex.check("dq_atomic", make_dq_atomic)
+assert ex.check_solution("dq_atomic")
+# kx.hints("dq_atomic", upto=1)  # uncomment for a hint; upto=2 for two, and so on
+
+# %% [markdown]
+# The price of the atomics, from the IO model you were checked against: every addition reads and
+# writes 4 bytes, once per visible (query, key) pair and column. The query-side kernel writes $dQ$ once.
+
+# %%
+for label, atomic in (("dq_kernel (query side)", False), ("dq_atomic (key side)", True)):
+    (r_b, w_b), _ = kx._dq_model(64, 64, 16, 16, 16, False, atomic)
+    print(f"{label:24} N = 64, d = 16, 16 x 16 tiles: read {r_b:>9,} B, written {w_b:>9,} B")
+
+# %% [markdown]
 # ## A gradient check
 #
 # Agreement with the reference's formulas is one test; agreement with the definition of a derivative is
@@ -209,7 +349,9 @@ print(std_b.table("standard backward (bytes)"))
 for name in ("flash1", "flash2"):
     blk = fn.resolve_block(name, db, np.float32, pass_="backward")
     mb = iomodel.backward(name, Hb, Nb, Nb, db, np.float32, False, blk).total
-    print(f"{name} backward, blocks {blk}: {mb:,} bytes ({std_b.total / mb:.1f}x fewer than standard)")
+    ratio = std_b.total / mb
+    compare = f"{ratio:.1f}x fewer than standard" if ratio >= 1 else f"{1 / ratio:.1f}x more than standard"
+    print(f"{name} backward, blocks {blk}: {mb:,} bytes ({compare})")
 recompute_flops, backward_flops = 2 * Nb * Nb * db, 8 * Nb * Nb * db
 print(f"the price: recomputing S adds {recompute_flops / backward_flops:.0%} to the backward's "
       f"{backward_flops / 1e9:.1f} GFLOP of products per head")
@@ -258,6 +400,8 @@ lessonkit.show(pictures.hbm_bytes_by_term(kernels=("standard", "flash1", "flash2
 #   $N \times N$ matrix either: $dS = P \circ (dP - D)$.
 # * Recomputation costs FLOPs and saves bytes: the right trade for a memory-bound layer.
 # * A finite-difference gradient check tests the whole pass independently of any formula.
+# * When many threads add into one output (dQ from the key side), each add must be atomic; one owner per
+#   output element (dQ from the query side) needs none, and writes once.
 #
 # ## Check
 
@@ -266,5 +410,6 @@ assert err_P < 1e-12 and err_D < 1e-12
 assert max(errs.values()) < 1e-4, errs
 assert bwd.hbm == iomodel.backward("flash1", BH, N, N, d, np.float32, False, bwd.block)
 assert grad_check < 1e-6, grad_check
+assert plain_race  # a plain += into dQ from many threads is a race (in the simulator: seen by the write record)
 assert SIM or t["flash2"] > 0
 print("lesson 7: all checks passed")

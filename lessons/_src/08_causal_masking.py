@@ -26,9 +26,10 @@ import numpy as np
 from numba import cuda, float32  # noqa: F401  (float32: for your kernels)
 
 import flash_numba as fn
-from flash_numba import device, iomodel, lessonkit, pictures, reference
-from flash_numba import exercises as ex
-from flash_numba import kernel_exercises as kx
+from flash_numba import device, iomodel, reference
+from flash_numba.course import lessonkit, pictures
+from flash_numba.course import exercises as ex
+from flash_numba.course import flash_checks as kx
 
 SIM = device.SIMULATOR
 print(device.describe())

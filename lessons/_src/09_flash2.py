@@ -48,9 +48,10 @@ import numpy as np
 from numba import cuda, float32
 
 import flash_numba as fn
-from flash_numba import device, iomodel, kernels, lessonkit, pictures, recorded, reference
-from flash_numba import exercises as ex
-from flash_numba import kernel_exercises as kx
+from flash_numba import device, iomodel, kernels, reference
+from flash_numba.course import lessonkit, pictures, recorded
+from flash_numba.course import exercises as ex
+from flash_numba.course import flash_checks as kx
 from flash_numba.kernels import flash2
 
 SIM = device.SIMULATOR
@@ -191,6 +192,48 @@ assert ex.check_solution("flash2_loop")
 # kx.hints("flash2_loop", upto=1)  # uncomment for a hint; upto=2 for two, and so on
 # ex.solution("flash2_loop")  # uncomment to print the solution
 
+# %% [markdown]
+# ## Your turn: the whole forward kernel
+#
+# The loop above sat in a frame we wrote. Now write the frame too: the whole FlashAttention-2 forward as
+# one `@cuda.jit` kernel. You declare the shared tiles, load them, place the barriers, walk over the key
+# tiles, apply the causal mask and write $O$ and $L$ once.
+#
+# * A factory `make_flash2(Br, Bc, d, causal)` returns the kernel; the tile sizes are closure constants.
+# * The launch is ours: `kernel[ceil(Nq / Br), Br](q, k, v, o, L, scale, counter)`. Thread `tid` of block
+#   `i` owns query row `i * Br + tid`.
+# * `causal`: key $c$ is visible to query $r$ iff $c \le r + N_k - N_q$. The block stops after the key
+#   tile holding the last key its last row sees.
+# * Count your bytes into `counter` as before.
+#
+# The checker runs nine cases, six without the mask and three with it ($N_q = N_k$, $N_q < N_k$, and
+# $N_q > N_k$ with rows that see no key). It compares $O$ and $L$ with float64, your bytes with flash2's
+# IO model and every global access with your counter, and watches shared memory for races.
+# `kx.hints("flash2_kernel")` helps, one hint at a time.
+
+# %%
+def make_flash2(Br, Bc, d, causal):
+    """FlashAttention-2's forward: launched as kernel[ceil(Nq / Br), Br](q, k, v, o, L, scale, counter)."""
+
+    @cuda.jit
+    def flash2_forward(q, k, v, o, L, scale, counter):
+        tid = cuda.threadIdx.x
+        i = cuda.blockIdx.x
+        row = i * Br + tid  # noqa: F841  (this thread's query row; none if row >= Nq)
+        nr, nw = 0, 0  # noqa: F841  (the bytes you read and write)
+        # Your turn: the shared tiles K_j, V_j (Bc, d) and the row's local arrays; q's row loaded once;
+        # the loop over key tiles (barrier, load, barrier, the online softmax with the mask); O and L
+        # written once; then cuda.atomic.add(counter, 0, nr) and cuda.atomic.add(counter, 1, nw).
+        raise NotImplementedError("the whole forward kernel")
+
+    return flash2_forward
+
+
+# %%
+mine_kernel = ex.check("flash2_kernel", make_flash2)
+assert ex.check_solution("flash2_kernel")
+# kx.hints("flash2_kernel", upto=1)  # uncomment for a hint; upto=2 for two, and so on
+
 # %%
 q, k, v = (rng.standard_normal((BH, N, d)).astype(np.float32) for _ in range(3))
 o_ref, lse_ref = reference.attention_forward(q, k, v)
@@ -276,122 +319,9 @@ g_err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip((g_a.dq, g_a.d
 print(f"two runs bitwise identical: {bitwise}; max relative error of dQ, dK, dV: {g_err:.1e}")
 
 # %% [markdown]
-# ### How many atomic additions? More keys a block, fewer
-#
-# A thread block of the atomic backward owns $B_c$ keys. For every query row it visits it adds its part of
-# $dQ$, $dS_{ij} K_j$, into all $d$ columns of that row in HBM: one atomic addition per element, which reads
-# and writes 4 bytes (float32). With no mask every block visits every query row, so a call makes
-# $T_c \cdot N_q \cdot d$ additions, $T_c = \lceil N_k / B_c \rceil$: twice the keys a block, half the additions.
-# The counters count each addition as 4 bytes read and 4 written.
-#
-# **Predict.** One head, $N_q = N_k = 64$, $d = 16$, float32. How many bytes does the dK/dV/dQ launch write with
-# key blocks of $B_c = 16$, and of $B_c = 32$? (Besides the additions it writes $dK$ and $dV$ once each.)
-
-# %%
-my_written_16 = None  # bytes written by the dK, dV, dQ (atomic) launch, Bc = 16
-my_written_32 = None  # the same, Bc = 32
-
-# %%
-n_a, d_a = 64, 16
-qa, ka, va, doa = (rng.standard_normal((1, n_a, d_a)).astype(np.float32) for _ in range(4))
-fa = fn.flash_attention_forward(qa, ka, va, kernel="flash2_fast")
-atomic_written = {}
-for Bc in (16, 32):  # block = (Br, Bc): 16 query rows a step, Bc keys a block
-    ga = fn.flash_attention_backward(qa, ka, va, fa.o, fa.lse, doa, kernel="flash2_fast", deterministic=False,
-                                     block=(16, Bc), count_hbm=True)
-    atomic_written[Bc] = ga.hbm.per_kernel["flash2_fast dK, dV, dQ (atomic)"].bytes_written
-lessonkit.compare_prediction("bytes written, Bc = 16", my_written_16, atomic_written[16])
-lessonkit.compare_prediction("bytes written, Bc = 32", my_written_32, atomic_written[32])
-print(f"dK and dV: {2 * n_a * d_a * 4} B; the additions: {atomic_written[16] - 2 * n_a * d_a * 4} B at Bc = 16, "
-      f"{atomic_written[32] - 2 * n_a * d_a * 4} B at Bc = 32")
-
-# %% [markdown]
-# On the H200 the same halving paid (recorded below: the backward alone, N = 4096, B*H = 32, float32). A block
-# of 64 keys also keeps a larger $dK_j$, $dV_j$ in registers, so each number loaded from shared memory feeds
-# more multiply-adds. flash2_fast's atomic backward therefore takes 64 keys a block at $d \le 64$ on GPUs that give
-# a block more than 48 KB of shared memory, like the H200 where it was measured
-# (`fn.resolve_block("flash2_fast", 64, np.float32, pass_="backward", deterministic=False)`); the deterministic
-# backward keeps 32: it measured slower with 64.
-
-# %%
-from flash_numba import blocks
-from flash_numba.kernels import flash2_fast as fast_kernels
-
-if recorded.available():
-    for r in recorded.atomic_block_rows():
-        print(f"{recorded.LABEL}: {r['device']}, d = {r['d']:>2}, {r['Bc']} keys a block, causal {r['causal']:5}: "
-              f"{float(r['ms']):6.2f} ms  ({r['file']})")
-tiles_64_keys = fast_kernels.backward_smem(32, 64, 64, np.float32)  # shared bytes of 32 queries x 64 keys, d = 64
-print(f"this device's choice at d = 64, {blocks.dynamic_budget() // 1024} KB of shared memory a block:",
-      fn.resolve_block("flash2_fast", 64, np.float32, pass_="backward", deterministic=False),
-      f"(64 keys need {tiles_64_keys // 1024} KB there)")
-
-# %% [markdown]
-# ### A third way: a copy of $dQ$ for each block that runs at once
-#
-# The atomic additions are non-deterministic only because several blocks add into the *same* $dQ_i$ at
-# the same time. flash2_fast's default backward keeps the one pass and removes the race instead:
-#
-# * $S$ thread blocks per head, each with its **own copy** of $dQ$ in HBM (zeroed first);
-# * the key tiles are dealt out in rounds of $S$, one launch per round: block $s$ adds $dS_{ij} K_j$ for its
-#   tile of this round into copy $s$, and no other block touches copy $s$; launches run one after the other;
-# * at the end, $dQ$ = copy 0 + copy 1 + ... + copy $S-1$, always in that order.
-#
-# Every addition now happens in a fixed order, so the result is bitwise reproducible, and each key tile
-# still costs 5 block products (the two-pass way costs 7: its $dQ$ kernel recomputes $S$ and $dP$). The price
-# is memory: $S$ copies of $dQ$. $S$ is the number of blocks per head that fills the GPU once
-# (`flash_numba.kernels.flash2_fast.layout.dq_copies`); where that would not fit in 1 GiB, or cannot keep
-# the GPU busy (few, short heads), the two-pass backward runs.
-#
-# **Predict.** An H200 has 132 SMs and holds 4 blocks of this kernel on each at $d = 64$ (528 at once). At
-# $B \cdot H = 32$, $N = 4096$, $d = 64$ with key tiles of 32 rows, how many copies does it take, and how
-# many MiB do they use in float32?
-
-# %%
-my_copies = None  # number of copies of dQ
-my_copies_mib = None  # their size in MiB
-
-# %%
-from flash_numba.kernels.flash2_fast import layout as fast_layout
-
-heads, n_long, d_long = 32, 4096, 64
-dq_bytes = heads * n_long * d_long * 4
-copies = fast_layout.dq_copies(heads, n_long // 32, dq_bytes, 132 * 4)
-lessonkit.compare_prediction("copies of dQ", my_copies, copies)
-lessonkit.compare_prediction("MiB of copies", my_copies_mib, copies * dq_bytes // 2**20)
-print(f"{copies} blocks per head x {heads} heads = {copies * heads} blocks for 528 places, "
-      f"{n_long // 32 // copies} key tiles each")
-
-# %% [markdown]
-# Now run it. Here the number of copies is forced to 2 (`FORCE_DQ_COPIES`, a switch for tests and
-# benchmarks), so that even these small sizes take the split path; the counters show its four launches.
-
-# %%
-f_fast = fn.flash_attention_forward(q, k, v, kernel="flash2_fast")
-fast_layout.FORCE_DQ_COPIES = 2
-try:
-    split_a, split_b = (fn.flash_attention_backward(q, k, v, f_fast.o, f_fast.lse, do, kernel="flash2_fast",
-                                                    count_hbm=True) for _ in range(2))
-finally:
-    fast_layout.FORCE_DQ_COPIES = None
-split_bitwise = all(np.array_equal(x, y) for x, y in zip((split_a.dq, split_a.dk, split_a.dv),
-                                                         (split_b.dq, split_b.dk, split_b.dv)))
-split_err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip((split_a.dq, split_a.dk, split_a.dv),
-                                                                      grads_ref))
-for launch, nbytes in split_a.hbm.per_kernel.items():
-    print(f"{launch:34s} read {nbytes.bytes_read:>10,} B  written {nbytes.bytes_written:>10,} B")
-print(f"two runs bitwise identical: {split_bitwise}; max relative error of dQ, dK, dV: {split_err:.1e}")
-
-# %% [markdown]
-# Measured on the H200 (recorded): the backward alone, three ways, and the memory each call allocated.
-
-# %%
-if recorded.available():
-    print(f"{recorded.LABEL}: NVIDIA H200, {recorded.BACKWARD_PATHS_CSV.relative_to(recorded.RESULTS.parents[2])}")
-    for r in recorded.backward_path_rows(d=64):
-        how = f"split, {r['copies']} copies" if r["copies"] else r["path"]
-        print(f"N = {r['N']:>4}, B*H = {r['BH']:>3}, causal {r['causal']:5}: {how:16} {float(r['ms']):7.3f} ms, "
-              f"{r['peak_MB']:>4} MB allocated, same bits twice: {r['bitwise_repeat']}")
+# The atomic path, the deterministic one with a copy of $dQ$ per block, and what each costs on an H200
+# are in the optional appendix, "How flash2_fast got fast". In lesson 7 you wrote both ways of computing
+# $dQ$: one owner per row, and atomic adds from the key side.
 
 # %% [markdown]
 # ## Measured on a real GPU
@@ -410,23 +340,24 @@ if recorded.available():
     lessonkit.show(pictures.recorded_times(rows, f"{recorded.LABEL}: N = 4096, B*H = 32, d = 64, float32"))
 
 # %% [markdown]
-# ## The flash inner loop, thread by thread
+# ## Your kernel, thread by thread
 #
-# **Predict, then run.** In your loop (or the packaged one) at $N_q = N_k = 8$, $B_r = B_c = 4$, $d = 4$,
-# how many element reads of $K$ does the whole launch make? (Each query tile loads every key tile once.)
+# **Predict, then run.** In your kernel (or the packaged one until yours passes) at $N_q = N_k = 8$,
+# $B_r = B_c = 4$, $d = 4$, causal, how many element reads of $K$ does the whole launch make? (Query tile
+# 0 sees keys 0-3 only; query tile 1 sees all 8.)
 
 # %%
 my_prediction = None  # element reads of K
 
 # %%
-loop = flash2_rows if mine_loop else kx.flash2_rows
+whole = make_flash2 if mine_kernel else kx.flash2_forward_kernel
 if SIM:
-    log8 = kx.measure_forward("flash2_loop", loop, 8, 8)["log"]
-    k_reads = log8.elements("k", "r")
-    lessonkit.show(pictures.access_map(log8, "k", "r", (8, 4), "K: the thread of query tile 0 that loaded "
-                                       "each element", block=(0, 0, 0)))
+    run8 = kx.measure_kernel("flash2_kernel", whole, 8, 8, causal=True)
+    k_reads = run8["log"].elements("k", "r")
+    shapes = {"q": ((8, 4), "r"), "k": ((8, 4), "r"), "v": ((8, 4), "r"), "O": ((8, 4), "w")}
+    lessonkit.show(pictures.kernel_accesses(run8["log"], shapes, title="block 0 (queries 0-3), causal"))
 else:
-    k_reads = sum(iomodel.flash2.kv_rows_read(8, 8, False, (4, 4))) * 4
+    k_reads = sum(iomodel.flash2.kv_rows_read(8, 8, True, (4, 4))) * 4
 lessonkit.compare_prediction("element reads of K", my_prediction, k_reads)
 
 # %% [markdown]
@@ -460,21 +391,17 @@ lessonkit.compare_prediction("element reads of K", my_prediction, k_reads)
 #   division at the end.
 # * Splitting $Q$ (not $K$) between warps means no partial results to exchange through shared memory.
 # * Parallelism over the sequence keeps every SM busy even at one head.
-# * A backward pass with one owner per output element is deterministic, at the price of a third kernel, or,
-#   with a copy of $dQ$ per block running at once, at the price of memory.
+# * A backward pass with one owner per output element is deterministic, at the price of a third kernel.
+# * You can write the whole kernel: shared tiles, loads between two barriers, the loop, the mask, one write.
 #
 # ## Check
 
 # %%
 assert err_np < 1e-12, err_np
-for Bc in (16, 32):  # dK, dV once, and one addition per element of dQ per key block
-    assert atomic_written[Bc] == 2 * n_a * d_a * 4 + 4 * d_a * n_a * (n_a // Bc), (Bc, atomic_written[Bc])
 for r in results.values():
     assert np.abs(r.o - o_ref).max() / np.abs(o_ref).max() < 1e-5
 assert results["flash2"].hbm.total < results["flash1"].hbm.total
 assert bitwise and g_err < 1e-4, (bitwise, g_err)
-assert split_bitwise and split_err < 1e-4, (split_bitwise, split_err)
-assert list(split_a.hbm.per_kernel)[1:] == [fast_layout.ZERO_DQ_COPIES_NAME, fast_layout.BACKWARD_KVQ_SPLIT_NAME,
-                                            fast_layout.SUM_DQ_NAME]
 assert (not timings) == SIM
+assert k_reads == sum(iomodel.flash2.kv_rows_read(8, 8, True, (4, 4))) * 4  # causal: tile 0 skips key tile 1
 print("lesson 9: all checks passed")

@@ -8,7 +8,7 @@
 # barrier left out, the running maximum updated one line too early, the causal diagonal in the wrong
 # corner, a last tile that is not full, a backward pass that forgets the mask, the scale applied twice, a
 # tile read from HBM again, a load left out of the count, an output written at every tile.
-# `flash_numba.bugzoo` keeps one kernel for each: the packaged solution of an exercise with a few
+# `flash_numba.course.bugzoo` keeps one kernel for each: the packaged solution of an exercise with a few
 # lines changed. Here you run them through the same checkers as your own code and learn to read what the
 # checker says: which case fails first, which output, the largest difference, the bytes against the IO
 # model, and the access trace of the simulator.
@@ -28,17 +28,20 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
     pass  # source-only
 
 # %%
-from flash_numba import bugzoo, device, lessonkit, pictures
-from flash_numba import exercises as ex
-from flash_numba import kernel_exercises as kx
+import math
+
+from numba import cuda
+
+from flash_numba import device
+from flash_numba.course import bugzoo, lessonkit, pictures
+from flash_numba.course import exercises as ex
+from flash_numba.course import flash_checks as kx
+from flash_numba.course.flash_solutions import E, NEG_INF, ZERO  # the constants the kernels use
 
 SIM = device.SIMULATOR
 print(device.describe())
 caught = {}  # exhibit -> did its checker reject it?
-for name in bugzoo.names():
-    exhibit = bugzoo.EXHIBITS[name]
-    shown = "(a mystery below)" if name in bugzoo.MYSTERIES.values() else exhibit.bug
-    print(f"{name:<24} checked by {exhibit.exercise:<13} {shown}")
+print("the zoo:", ", ".join(bugzoo.names()))
 
 # %% [markdown]
 # First, the readable kernels the exhibits edit: the packaged solutions pass their checkers.
@@ -48,46 +51,184 @@ assert ex.check_solution("flash1_block") and ex.check_solution("flash2_loop")
 assert ex.check_solution("dkdv_block") and ex.check_solution("causal_tiles")
 
 # %% [markdown]
-# ## Exhibit 1: the missing barrier
+# ## Exhibit 1: threads that race
 #
-# The loop of lesson 9 loads $K_j$, $V_j$ with all threads of the block, each thread a few elements, and
-# waits at `cuda.syncthreads()` before any thread reads them. Take that barrier out:
+# Lesson 9's loop, with one line changed. Run it through the loop's checker:
 
 # %%
-print(bugzoo.diff("missing_barrier"))
 caught["missing_barrier"] = not ex.check("flash2_loop", bugzoo.build("missing_barrier"))
 
 # %% [markdown]
-# What the simulator can and cannot show. It runs the CUDA threads of a block in turn, each to its next
-# barrier, and whether a thread reads $K_j$ before its neighbours have loaded it depends on that order,
-# which is not a GPU's: a verdict built on the values alone would hold for one order of threads only. So
-# the checker runs the kernel with the package's race detector on (`flash_numba.simrace`): every element
-# of a shared array remembers which thread wrote it and which threads read it since the block's last
-# `cuda.syncthreads()`, and a read
-# of an element another thread wrote, or a write to an element another thread touched, before the next
-# barrier is a race, whatever order the threads ran in. The verdict names the array, the element and the
-# two threads. A GPU interleaves threads differently (a warp of 32 runs in lockstep), and the same bug may
-# pass a thousand runs there and fail the next one; on a GPU, `compute-sanitizer --tool racecheck` and
-# `--tool synccheck` look for races (the package's kernels pass both:
-# `benchmarks/results/h200-2026-11-30-s3/C/`). The detector sees only the runs and the sizes it watched,
-# so it proves no kernel race-free either. The *other* barrier, at the top of the loop, guards against
-# overwriting $K_j$ while a slow thread still reads it; without it the detector reports a write to an
-# element another thread read before the barrier.
+# The verdict names a *race*: one thread wrote an element of a shared tile, and another thread read it
+# with no `cuda.syncthreads()` between them.
 #
-# ## Exhibit 2: the stale maximum
+# The simulator runs the threads of a block one after another, each up to its next barrier. Whether a
+# thread reads $K_j$ before its neighbours have loaded it depends on that order, and a GPU's order is
+# different. So the checker runs the kernel under the package's race detector (`flash_numba.simrace`).
+# Every shared element remembers who wrote it and who read it since the last barrier. A conflicting
+# access by another thread before the next barrier is a race, whatever order the threads ran in.
+#
+# On a GPU the same bug may pass a thousand runs and fail the next. There, `compute-sanitizer --tool
+# racecheck` looks for races. Neither tool proves a kernel race-free: they see only the runs they watched.
+
+# %% [markdown]
+# ## Your turn: repair exhibit 1
+#
+# The cell below holds the broken loop. Find where the threads race and repair it (one line). The
+# checker runs it on the loop's nine cases, with and without the causal mask, with the race detector on.
 
 # %%
-print(bugzoo.diff("stale_max"))
+@cuda.jit(device=True)
+def repaired_barrier(tid, row, n_tiles, diag, q_r, s_r, o_acc, K_j, V_j, k, v, o, L, scale):
+    """FlashAttention-2's loop for query row ``row`` (thread ``tid``; no row when row >= Nq).
+
+    The block walks over ``n_tiles`` key tiles; key c is visible to the row iff c <= row + diag.
+    m_i, l_i and the unnormalised O_i row (``o_acc``) stay on chip; O = O_acc / l and
+    L = m + log(l) are written once, at the end.  Returns (bytes read, bytes written).
+    """
+    Bc, D = K_j.shape
+    T = cuda.blockDim.x
+    Nq = o.shape[0]
+    Nk = k.shape[0]
+    nr = 0
+    nw = 0
+    m_i = NEG_INF
+    l_i = ZERO
+    for x in range(D):
+        o_acc[x] = ZERO
+    for j in range(n_tiles):
+        c0 = j * Bc
+        cols = min(Bc, Nk - c0)
+        cuda.syncthreads()  # every thread is done with the previous K_j, V_j
+        for idx in range(tid, cols * D, T):  # all threads load the tiles, one element each in turn
+            K_j[idx // D, idx % D] = k[c0 + idx // D, idx % D]
+            V_j[idx // D, idx % D] = v[c0 + idx // D, idx % D]
+            nr += 2 * E
+        if row < Nq:
+            m_new = m_i
+            for c in range(cols):  # s = scale q_r K_j^T, masked; the new running max
+                s = ZERO
+                for x in range(D):
+                    s += q_r[x] * K_j[c, x]
+                s *= scale
+                if c0 + c > row + diag:
+                    s = NEG_INF
+                s_r[c] = s
+                m_new = max(s, m_new)  # (score first: in the simulator's Python max a NaN then wins)
+            if m_new != NEG_INF:  # a row that has seen no visible key keeps (O_acc, l, m) = (0, 0, -inf)
+                alpha = math.exp(m_i - m_new)  # rescale what was summed at the old max (before m_i moves)
+                l_i *= alpha
+                for x in range(D):
+                    o_acc[x] *= alpha
+                for c in range(cols):
+                    p = math.exp(s_r[c] - m_new)  # a masked score gives exp(-inf) = 0
+                    l_i += p
+                    for x in range(D):
+                        o_acc[x] += p * V_j[c, x]
+                m_i = m_new
+    if row < Nq:  # normalise once, at the end
+        L_r = NEG_INF
+        inv = ZERO
+        if l_i > ZERO:
+            L_r = m_i + math.log(l_i)
+            inv = 1 / l_i
+        for x in range(D):
+            o[row, x] = o_acc[x] * inv
+        L[row] = L_r
+        nw += D * E + E
+    return nr, nw
+
+
+# %%
+fixed_barrier = ex.check("fix_missing_barrier", repaired_barrier)
+assert ex.check_solution("fix_missing_barrier")
+
+# %% [markdown]
+# ## Exhibit 2: right with one tile, wrong with two
+
+# %%
 caught["stale_max"] = not ex.check("flash2_loop", bugzoo.build("stale_max"))
 
 # %% [markdown]
-# The first case (one tile) passes: with a single tile nothing needs rescaling. The second fails, and
-# the checker recognises the answer: it equals what you get when the old $\ell_i$ and $\tilde O_i$ are
-# never rescaled, because $e^{m_i - m_{new}}$ was computed after $m_i$ had become $m_{new}$, so it is 1.
-# Lesson 3's picture of a row whose maximum arrives late shows what that factor has to do:
+# The first case (one tile) passes. The second (several tiles) fails. So the step that merges a new
+# tile into the running $(m_i, \ell_i, \tilde O_i)$ is wrong, and with one tile there is nothing to merge.
+# Lesson 3's picture shows what the factor $e^{m_i - m_{new}}$ must do when a row's maximum arrives late:
 
 # %%
 lessonkit.show(pictures.online_softmax_late_max())
+
+# %% [markdown]
+# ## Your turn: repair exhibit 2
+#
+# Find the line that breaks the merge and repair it.
+
+# %%
+@cuda.jit(device=True)
+def repaired_max(tid, row, n_tiles, diag, q_r, s_r, o_acc, K_j, V_j, k, v, o, L, scale):
+    """FlashAttention-2's loop for query row ``row`` (thread ``tid``; no row when row >= Nq).
+
+    The block walks over ``n_tiles`` key tiles; key c is visible to the row iff c <= row + diag.
+    m_i, l_i and the unnormalised O_i row (``o_acc``) stay on chip; O = O_acc / l and
+    L = m + log(l) are written once, at the end.  Returns (bytes read, bytes written).
+    """
+    Bc, D = K_j.shape
+    T = cuda.blockDim.x
+    Nq = o.shape[0]
+    Nk = k.shape[0]
+    nr = 0
+    nw = 0
+    m_i = NEG_INF
+    l_i = ZERO
+    for x in range(D):
+        o_acc[x] = ZERO
+    for j in range(n_tiles):
+        c0 = j * Bc
+        cols = min(Bc, Nk - c0)
+        cuda.syncthreads()  # every thread is done with the previous K_j, V_j
+        for idx in range(tid, cols * D, T):  # all threads load the tiles, one element each in turn
+            K_j[idx // D, idx % D] = k[c0 + idx // D, idx % D]
+            V_j[idx // D, idx % D] = v[c0 + idx // D, idx % D]
+            nr += 2 * E
+        cuda.syncthreads()  # K_j, V_j are complete
+        if row < Nq:
+            m_new = m_i
+            for c in range(cols):  # s = scale q_r K_j^T, masked; the new running max
+                s = ZERO
+                for x in range(D):
+                    s += q_r[x] * K_j[c, x]
+                s *= scale
+                if c0 + c > row + diag:
+                    s = NEG_INF
+                s_r[c] = s
+                m_new = max(s, m_new)  # (score first: in the simulator's Python max a NaN then wins)
+            if m_new != NEG_INF:  # a row that has seen no visible key keeps (O_acc, l, m) = (0, 0, -inf)
+                m_i = m_new
+                alpha = math.exp(m_i - m_new)  # rescale what was summed at the old max (before m_i moves)
+                l_i *= alpha
+                for x in range(D):
+                    o_acc[x] *= alpha
+                for c in range(cols):
+                    p = math.exp(s_r[c] - m_new)  # a masked score gives exp(-inf) = 0
+                    l_i += p
+                    for x in range(D):
+                        o_acc[x] += p * V_j[c, x]
+                m_i = m_new
+    if row < Nq:  # normalise once, at the end
+        L_r = NEG_INF
+        inv = ZERO
+        if l_i > ZERO:
+            L_r = m_i + math.log(l_i)
+            inv = 1 / l_i
+        for x in range(D):
+            o[row, x] = o_acc[x] * inv
+        L[row] = L_r
+        nw += D * E + E
+    return nr, nw
+
+
+# %%
+fixed_max = ex.check("fix_stale_max", repaired_max)
+assert ex.check_solution("fix_stale_max")
 
 # %% [markdown]
 # ## Exhibit 3: a tile read again from HBM
@@ -116,7 +257,7 @@ lessonkit.compare_prediction("K reads / the model's", my_prediction, k_ratio if 
 # (lesson 6) are then the independent witness.
 
 # %%
-print(bugzoo.diff("uncounted_load"))
+# print(bugzoo.diff("uncounted_load"))  # uncomment: the change to the readable loop
 caught["uncounted_load"] = not ex.check("flash2_loop", bugzoo.build("uncounted_load"))
 
 # %% [markdown]
@@ -139,20 +280,21 @@ else:
 # right, so only the bytes can tell:
 
 # %%
-print(bugzoo.diff("o_every_tile"))
+# print(bugzoo.diff("o_every_tile"))  # uncomment: the change to the readable loop
 caught["o_every_tile"] = not ex.check("flash2_loop", bugzoo.build("o_every_tile"))
 
 # %% [markdown]
 # ## Your turn: four mysteries
 #
-# Four more exhibits, without their diffs. Run each through its checker, read the verdict (which case
-# fails first? which output? what do the notes say?) and name the bug, using the exhibit names listed at
-# the top.
+# Four more exhibits of the zoo, hidden behind letters. `kx.examine` runs each through its checker
+# and prints what the checker sees: the failing case, the values, the rows that differ. It holds back
+# the lines that would name the mistake. Read each verdict: which case fails first? Which output? Which
+# rows? Then name the exhibit (the zoo's names are printed at the top).
 
 # %%
 for letter in bugzoo.MYSTERIES:
     print(f"--- mystery {letter}")
-    caught[letter] = not ex.check(*bugzoo.mystery(letter))
+    caught[letter] = kx.examine(letter)
 
 
 # %%
@@ -166,11 +308,11 @@ mine = ex.check("bug_zoo", my_diagnosis)
 assert ex.check_solution("bug_zoo")
 
 # %% [markdown]
-# Once you have named them, read the diffs:
+# Once your diagnosis passes, read each mystery's change to the readable kernel (uncomment):
 
 # %%
-for letter, name in bugzoo.MYSTERIES.items():
-    print(f"mystery {letter}: {name}\n{bugzoo.diff(name)}\n")
+# for letter, name in bugzoo.MYSTERIES.items():
+#     print(f"mystery {letter}: {name}\n{bugzoo.diff(name)}\n")
 
 # %% [markdown]
 # ## What to take away
@@ -183,6 +325,7 @@ for letter, name in bugzoo.MYSTERIES.items():
 #   trace, or a profiler on a GPU) keeps it honest.
 # * The simulator's race detector names a missing barrier on every run, whatever order Python ran the
 #   threads in; on a GPU a race may not show in the values, and no test proves a kernel race-free.
+# * Read the symptom before the code: which case fails first, which rows, which array's bytes.
 #
 # ## Check
 
@@ -190,5 +333,6 @@ for letter, name in bugzoo.MYSTERIES.items():
 simulator_only = {"missing_barrier", "uncounted_load"}  # on a GPU: no trace, no race detector
 assert all(ok for name, ok in caught.items() if SIM or name not in simulator_only), caught
 assert set(caught) == {"missing_barrier", "stale_max", "reread_k", "uncounted_load", "o_every_tile", *bugzoo.MYSTERIES}
+assert fixed_barrier in (True, False) and fixed_max in (True, False)  # yours: True once repaired
 assert ratio > 1
 print("lesson 11: all checks passed")

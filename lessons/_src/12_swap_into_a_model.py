@@ -39,10 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-import flash_numba as fn
 import flash_numba.torch as fnt
-from flash_numba import device, lessonkit, pictures
-from flash_numba import exercises as ex
+from flash_numba import device
+from flash_numba.course import lessonkit, pictures, recorded
+from flash_numba.course import exercises as ex
 from flash_numba.examples import gpt
 
 SIM = device.SIMULATOR
@@ -116,23 +116,23 @@ lessonkit.show(pictures.saved_for_backward(H=32, d=128))
 # %% [markdown]
 # ## Two meanings of "causal"
 #
-# With as many queries as keys ($L = S$) there is one causal mask. When they differ, two conventions
+# With as many queries as keys ($N_q = N_k$) there is one causal mask. When they differ, two conventions
 # exist. SDPA's `is_causal=True` is **top-left** aligned: query $i$ sees keys $j \le i$. Our kernels, like
 # FlashAttention from version 2.1 on, are **bottom-right** aligned: query $i$ sees keys
-# $j \le i + S - L$, so the *last* query sees every key, which is what decoding with a KV cache needs
+# $j \le i + N_k - N_q$, so the *last* query sees every key, which is what decoding with a KV cache needs
 # (lesson 8). `flash_numba.torch` keeps SDPA's meaning for `is_causal` and computes it exactly with our
-# kernels (for $L < S$ no query sees past key $L - 1$: causal attention on the first $L$ keys; for
-# $L > S$ the rows from $S$ on see every key: a second, non-causal call). Our own mask is PyTorch's
-# `causal_lower_right(L, S)`:
+# kernels (for $N_q < N_k$ no query sees past key $N_q - 1$: causal attention on the first $N_q$ keys;
+# for $N_q > N_k$ the rows from $N_k$ on see every key: a second, non-causal call). Our own mask is
+# PyTorch's `causal_lower_right(N_q, N_k)`:
 
 # %%
-L_, S_ = 3, 5
-i, j = np.arange(L_)[:, None], np.arange(S_)[None, :]
+Nq_, Nk_ = 3, 5
+i, j = np.arange(Nq_)[:, None], np.arange(Nk_)[None, :]
 print("top-left (is_causal=True):\n", (j <= i).astype(int))
-print("bottom-right (causal_lower_right, our kernels):\n", (j <= i + S_ - L_).astype(int))
-qs, ks, vs = (torch.randn(1, n, 4, generator=gen, dtype=torch.float64) for n in (L_, S_, S_))
+print("bottom-right (causal_lower_right, our kernels):\n", (j <= i + Nk_ - Nq_).astype(int))
+qs, ks, vs = (torch.randn(1, n, 4, generator=gen, dtype=torch.float64) for n in (Nq_, Nk_, Nk_))
 causal_err = {}
-for label, kw in (("top-left", {"is_causal": True}), ("bottom-right", {"attn_mask": causal_lower_right(L_, S_)})):
+for label, kw in (("top-left", {"is_causal": True}), ("bottom-right", {"attn_mask": causal_lower_right(Nq_, Nk_)})):
     a = fnt.scaled_dot_product_attention(qs, ks, vs, **kw, kernel="flash1")
     causal_err[label] = (a - F.scaled_dot_product_attention(qs, ks, vs, **kw)).abs().max().item()
     print(f"{label}: max |ours - SDPA| = {causal_err[label]:.1e} (float64)")
@@ -214,17 +214,18 @@ print(f"largest relative difference of a parameter's gradient: {grad_err:.1e}")
 # `benchmarks/train_gpt_h200.sh` trains a 3.2-million-parameter version (4 layers, 4 heads of $d = 64$,
 # $N = 256$, batch 64) for 500 steps on a GPU, once with SDPA and once with ours, and overlays the loss
 # curves. On a GPU the next cell runs a shorter version of it here; without one it shows the recorded
-# run, if one has been committed (`benchmarks/results/gpt-h200/`).
+# run (`benchmarks/results/gpt-h200/`, shipped with the package as `flash_numba/course/data/gpt-h200/`).
 
 # %%
-RECORDED = Path(fn.__file__).resolve().parents[1] / "benchmarks" / "results" / "gpt-h200"
-csvs = [RECORDED / f"gpt_{attn}.csv" for attn in gpt.ATTENTIONS]
+csvs = recorded.gpt_csvs(gpt.ATTENTIONS)
+where = recorded.gpt_provenance()
 work = Path(tempfile.mkdtemp())  # this cell's files
 full = None
 if not SIM and DEV == "cuda":
     big = dict(block_size=256, n_layer=4, n_head=4, n_embd=256)
     tc_gpu = gpt.TrainConfig(steps=150, batch_size=64, device="cuda", eval_batches=5)
     csvs = [work / f"gpt_{attn}.csv" for attn in gpt.ATTENTIONS]
+    where = f"measured now: {device.describe()}, {tc_gpu.steps} steps"
     for attn, path in zip(gpt.ATTENTIONS, csvs):
         gpt.train(gpt.GPTConfig(attn=attn, **big), tc_gpu, path)
 if all(p.exists() for p in csvs):
@@ -233,11 +234,11 @@ if all(p.exists() for p in csvs):
         from IPython.display import Image, display
 
         display(Image(str(work / "gpt_loss.png")))
+    print(where)
     for attn, s in full.items():
         print(f"{attn:<12} {s['steps']} steps, final loss {s['final_loss']:.3f}, {s['tokens_per_s']:,.0f} tokens/s")
 else:
-    print(f"no recorded run exists yet ({RECORDED} has no gpt_sdpa.csv / gpt_flash_numba.csv): "
-          "the plot is skipped; run benchmarks/train_gpt_h200.sh on a GPU to make one")
+    print(f"the recorded runs are not installed ({csvs[0].parent}): run benchmarks/train_gpt_h200.sh on a GPU")
 
 # %% [markdown]
 # ## What to take away
@@ -245,7 +246,7 @@ else:
 # * A drop-in for SDPA is a `torch.autograd.Function` whose forward saves $O$ and $L$ and whose backward
 #   calls the backward kernel: autograd never sees $P$, so memory stays linear in $N$.
 # * Match the interface exactly, including what it means: SDPA's causal mask is top-left aligned,
-#   FlashAttention's bottom-right; they agree only when $L = S$.
+#   FlashAttention's bottom-right; they agree only when $N_q = N_k$.
 # * Refuse what you do not support (a mask tensor, dropout, bfloat16, grouped-query heads) with an error,
 #   rather than quietly running something else: a silent fallback is how a model ends up on the slow path.
 # * Real models hand attention strided views; a kernel that needs contiguous inputs costs a copy per call.
