@@ -131,12 +131,15 @@ def test_default_lengths_and_splits_and_a_stream(rng):
 
 
 def test_split_rule():
-    """Enough splits for about 8 blocks an SM, no split under 256 keys (or two pages), at most 128."""
-    assert fd.choose_splits(8, 8, 1, 4096, None, 132) == 16  # 4096 / 256
-    assert fd.choose_splits(8, 8, 1, 32768, None, 132) == 17  # ceil(8 * 132 / 64)
-    assert fd.choose_splits(8, 8, 1, 131072, None, 132) == 17
+    """As many splits as fill one wave (4 blocks an SM), no split under 256 keys (or two pages), at most 128."""
+    assert fd.choose_splits(8, 8, 1, 32768, None, 132) == 8  # 4 * 132 // 64: 512 blocks of a 528-block wave
+    assert fd.choose_splits(8, 8, 1, 131072, None, 132) == 8
+    assert fd.choose_splits(8, 8, 1, 4096, None, 132) == 8
+    assert fd.choose_splits(8, 8, 1, 1024, None, 132) == 4  # 1024 / 256
     assert fd.choose_splits(8, 8, 1, 256, None, 132) == 1
     assert fd.choose_splits(8, 8, 1, 100, None, 132) == 1
+    assert fd.choose_splits(8, 8, 2, 32768, None, 132) == 4  # two row tiles a KV head
+    assert fd.choose_splits(64, 16, 1, 32768, None, 132) == 1  # 1,024 blocks: a wave without splitting
     assert fd.choose_splits(1, 1, 1, 10**6, None, 132) == fd.MAX_SPLITS
     assert fd.choose_splits(8, 8, 1, 4096, 1024, 132) == 2  # two pages a split
 
@@ -274,3 +277,23 @@ def test_gpu_torch_tensors_side_stream_and_determinism(rng):
     assert torch.equal(a.o, b.o) and torch.equal(a.lse, b.lse)
     tol = tolerance(np.float16, o_ref, q, k, v, 4096, 128, 1 / np.sqrt(128))
     assert (np.abs(a.o.cpu().numpy().astype(np.float64) - o_ref) <= tol).all()
+
+
+def test_the_decode_figure_plots_the_benchmark_rows(tmp_path):
+    """fig_decode reads the benchmark's CSV (here a made-up one) and writes the PNG and the points it plots."""
+    pytest.importorskip("matplotlib")
+    from flash_numba.tools import bench_decode, csvfile
+    from flash_numba.tools.figures import fig_decode
+
+    rows = []
+    for N in (4096, 8192):
+        for name, ms, splits in (("flash_decode", 0.3, 17), ("flash_decode-s8", 0.2, 8), ("torch-flash", 0.1, ""),
+                                 ("torch-math", 2.0, "")):
+            rows.append({"implementation": name, "N": N, "ms": ms * N / 4096, "kv_gbps": 1e3 / ms, "status": "ok",
+                         "num_splits": splits})
+    src = csvfile.write_csv(tmp_path / "decode.csv", ["device: made up"], rows, bench_decode.FIELDS)
+    png, data = fig_decode.make(src, tmp_path / "out", {"flash_decode": {4096: 8, 8192: 8}})
+    assert png.stat().st_size > 0
+    got = {(r["implementation"], int(r["N"])): r for r in csvfile.read_csv(data)}
+    assert got[("flash_decode", 8192)]["row"] == "flash_decode-s8" and float(got[("flash_decode", 8192)]["ms"]) == 0.4
+    assert ("torch-math", 4096) in got and ("flash_decode-s8", 4096) not in got

@@ -17,8 +17,8 @@ launch ("combine") with the online-softmax rescale of lesson 3:
   ``p*P .. p*P + P - 1`` of sequence b; pages in any order, P need not divide the length.
 * **CUDA cores**: 16-byte loads, fp32 accumulation, ``shfl_xor`` row sums (at Nq = 1 a tensor core would
   multiply a 16-row tile of which one row is real).
-* **num_splits** (:func:`choose_splits`): enough blocks for about :data:`BLOCKS_PER_SM` per SM (two waves at
-  four resident blocks an SM), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
+* **num_splits** (:func:`choose_splits`): as many splits as fill one wave of resident blocks
+  (:data:`RESIDENT_BLOCKS` an SM), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
 
 Counters: "flash_decode (one split)" (num_splits = 1: the split kernel writes o and lse), or
 "flash_decode split-KV" and "flash_decode combine"; :mod:`flash_numba.iomodel.flash_decode` predicts
@@ -45,8 +45,10 @@ __all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_ker
 DTYPES = ("float16", "float32")
 #: New query tokens a call may hold (speculative decoding's drafts).
 MAX_NQ = 16
-#: The split rule's target: blocks per SM over the whole grid (two waves of four resident blocks).
-BLOCKS_PER_SM = 8
+#: Split-kernel blocks an SM runs at once: 4 for the d = 128 float16 builds of one to four rows (ptxas, sm_90:
+#: 112-125 registers a thread, 128 threads: four blocks fit 65,536 registers); the causal and eight-row builds
+#: (152 and ~210 registers) hold 3 and 2, so their grids of this many blocks run in 1.3 and 2 waves.
+RESIDENT_BLOCKS = 4
 #: The split rule's floor: keys a split reads at least (and two pages of a paged cache).
 MIN_KEYS_PER_SPLIT = 256
 
@@ -57,20 +59,26 @@ def head_dim_ok(d: int) -> bool:
 
 
 def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int | None, sm_count: int) -> int:
-    """``num_splits`` for ``num_splits=None``.
+    """``num_splits`` for ``num_splits=None``: as many splits as fill one wave of resident blocks, no more.
 
-    The grid has ``B * Hkv * row_tiles`` blocks per split.  Enough splits that the whole grid holds about
-    ``BLOCKS_PER_SM * sm_count`` blocks (two waves of four resident blocks an SM: with fewer, an SM has too
-    few loads in flight to stream the cache at HBM's rate), but no split shorter than
-    ``MIN_KEYS_PER_SPLIT`` keys of the longest sequence (nor than two pages): a split pays a block's start,
-    its q, its merge and a partial row of d + 1 floats per query row, which a short chunk does not repay.
-    At most :data:`MAX_SPLITS`.  B*Hkv = 64 on 132 SMs: 17 splits, reduced to 16 at 4k keys, 1 at 256.
+    The grid has ``B * Hkv * row_tiles`` blocks per split and the GPU runs ``RESIDENT_BLOCKS * sm_count`` of
+    them at once (a wave).  Splits = ``wave // blocks``: the grid fills the GPU once without a partial second
+    wave (1 when one split already holds a wave), but no split shorter than :data:`MIN_KEYS_PER_SPLIT` keys of
+    the longest sequence (nor than two pages): a split pays a block's start, its q, its merge and a partial row
+    of d + 1 floats per query row, which a short chunk does not repay.  At most :data:`MAX_SPLITS`.
+
+    Measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16, benchmarks/results/h200-2026-12-01-decode):
+    8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8, 16/17, 32 and 64 at every cache length
+    from 4k to 128k (724 to 2,358 GB/s).  Against it, in time: 17 splits (1,088 blocks, two waves and 32 blocks
+    of a third: this rule's first version, which aimed at two waves) 1.23-1.35x (16 at 4k: 1.53x); 32 and 64
+    splits (3.9 and 7.8 waves) 1.03-1.55x and 1.04-1.60x, closest at 128k; 4 splits (half a wave) 1.02-1.57x;
+    one split 2.1-5.6x.
     """
     blocks = max(1, B * Hkv * row_tiles)
-    want = -(-BLOCKS_PER_SM * max(1, sm_count) // blocks)
+    want = max(1, RESIDENT_BLOCKS * max(1, sm_count) // blocks)
     min_keys = MIN_KEYS_PER_SPLIT if page_size is None else max(MIN_KEYS_PER_SPLIT, 2 * page_size)
     most = max(1, max_len // min_keys)
-    return int(max(1, min(want, most, MAX_SPLITS)))
+    return int(min(want, most, MAX_SPLITS))
 
 
 def launches(num_splits: int) -> tuple[str, ...]:
