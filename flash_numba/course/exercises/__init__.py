@@ -166,3 +166,4 @@ def describe() -> str:
 # registration: the kernel exercises after the others.
 from . import counts, first_kernels, numpy_steps  # noqa: E402,F401
 from .. import bugzoo, flash_checks  # noqa: E402,F401  (the FlashAttention kernel exercises and the bug zoo)
+from .. import decoding, tensor_cores  # noqa: E402,F401  (lessons 13 and 14)
