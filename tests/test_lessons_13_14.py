@@ -210,7 +210,8 @@ def test_merge_splits_solution_passes():
     (lambda B, Hq, Hkv, L, d, s: (B * Hkv * L * d * s + 2 * B * Hq * d * s + 4 * B * Hq, 4 * B * Hq * L * d),
      "you counted K only"),
     (lambda B, Hq, Hkv, L, d, s: (2 * B * Hkv * L * d + 2 * B * Hq * d, 4 * B * Hq * L * d), "elements, not bytes"),
-    (lambda B, Hq, Hkv, L, d, s: (2 * B * Hkv * L * d * s + 2 * B * Hq * d * s, 4 * B * Hq * L * d), "left out the lse"),
+    (lambda B, Hq, Hkv, L, d, s: (2 * B * Hkv * L * d * s + 2 * B * Hq * d * s, 4 * B * Hq * L * d),
+     "left out the lse"),
     (lambda B, Hq, Hkv, L, d, s: decoding.decode_bytes_solution(B, Hq, Hkv, L, d, s)[:1] + (2 * B * Hq * L * d,),
      "your FLOPs count one product"),
 ])

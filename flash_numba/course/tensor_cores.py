@@ -304,8 +304,9 @@ def _fragment_note(label, call, which, where, dec, why, tile=0) -> _Mismatch:
     else:
         got, want, reg = dec[L][1][r][h], _expected_b(L, r, h, tile), f"b{r}"
     g, t = L >> 2, L % 4
-    notes = [why] if why else [f"lane {L} (g = {g}, t = {t}): see the fragment map above (INTERFACES: "
-                               f"{'a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]' if which == 'A' else 'b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]'})"]
+    rule = ("a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9]"
+            if which == "A" else "b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]")
+    notes = [why] if why else [f"lane {L} has g = {g}, t = {t}; the fragment map: {rule}"]
     return _Mismatch(f"{label}, product {call + 1}: {which}'s fragment",
                      f"lane {L}, {reg} ({half}) holds {_fmt_el(got)}", f"{_fmt_el(want)}", tuple(notes))
 

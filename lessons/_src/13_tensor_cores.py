@@ -27,7 +27,7 @@ if "google.colab" in sys.modules:  # Colab: install flash_numba (see lesson 0)
 
 # %%
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32  # noqa: F401  (float32: for your kernel)
 from numba.types import float16
 
 import flash_numba
@@ -35,7 +35,7 @@ from flash_numba import device, iomodel, reference
 from flash_numba.course import lessonkit
 from flash_numba.course import exercises as ex
 from flash_numba.course import tensor_cores as tcx
-from flash_numba.course.tensor_cores import mma_m16n8k16_f16, pack_f16x2
+from flash_numba.course.tensor_cores import mma_m16n8k16_f16, pack_f16x2  # noqa: F401  (for your kernel)
 
 SIM = device.SIMULATOR
 print(device.describe())
@@ -65,7 +65,8 @@ ffma, mma = rates["FFMA (float32 multiply-add)"], rates["mma.sync m16n8k16 float
 copy_gbps = 4166  # a device-to-device copy on the H200 (read + write), 2026-12-01
 fewest = 4 * BH_ * N_ * d_ * 2  # Q, K, V, O in float16
 standard_bytes = iomodel.forward("standard", BH_, N_, N_, d_, np.float16).total
-print(f"FLOPs {flops / 1e9:.1f} G: {flops / ffma / 1e9:.2f} ms on CUDA cores, {flops / mma / 1e9:.2f} ms on tensor cores")
+print(f"FLOPs {flops / 1e9:.1f} G: {flops / ffma / 1e9:.2f} ms on CUDA cores, "
+      f"{flops / mma / 1e9:.2f} ms on tensor cores")
 print(f"fewest bytes {fewest / 1e9:.2f} GB: {fewest / copy_gbps / 1e6:.3f} ms at the copy rate")
 print(f"standard attention's bytes {standard_bytes / 1e9:.2f} GB: {standard_bytes / copy_gbps / 1e6:.2f} ms")
 
@@ -238,17 +239,18 @@ my_prediction = None  # the softmax's share, in percent
 # %%
 shares = {(N, d): tcx.standard_launch_shares(N, d) for N in (1024, 4096, 16384) for d in (64, 128)}
 print(tcx.SHARES_SOURCE)
-print(f"(the same run measured a device-to-device copy at {float(shares[(4096, 64)][0]['copy_GBps']):,.0f} GB/s)")
+print(f"(that run's device-to-device copy: {float(shares[(4096, 64)][0]['copy_GBps']):,.0f} GB/s)")
 for r in shares[(4096, 64)]:
     fl = 2 * 32 * 4096**2 * 64 if "@" in r["launch"] else 0
-    print(f"{r['launch']:<18} {float(r['ms']):6.3f} ms ({float(r['share']):4.0%})   bytes {int(r['model_bytes']) / 1e9:.2f} GB"
-          f" -> at that run's copy rate {float(r['bound_ms']):.3f} ms;  FLOPs at {mma:.0f} TFLOP/s {fl / mma / 1e9:.3f} ms")
+    print(f"{r['launch']:<18} {float(r['ms']):6.3f} ms ({float(r['share']):4.0%})   "
+          f"bytes {int(r['model_bytes']) / 1e9:.2f} GB -> at that run's copy rate {float(r['bound_ms']):.3f} ms;  "
+          f"FLOPs at {mma:.0f} TFLOP/s {fl / mma / 1e9:.3f} ms")
 softmax_share = 100 * float(next(r["share"] for r in shares[(4096, 64)] if "softmax" in r["launch"]))
 lessonkit.compare_prediction("the softmax's share (%)", my_prediction, round(softmax_share))
 lessonkit.show(tcx.shares_figure({f"N = {N}, d = {d}": rows for (N, d), rows in shares.items()}))
 
 # %% [markdown]
-# The softmax takes only a fifth of the time, fewer than the paper's Figure 1 suggests. The reason is in the
+# The softmax takes only a fifth of the time, less than the paper's Figure 1 suggests. The reason is in the
 # bytes column. Each of the three launches moves about the same 2.15 GB: the first writes $S$, the softmax
 # reads $S$ and writes $P$, the last reads $P$. On tensor cores the FLOPs of a product take 0.1 ms; each
 # product launch still takes more than 1 ms. So every launch is paying for $S$ and $P$ in HBM, not for
@@ -272,7 +274,8 @@ lessonkit.show(tcx.shares_figure({f"N = {N}, d = {d}": rows for (N, d), rows in 
 # ## Check
 
 # %%
-assert tile_err <= 16 * np.finfo(np.float32).eps * float((np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64))).max())
+abs_sum = np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64))  # sum |a b| of each output element
+assert tile_err <= 16 * np.finfo(np.float32).eps * float(abs_sum.max())
 assert res.kernel == "flash2_tc", res.kernel
 assert err_tc <= 2 * err_plain, (err_tc, err_plain)  # Dao-AILab's rule
 assert res.hbm == tc_model

@@ -162,7 +162,8 @@ for S in (1, 2, 7, 64):
     O_s = np.array([np.exp(x[c] - x[c].max()) @ V[c] for c in chunks])  # (S, d)
     o, lse = merge(O_s, m_s, l_s)
     worst = max(worst, float(np.abs(o - o_true).max()), abs(lse - lse_true))
-    print(f"{S:>2} splits: max |o - o_true| = {np.abs(o - o_true).max():.1e}, |lse - lse_true| = {abs(lse - lse_true):.1e}")
+    print(f"{S:>2} splits: max |o - o_true| = {np.abs(o - o_true).max():.1e}, "
+          f"|lse - lse_true| = {abs(lse - lse_true):.1e}")
 
 # %% [markdown]
 # Our kernel writes each split's $O_s / \ell_s$ and its log-sum-exp instead of $(O_s, m_s, \ell_s)$: one
@@ -203,7 +204,8 @@ for b in range(B):
     keys = np.concatenate([k_cache[pg] for pg in table[b, :pages_needed[b]]], axis=1)[:, :n]  # (Hkv, n, d)
     vals = np.concatenate([v_cache[pg] for pg in table[b, :pages_needed[b]]], axis=1)[:, :n]
     for h in range(Hq):
-        o_ref, _ = reference.attention_forward(q[b, h].astype(np.float64), keys[h // (Hq // Hkv)], vals[h // (Hq // Hkv)])
+        kv_head = h // (Hq // Hkv)  # GQA: the KV head of query head h
+        o_ref, _ = reference.attention_forward(q[b, h].astype(np.float64), keys[kv_head], vals[kv_head])
         dec_err = max(dec_err, float(np.abs(res.o[b, h] - o_ref).max()))
 print(f"max |o - o_float64| = {dec_err:.1e}")
 
@@ -214,7 +216,8 @@ print(f"max |o - o_float64| = {dec_err:.1e}")
 # %%
 mine_total = sum(count(1, Hq, Hkv, int(n), d, 4)[0] for n in lengths)
 t = res.hbm.terms
-print(f"your terms: {mine_total:,} bytes; counted KV cache + q + o and lse: {t['KV cache'] + t['q'] + t['o and lse']:,}")
+print(f"your terms: {mine_total:,} bytes; counted KV cache + q + o and lse: "
+      f"{t['KV cache'] + t['q'] + t['o and lse']:,}")
 print(f"q is read by each of the {res.num_splits} splits: {t['q']:,} bytes counted, {B * Hq * d * 4:,} once")
 print(f"metadata {t['lengths'] + t['page table']:,} bytes, partials {t['partials']:,} bytes; "
       f"total counted {res.hbm.total:,}")
