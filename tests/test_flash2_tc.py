@@ -199,6 +199,12 @@ def test_ml_dtypes_style_and_torch_cpu_bfloat16(rng):
 
 # ---------------------------------------------------------------- real sizes, on a GPU
 GPU_CASES = [(Nq, d, causal) for Nq in (1, 17, 97, 1000, 4099) for d in (64, 128) for causal in (False, True)]
+ROWS = 128  # the rows the GPU tests compare: the last ones (the float16 baseline is slow in NumPy at N = 4099)
+
+
+def last_rows(o, q64, n=ROWS):
+    """The last n query rows: with the bottom-right causal mask they see the same keys as in the full problem."""
+    return o[..., -n:, :], q64[..., -n:, :]
 
 
 @pytest.mark.gpu
@@ -207,7 +213,8 @@ GPU_CASES = [(Nq, d, causal) for Nq in (1, 17, 97, 1000, 4099) for d in (64, 128
 def test_gpu_forward_dao_rule(rng, dtype_name, Nq, d, causal):
     (q, k, v), (q64, k64, v64) = inputs(rng, (2,), Nq, Nq, d, 1, dtype_name)
     res = fn.attention_forward(q, k, v, kernel="flash2_tc", causal=causal)
-    check_dao(res.o, q64, k64, v64, causal, 1, dtype_name)
+    assert np.isfinite(as_float64(res.o, dtype_name)).all()  # every element written (outputs poisoned)
+    check_dao(*last_rows(res.o, q64), k64, v64, causal, 1, dtype_name)
 
 
 @pytest.mark.gpu
@@ -216,7 +223,8 @@ def test_gpu_sm75_path_dao_rule(rng, monkeypatch, Nq, d, causal):
     monkeypatch.setattr(layout, "FORCE_PATH", "sm75")
     (q, k, v), (q64, k64, v64) = inputs(rng, (2,), Nq, Nq + 3, d, 1, "float16")
     res = fn.attention_forward(q, k, v, kernel="flash2_tc", causal=causal)
-    check_dao(res.o, q64, k64, v64, causal, 1, "float16")
+    assert np.isfinite(res.o).all()
+    check_dao(*last_rows(res.o, q64), k64, v64, causal, 1, "float16")
 
 
 @pytest.mark.gpu
