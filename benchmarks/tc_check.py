@@ -4,7 +4,8 @@
     python benchmarks/tc_check.py --only time --out DIR
     python benchmarks/tc_check.py --case small         # the small case the sanitizers run (used by the above)
 
-1. ``pytest -m gpu`` on tests/test_mma.py (mma, ldmatrix, packing against the host model, bit for bit) and
+1. ``pytest -m gpu`` (run after the timings) on tests/test_mma.py (mma, ldmatrix, packing against the host
+   model, bit for bit) and
    tests/test_flash2_tc.py (the forward at N = 1 .. 4099, d = 64 and 128, float16 and bfloat16, causal and
    not, the sm_75 path forced, determinism over 20 calls).
 2. Timings: the forward at B*H = 32 (B = 4, H = 8), N = 4096, d = 64 and 128, float16 and bfloat16, causal and
@@ -30,16 +31,29 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_tests(out: str) -> str:
+def run_tests(out: str, timeout: float) -> str:
+    """The gpu tests of tests/test_mma.py and tests/test_flash2_tc.py, and the strided/unaligned inputs test (the
+    16-byte and element copies on the device)."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-x",
-           "tests/test_mma.py", "tests/test_flash2_tc.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
+           "-m", "gpu", "tests/test_mma.py", "tests/test_flash2_tc.py"]
+    extra = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
+             "tests/test_flash2_tc.py::test_strided_and_unaligned_device_inputs",
+             "tests/test_flash2_tc.py::test_dropout_matches_the_reference_mask"]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    with open(os.path.join(out, "tests.log"), "w") as f:
-        f.write(proc.stdout + proc.stderr)
-    last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
-    return f"pytest -m gpu: {last} (exit {proc.returncode}, {time.time() - t0:.0f} s)"
+    lines = []
+    for c in (cmd, extra):
+        try:
+            proc = subprocess.run(c, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=max(10.0, timeout - (time.time() - t0)))
+            text, rc = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            text, rc = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), "timeout"
+        with open(os.path.join(out, "tests.log"), "a") as f:
+            f.write(" ".join(c) + "\n" + text + "\n")
+        last = (text.strip().splitlines() or ["(no output)"])[-1]
+        lines.append(f"pytest {'-m gpu' if c is cmd else 'strided/dropout'}: {last} (exit {rc})")
+    return "\n".join(lines) + f" ({time.time() - t0:.0f} s)"
 
 
 def visible_pairs(N: int, causal: bool) -> int:
@@ -123,9 +137,10 @@ def small_case() -> None:
     from flash_numba.kernels.flash2_tc import layout
 
     rng = np.random.default_rng(0)
-    for path, dtype_name in (("sm80", "float16"), ("sm80", "bfloat16"), ("sm75", "float16")):
+    for path, dtype_name, causals in (("sm80", "float16", (False, True)), ("sm80", "bfloat16", (True,)),
+                                      ("sm75", "float16", (True,))):
         layout.FORCE_PATH = path
-        for causal in (False, True):
+        for causal in causals:
             x = [rng.standard_normal((2, 77, 64)).astype(np.float32) for _ in range(3)]
             x = [a.astype(np.float16) if dtype_name == "float16" else fn.as_bfloat16(a) for a in x]
             r = fn.attention_forward(*x, kernel="flash2_tc", causal=causal)
@@ -134,19 +149,22 @@ def small_case() -> None:
     print("small case done")
 
 
-def run_sanitizers(out: str) -> list[str]:
+def run_sanitizers(out: str, timeout: float) -> list[str]:
     lines = []
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=ROOT)
     for tool in ("memcheck", "racecheck"):
         cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "9", sys.executable,
                os.path.join(ROOT, "benchmarks", "tc_check.py"), "--case", "small"]
         t0 = time.time()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        log = proc.stdout + proc.stderr
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+            log, rc = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            log, rc = str(exc.stdout or ""), "timeout"
         with open(os.path.join(out, f"sanitize_{tool}.log"), "w") as f:
             f.write(log)
         summary = [ln for ln in log.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln]
-        lines.append(f"{tool}: exit {proc.returncode}, {' | '.join(summary) or 'no summary'} "
+        lines.append(f"{tool}: exit {rc}, {' | '.join(summary) or 'no summary'} "
                      f"({time.time() - t0:.0f} s)")
     return lines
 
@@ -156,20 +174,22 @@ def main() -> int:
     p.add_argument("--out", default="tc_check_out")
     p.add_argument("--only", choices=("tests", "time", "sanitize"))
     p.add_argument("--case", choices=("small",))
+    p.add_argument("--test-timeout", type=float, default=170, help="seconds for the pytest runs")
+    p.add_argument("--sanitize-timeout", type=float, default=90, help="seconds per sanitizer tool")
     args = p.parse_args()
     if args.case:
         small_case()
         return 0
     os.makedirs(args.out, exist_ok=True)
     summary = []
-    if args.only in (None, "tests"):
-        summary.append(run_tests(args.out))
-        print(summary[-1], flush=True)
     rows = []
-    if args.only in (None, "time"):
+    if args.only in (None, "time"):  # first: the numbers a short run must bring back
         rows = run_timings(args.out)
+    if args.only in (None, "tests"):
+        summary.append(run_tests(args.out, args.test_timeout))
+        print(summary[-1], flush=True)
     if args.only in (None, "sanitize"):
-        summary += run_sanitizers(args.out)
+        summary += run_sanitizers(args.out, args.sanitize_timeout)
     print("\n".join(summary))
     if rows:
         print(f"{'implementation':<16} {'path':<5} {'dtype':<9} {'d':>4} {'causal':<6} {'ms':>8} {'TFLOP/s':>8}")

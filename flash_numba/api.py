@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from . import _inputs, _launch_plan, device, kernels
 from .hbm import Counters, HBMCount
 from .kernels import _dropout, _smem
 from .kernels.flash2_fast import layout as _fast_layout
+from .kernels.flash2_tc import layout as _tc_layout
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
 # launch's state in module globals): calls from several Python threads take turns.
@@ -100,7 +102,8 @@ def _plan_key(pass_, kernel, tensors, count_hbm, dropout_p, dropout_seed, *optio
     if count_hbm is not False or dropout_seed is not None or type(dropout_p) is not float or dropout_p != 0.0:
         return None
     return _launch_plan.key(pass_, kernel, tensors, (*options, _inputs.POISON_OUTPUTS, _smem.DYNAMIC_ABOVE,
-                                                     _fast_layout.FORCE_DQ_COPIES))  # the tests' switches
+                                                     _fast_layout.FORCE_DQ_COPIES,  # the tests' switches
+                                                     _tc_layout.FORCE_PATH, os.environ.get("FLASH_NUMBA_TC_PATH")))
 
 
 def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None) -> ForwardResult:

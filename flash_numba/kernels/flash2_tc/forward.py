@@ -187,7 +187,8 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
         # ldmatrix row addresses of this lane: K_j (no transpose): key 16 np + (lane % 8) + 8 (lane / 16),
         # column 16 kk + 8 ((lane / 8) % 2) -> b0, b1 of n8 tile 2 np and b0, b1 of tile 2 np + 1;
         # V_j (transposed): key 16 kk + (lane % 8) + 8 ((lane / 8) % 2), column 16 dp + 8 (lane / 16)
-        k_row = ((lane & uint32(7)) + ((lane >> uint32(4)) << uint32(3))) * DS_U + ((lane >> uint32(3)) & uint32(1)) * uint32(8)
+        k_row = ((lane & uint32(7)) + ((lane >> uint32(4)) << uint32(3))) * DS_U \
+            + ((lane >> uint32(3)) & uint32(1)) * uint32(8)
         v_row = uint32(V_AT) + ((lane & uint32(7)) + (((lane >> uint32(3)) & uint32(1)) << uint32(3))) * DS_U \
             + (lane >> uint32(4)) * uint32(8)
         row_g = row0 + int(warp) * 16 + int(g)  # this lane's two rows: row_g and row_g + 8
