@@ -254,7 +254,7 @@ def _bad_calls():
         ((q, kv3, kv3), {"enable_gqa": True}, ValueError, "key"),  # 3 key/value heads do not divide 2
         ((q, kv2[0], kv2[0]), {"enable_gqa": True}, ValueError, "key"),  # ranks differ
         ((q, kv2, q), {"enable_gqa": True}, ValueError, "value"),  # key and value heads differ
-        ((q.bfloat16(),) * 3, {}, TypeError, "query"),
+        ((q.int(),) * 3, {}, TypeError, "query"),
         ((q, q.float(), q), {}, TypeError, "key"),
         ((q, q, q[..., :4]), {}, ValueError, "value"),
         ((torch.zeros(1, 4, 129, dtype=torch.float64),) * 3, {}, ValueError, "query"),

@@ -170,7 +170,8 @@ def compile_all(ccs, dtypes, ds):
             paths = ("sm75",) if tuple(cc) < (8, 0) else (("sm80", "sm75") if name == "float16" else ("sm80",))
             for d in (d for d in ds if layout.runs_head_dim(d)):
                 variants = [(causal, count, aligned, False) for causal, count, aligned in
-                            itertools.product((False, True), (False, True), (True, False)) if not (count and not aligned)]
+                            itertools.product((False, True), (False, True), (True, False))
+                            if not (count and not aligned)]
                 if d == 64:
                     variants.append((False, False, True, True))
                 for path, (causal, count, aligned, drop) in itertools.product(paths, variants):
