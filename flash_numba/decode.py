@@ -59,7 +59,11 @@ class DecodeProblem:
     stream: object = 0
     lead: tuple = ()
     keys_in_flight: int | None = None  # T of the split kernel (None: its rule; the benchmark sets others)
-    host_dtype: object = None  # _inputs.finish's: the caller's NumPy dtype when it differs from the storage's (bfloat16)
+    dtype_name: str = ""  # "float16", "bfloat16" or "float32" (dtype is the storage: uint16 for bfloat16)
+    host_dtype: object = None  # ml_dtypes.bfloat16 when the NumPy inputs were: outputs are viewed as it
+
+    def __post_init__(self):
+        self.dtype_name = self.dtype_name or self.dtype.name
 
     @property
     def G(self) -> int:
@@ -77,11 +81,11 @@ def _bool(x, name):
     return bool(x)
 
 
-def _dtype_name(arr, name) -> str:
-    dt = np.dtype(arr.dtype)
-    if dt.name not in SPEC.dtypes:
-        raise TypeError(f"{name}: dtype {dt} is not supported; {SPEC.supports(0, dt.name)}")
-    return dt.name
+def _dtype_name(a, name) -> str:
+    dt = _inputs._name(a)  # "bfloat16" for bfloat16 words (torch.bfloat16, ml_dtypes, as_bfloat16)
+    if dt not in SPEC.dtypes:
+        raise TypeError(f"{name}: dtype {dt} is not supported; {SPEC.supports(0, dt)}")
+    return dt
 
 
 def _host_ints(a, name: str, shape: tuple) -> np.ndarray:
@@ -153,6 +157,10 @@ def _flat(a, name: str, contiguous_required: bool):
             t = t.contiguous()
         if t.data_ptr() % 16:
             raise ValueError(f"{name}: data must start on 16 bytes (the kernels read 16-byte vectors)")
+        if a.bf16:  # PyTorch's __cuda_array_interface__ refuses bfloat16: its words
+            import torch
+
+            return cuda.as_cuda_array(t.view(-1).view(torch.int16)).view(_inputs.BF16_STORAGE)
         return cuda.as_cuda_array(t.view(-1))
     arr = a.arr
     if not arr.is_c_contiguous():
@@ -271,10 +279,15 @@ def prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal,
             b, p = (int(x) for x in bad[0])
             raise ValueError(f"block_table: block_table[{b}, {p}] = {int(table[b, p])} is not a page of the cache "
                              f"(0 .. {num_pages - 1})")
+    heads = B * Hkv * -(-(Hq // Hkv) * Nq // _fd.rows_per_block(Hq // Hkv * Nq))  # the split grid's axis y
+    if heads > 65535:
+        raise ValueError(f"q: B * Hkv * row tiles = {heads} blocks on the grid's axis y, over CUDA's limit of 65,535; "
+                         "call with fewer sequences at a time")
     scale = _inputs.check_scale(scale, d, np.float32)
-    prob = DecodeProblem(B, Hq, Hkv, Nq, d, np.dtype(dts["q"]), paged, page_size, max_pages, num_pages, seqlens,
+    storage = _inputs.BF16_STORAGE if dts["q"] == "bfloat16" else np.dtype(dts["q"])
+    prob = DecodeProblem(B, Hq, Hkv, Nq, d, storage, paged, page_size, max_pages, num_pages, seqlens,
                          causal, scale, on_device=places["q"], torch_device=_inputs.torch_device_of(q),
-                         lead=(B, Hq))
+                         lead=(B, Hq), dtype_name=dts["q"], host_dtype=args["q"].host_dtype)
     prob.num_splits = _num_splits(num_splits, prob, int(seqlens.max()) if B else 0)
     prob.stream = _stream_for(q, stream)
     ops = {"q": _flat(args["q"], "q", False), "k": _flat(args["k_cache"], "k_cache", True),
@@ -297,15 +310,18 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     element is read once per call for all the query heads of its group.  The cache holds the new tokens'
     keys already (append them first): ``causal=True`` masks key j for new token i when ``j > L - Nq + i``
     (bottom-right, as FlashAttention's ``flash_attn_with_kvcache``).  A sequence of length 0 gives o = 0 and
-    lse = -inf.  ``scale`` defaults to 1/sqrt(d).  float16 or float32 storage, d 8 to 128 a multiple of 8.
+    lse = -inf.  ``scale`` defaults to 1/sqrt(d).  float16, bfloat16 (a torch.bfloat16 tensor, an
+    ``ml_dtypes.bfloat16`` array or :func:`flash_numba.as_bfloat16` words; o comes back the same) or float32
+    storage, d 8 to 128 a multiple of 8.
 
     ``num_splits``: chunks each (sequence, KV head) cache is split into, one thread block each, merged by
     a combine kernel (1: one launch, no partials).  None chooses
     (:func:`flash_numba.kernels.flash_decode.choose_splits`): as many splits as fill one wave of this GPU
     (four resident blocks an SM, ``flash_numba.device.info().sm_count`` SMs; B*Hkv blocks per split, twice
     that where G * Nq > 8) without starting a second, but no split shorter than 256 keys (nor two pages) of
-    the longest sequence, at most 128: 8 splits for B*Hkv = 64 on an H200's 132 SMs.  ``count_hbm=True`` counts the bytes each launch reads and writes (equal to
-    :mod:`flash_numba.iomodel.flash_decode`, whose split by term is ``result.hbm.terms``).
+    the longest sequence, at most 128: 8 splits for B*Hkv = 64 on an H200's 132 SMs.  ``count_hbm=True``
+    counts the bytes each launch reads and writes (equal to :mod:`flash_numba.iomodel.flash_decode`, whose
+    split by term is ``result.hbm.terms``).
     ``stream``: a Numba stream for Numba or NumPy arrays (PyTorch tensors run on PyTorch's current stream).
 
     Every argument is checked on the host before a launch (dtypes, shapes, lengths against the cache or the

@@ -20,7 +20,7 @@ from flash_numba.device import SIMULATOR, STATIC_SHARED_LIMIT, dynamic_shared_li
 pytestmark = pytest.mark.compile
 
 
-@pytest.mark.parametrize("name", kernels.NAMES)
+@pytest.mark.parametrize("name", kernels.ALL_NAMES)  # the decode kernels too
 def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(name, tmp_path):
     """One process per kernel module (pytest-xdist spreads the modules over its workers)."""
     out = tmp_path / "compile.csv"

@@ -17,7 +17,9 @@ from flash_numba.iomodel import flash_decode as model
 from flash_numba.kernels import flash_decode as fd
 from flash_numba.reference import decode_reference
 
-U = {np.float16: 2.0**-11, np.float32: 2.0**-24}  # unit roundoff of the storage dtype
+from flash_numba.kernels._bf16 import from_bf16_bits
+
+U = {np.float16: 2.0**-11, "bfloat16": 2.0**-8, np.float32: 2.0**-24}  # unit roundoff of the storage dtype
 
 
 def tolerance(dtype, o_ref, q, k, v, L, d, scale):
@@ -57,13 +59,23 @@ def make(rng, B, Hq, Hkv, Nq, d, lengths, dtype, page_size=None):
     return q, k, v, seqlens, table
 
 
-def model_of(result, q, k, seqlens, table, causal):
+def as_words(dtype, *arrays):
+    """bfloat16: the arrays rounded to bfloat16 words (:func:`flash_numba.as_bfloat16`); else as they are."""
+    return [fn.as_bfloat16(x) if dtype == "bfloat16" else x for x in arrays]
+
+
+def as_float(dtype, x):
+    """An output (or input) as floats: bfloat16 words widened exactly."""
+    return from_bf16_bits(x) if dtype == "bfloat16" else np.asarray(x)
+
+
+def model_of(result, q, k, seqlens, table, causal, dtype_name=""):
     """The IO model of a call (the problem rebuilt from its arguments)."""
     B, Hq, Nq, d = q.shape
     Hkv, P = k.shape[1], k.shape[2]
     prob = decode.DecodeProblem(B, Hq, Hkv, Nq, d, q.dtype, table is not None, P,
                                 1 if table is None else table.shape[1], k.shape[0], seqlens, causal, 1 / np.sqrt(d),
-                                num_splits=result.num_splits)
+                                num_splits=result.num_splits, dtype_name=dtype_name)
     return fd.SPEC.io_model(prob)
 
 
@@ -75,36 +87,41 @@ CASES = [  # (Nq, causal, Hq, Hkv, lengths, page_size)
 ]
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float32])
 @pytest.mark.parametrize("Nq, causal, Hq, Hkv, lengths, page_size", CASES)
 def test_matches_float64_reference_in_one_two_and_three_splits(rng, dtype, Nq, causal, Hq, Hkv, lengths, page_size):
     d = 16
-    q, k, v, seqlens, table = make(rng, 3, Hq, Hkv, Nq, d, lengths, dtype, page_size)
-    o_ref, lse_ref = decode_reference(q, k, v, seqlens, table, causal=causal)
+    q, k, v, seqlens, table = make(rng, 3, Hq, Hkv, Nq, d, lengths, np.float32 if dtype == "bfloat16" else dtype,
+                                   page_size)
+    q, k, v = as_words(dtype, q, k, v)  # bfloat16: words, and the reference reads their values
+    o_ref, lse_ref = decode_reference(*(as_float(dtype, x) for x in (q, k, v)), seqlens, table, causal=causal)
     scale = 1 / np.sqrt(d)
-    tol = tolerance(dtype, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), max(lengths), d, scale)
+    tol = tolerance(dtype, o_ref, as_float(dtype, q), np.nan_to_num(as_float(dtype, k)),
+                    np.nan_to_num(as_float(dtype, v)), max(lengths), d, scale)
     outs = []
     for S in (1, 2, 3):
         r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, num_splits=S, causal=causal,
                                 count_hbm=True)
         assert r.kernel == "flash_decode" and r.num_splits == S
-        assert r.o.shape == q.shape and r.o.dtype == dtype
+        assert r.o.shape == q.shape and r.o.dtype == (np.uint16 if dtype == "bfloat16" else dtype)
         assert r.lse.shape == q.shape[:3] and r.lse.dtype == np.float32
-        assert not np.isnan(r.o).any() and not np.isnan(r.lse).any()
-        assert (np.abs(r.o.astype(np.float64) - o_ref) <= tol).all(), S
+        o = as_float(dtype, r.o).astype(np.float64)
+        assert not np.isnan(o).any() and not np.isnan(r.lse).any()
+        assert (np.abs(o - o_ref) <= tol).all(), S
         none = np.isneginf(lse_ref)  # rows that see no key: the sequence of length 0, causal rows before the cache
         assert none[:, :, :].any()
-        assert (r.o[none] == 0).all() and np.isneginf(r.lse[none]).all()
+        assert (o[none] == 0).all() and np.isneginf(r.lse[none]).all()
         assert np.abs(r.lse[~none] - lse_ref[~none]).max() <= 4 * (d + max(lengths) + 8) * 2.0**-24 * (
             1 + np.abs(lse_ref[~none]).max()) * 8
-        want = model_of(r, q, k, seqlens, table, causal)
+        want = model_of(r, q, k, seqlens, table, causal, "bfloat16" if dtype == "bfloat16" else "")
         assert r.hbm == want, (S, r.hbm.table(), want.table())
         assert sum(r.hbm.terms.values()) == r.hbm.total
-        assert r.hbm.terms["KV cache"] == model.kv_bytes(1, Hkv, sum(lengths), d, np.dtype(dtype).itemsize) * (
+        itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+        assert r.hbm.terms["KV cache"] == model.kv_bytes(1, Hkv, sum(lengths), d, itemsize) * (
             2 if Hq // Hkv * Nq > fd.kernels.MAX_ROWS else 1)
         assert (r.hbm.terms["page table"] > 0) == (page_size is not None)
         assert (r.hbm.terms["partials"] > 0) == (S > 1)
-        outs.append(r.o.astype(np.float64))
+        outs.append(o)
     for o in outs[1:]:  # the splits change the order of the sums only
         assert (np.abs(o - outs[0]) <= 2 * tol).all()
 
@@ -193,7 +210,11 @@ BAD = [  # (name, edit of the paged arguments, error, words the message holds)
                                              v_cache=a["v_cache"][..., :4].copy()), ValueError,
      "8 to 128, a multiple of 8"),
     ("dtype float64", lambda a: {n: (x.astype(np.float64) if n in ("q", "k_cache", "v_cache") else x)
-                                 for n, x in a.items()}, TypeError, "flash_decode runs float16 and float32"),
+                                 for n, x in a.items()}, TypeError, "flash_decode runs float16, bfloat16 and float32"),
+    ("uint16 words, not bfloat16", lambda a: _edit(a, q=a["q"].view(np.uint32).astype(np.uint16)), TypeError,
+     "q: dtype uint16 is not supported"),
+    ("bfloat16 and float32", lambda a: _edit(a, q=fn.as_bfloat16(a["q"])), TypeError,
+     "k_cache: dtype float32 differs from q's bfloat16"),
     ("dtypes differ", lambda a: _edit(a, q=a["q"].astype(np.float16)), TypeError, "differs from q's"),
     ("v shape", lambda a: _edit(a, v_cache=a["v_cache"][:-1]), ValueError, "v_cache: shape"),
     ("Nq 17", lambda a: _edit(a, q=np.zeros((2, 4, 17, 8), np.float32)), ValueError, "Nq = 17"),
@@ -226,14 +247,17 @@ def test_bad_arguments_unpaged_and_options(rng):
         fn.attention_decode(**a, stream="s")
     with pytest.raises(ValueError, match="scale: must be finite"):
         fn.attention_decode(**a, scale=np.inf)
+    big = np.zeros((65536, 1, 1, 8), np.float32)  # 65,536 sequences: one block row too many on axis y
+    with pytest.raises(ValueError, match="over CUDA's limit of 65,535"):
+        fn.attention_decode(big, np.zeros((65536, 1, 1, 8), np.float32), np.zeros((65536, 1, 1, 8), np.float32))
 
 
 def test_the_spec_describes_the_kernel():
     spec = fn.kernels.get("flash_decode")
     assert spec is fd.SPEC and spec.pass_ == "decode"
     assert spec.supports(128, "float16") is None and spec.supports(64, "float32") is None
-    assert spec.supports(12, "float16") == ("flash_decode runs float16 and float32 with head dims 8 to 128, "
-                                            "a multiple of 8")
+    assert spec.supports(12, "float16") == ("flash_decode runs float16, bfloat16 and float32 with head dims 8 to "
+                                            "128, a multiple of 8")
     assert spec.launches(1) == (fd.SPLIT_ONE_NAME,) and spec.launches(4) == (fd.SPLIT_NAME, fd.COMBINE_NAME)
     prob = decode.DecodeProblem(1, 4, 1, 1, 16, np.dtype(np.float16), False, 32, 1, 1, np.array([32], np.int32),
                                 False, 0.25, num_splits=2)
@@ -245,19 +269,23 @@ def test_the_spec_describes_the_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float32])
 def test_gpu_ragged_paged_causal_at_real_sizes(rng, dtype):
-    """d = 128, Hq = 32, Hkv = 8, Nq = 4 causal, lengths 5000, 1, 0, 3001 in pages of 256 (shuffled)."""
+    """d = 128, Hq = 32, Hkv = 8, Nq = 4 causal, lengths 5000, 1, 0, 3001 in pages of 256 (shuffled).
+    (bfloat16 joined after the H200 run of 2026-12-01, which ran float16 and float32.)"""
     lengths, d = (5000, 1, 0, 3001), 128
-    q, k, v, seqlens, table = make(rng, 4, 32, 8, 4, d, lengths, dtype, page_size=256)
-    o_ref, lse_ref = decode_reference(q, k, v, seqlens, table, causal=True)
-    tol = tolerance(dtype, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), max(lengths), d, 1 / np.sqrt(d))
+    q, k, v, seqlens, table = make(rng, 4, 32, 8, 4, d, lengths, np.float32 if dtype == "bfloat16" else dtype,
+                                   page_size=256)
+    q, k, v = as_words(dtype, q, k, v)
+    qf, kf, vf = (as_float(dtype, x) for x in (q, k, v))
+    o_ref, lse_ref = decode_reference(qf, kf, vf, seqlens, table, causal=True)
+    tol = tolerance(dtype, o_ref, qf, np.nan_to_num(kf), np.nan_to_num(vf), max(lengths), d, 1 / np.sqrt(d))
     for S in (1, 7, None):
         r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, causal=True, num_splits=S,
                                 count_hbm=True)
-        assert (np.abs(r.o.astype(np.float64) - o_ref) <= tol).all(), S
+        assert (np.abs(as_float(dtype, r.o).astype(np.float64) - o_ref) <= tol).all(), S
         assert np.array_equal(np.isneginf(r.lse), np.isneginf(lse_ref))
-        assert r.hbm == model_of(r, q, k, seqlens, table, True)
+        assert r.hbm == model_of(r, q, k, seqlens, table, True, "bfloat16" if dtype == "bfloat16" else "")
 
 
 @pytest.mark.gpu
@@ -297,3 +325,43 @@ def test_the_decode_figure_plots_the_benchmark_rows(tmp_path):
     got = {(r["implementation"], int(r["N"])): r for r in csvfile.read_csv(data)}
     assert got[("flash_decode", 8192)]["row"] == "flash_decode-s8" and float(got[("flash_decode", 8192)]["ms"]) == 0.4
     assert ("torch-math", 4096) in got and ("flash_decode-s8", 4096) not in got
+
+
+def test_the_harness_forwards_the_decode_pass(capsys):
+    """``flash-numba bench --pass decode`` runs the decode benchmark (which needs a GPU: exit 2 here)."""
+    from flash_numba.tools import bench, bench_decode
+
+    assert bench.main(["--pass", "decode", "--n", "4096", "--repeats", "3"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err
+    names = bench_decode.implementations((1, 8))
+    assert names[0] == "flash_decode" and "flash_decode-s1" in names and "flash2_fast" in names
+    assert {"torch-flash", "torch-efficient", "torch-math"} <= set(names)
+
+
+def test_the_kv_cache_figure_counts_two_memory_stories(tmp_path):
+    """128 KiB of cache a token for Llama-3-8B's attention; a step reads the cache and a little more; the
+    prefill's S and P grow as N^2 (4x per doubling, up to the causal blocks' rounding)."""
+    pytest.importorskip("matplotlib")
+    from flash_numba.tools.figures import fig_kv_cache
+
+    rows = fig_kv_cache.rows((1024, 2048, 131072))
+    assert rows[-1]["kv_cache_bytes"] == 16 * 2**30 and rows[0]["kv_cache_bytes"] == 128 * 2**10 * 1024
+    for r in rows:
+        assert r["kv_cache_bytes"] < r["decode_step_bytes"] < 1.1 * r["kv_cache_bytes"]
+        assert r["decode_step_S_P_bytes"] < r["kv_cache_bytes"]
+    assert 3.8 < rows[1]["prefill_S_P_bytes"] / rows[0]["prefill_S_P_bytes"] < 4.0
+    png, data = fig_kv_cache.make(tmp_path)
+    assert png.stat().st_size > 0 and data.exists()
+
+
+def test_numba_device_arrays_in_device_arrays_out(rng):
+    """Numba device arrays (the metadata too) are read in place; o and lse stay on the device."""
+    from numba import cuda
+
+    q, k, v, seqlens, table = make(rng, 2, 4, 2, 1, 8, (7, 3), np.float32, page_size=4)
+    r = fn.attention_decode(*(cuda.to_device(x) for x in (q, k, v)), cache_seqlens=cuda.to_device(seqlens),
+                            block_table=cuda.to_device(table), num_splits=2)
+    assert not isinstance(r.o, np.ndarray) and tuple(r.o.shape) == q.shape
+    o_ref, lse_ref = decode_reference(q, k, v, seqlens, table)
+    assert np.abs(r.o.copy_to_host() - o_ref).max() < 1e-5
+    assert np.abs(r.lse.copy_to_host() - lse_ref).max() < 1e-5

@@ -73,3 +73,26 @@ def test_plot_runs_on_synthetic_csvs(tmp_path):
     assert summaries["sdpa"]["tokens_per_s"] == 3e5 and summaries["flash_numba"]["tokens_per_s"] == 1e5
     assert summaries["sdpa"]["final_loss"] == pytest.approx(4.0 - 0.01 * 18.5)  # mean of the last 2 steps
     assert gpt.main(["plot", str(paths[0]), str(paths[1]), "--out", str(out)]) == 0
+
+
+def test_generation_with_a_kv_cache_matches_full_recomputation():
+    """Greedy decoding through flash_numba.attention_decode over the KV cache: each step's logits equal a full
+    recomputation (SDPA over the whole sequence, no cache) within float32 rounding, and so do the tokens."""
+    cfg = gpt.GPTConfig(block_size=12, n_layer=1, n_head=2, n_embd=16, attn="flash_numba", kernel="flash1")
+    torch.manual_seed(0)
+    model = gpt.GPT(cfg).eval()
+    prompt = torch.tensor([[1, 5, 9, 2, 7], [3, 3, 8, 0, 4]])
+    errors = gpt.cached_logit_errors(model, prompt, 3)
+    # logits are ~0.1 (init std 0.02); float32 sums over C = 16 and 8 keys: a few ulps of 1
+    assert max(errors) < 1e-5, errors
+    with_cache = gpt.generate(model, prompt, 3, use_cache=True)
+    sdpa = copy.deepcopy(model)
+    for block in sdpa.blocks:
+        block.attn.attn_name = "sdpa"
+        block.attn.attend = gpt.attention_function("sdpa")
+    without = gpt.generate(sdpa, prompt, 3, use_cache=False)
+    assert torch.equal(with_cache["tokens"], without["tokens"])
+    assert with_cache["cache_bytes"] == 2 * 1 * 2 * (5 + 2) * 8 * 4 * 2  # k and v, B = 2, 7 positions, d = 8, fp32
+    cache = gpt.KVCache(cfg, 2, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="exceed the block size"):
+        cache.write(0, torch.zeros(2, 2, 13, 8), torch.zeros(2, 2, 13, 8))

@@ -10,9 +10,16 @@ initial weights and the same batches, so their loss curves can be laid over each
     python -m flash_numba.examples.gpt train --attn flash_numba --steps 500 --csv flash_numba.csv
     python -m flash_numba.examples.gpt train --attn sdpa --steps 500 --csv sdpa.csv
     python -m flash_numba.examples.gpt plot sdpa.csv flash_numba.csv --out gpt_loss.png
+    python -m flash_numba.examples.gpt generate --tokens 200 --csv generate.csv
 
 Each training run writes one CSV row per step: ``step, loss, lr, ms, tokens_per_s`` (the first
 step includes the kernels' compilation), and prints the validation loss at the end.
+
+Generation (:func:`generate`) with a KV cache: the prompt runs once through the model (its keys and
+values written to a :class:`KVCache`), then every new token is one decoding step, its attention
+``flash_numba.attention_decode`` (``--attn flash_numba``) or SDPA over the cache (``--attn sdpa``); without
+the cache every token recomputes the whole sequence.  ``generate --check`` compares each step's logits
+with a full recomputation; the CSV holds tokens/s with and without the cache.
 """
 
 from __future__ import annotations
@@ -102,12 +109,72 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.attend = attention_function(cfg.attn, cfg.kernel)  # the one line that differs
 
-    def forward(self, x):
+        self.attn_name = cfg.attn
+
+    def forward(self, x, cache=None, layer: int = 0):
         B, N, C = x.shape
         H, d = self.n_head, C // self.n_head
         q, k, v = self.c_attn(x).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)  # each (B, H, N, d), a view
-        y = self.attend(q, k, v, is_causal=True)  # (B, H, N, d)
+        if cache is None or cache.length == 0:  # training, or the prompt: attention over the new tokens only
+            if cache is not None:
+                cache.write(layer, k, v)
+            y = self.attend(q, k, v, is_causal=True)  # (B, H, N, d)
+        else:  # a decoding step: the new tokens' k, v appended, q attends to the whole cache
+            cache.write(layer, k, v)
+            y = decode_attention(self.attn_name, q, cache, layer)  # (B, H, N, d)
         return self.c_proj(y.transpose(1, 2).reshape(B, N, C))  # (B, N, C)
+
+
+class KVCache:
+    """Keys and values of every layer, ``(B, H, block_size, d)`` each, and how many positions hold tokens.
+
+    A decoding step appends its tokens' k and v (:meth:`write`, every layer) and then moves ``length`` on
+    (:meth:`advance`, once the step's layers have run).  Its bytes grow by ``2 * n_layer * H * d * itemsize``
+    a token: what every later step reads again (:func:`flash_numba.iomodel.flash_decode.kv_bytes`).
+    """
+
+    def __init__(self, cfg: "GPTConfig", batch: int, device, dtype):
+        d = cfg.n_embd // cfg.n_head
+        shape = (batch, cfg.n_head, cfg.block_size, d)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.length = 0  # positions written by earlier steps
+        self.new = 0  # tokens of the step running now
+
+    def write(self, layer: int, k, v) -> None:
+        n = k.shape[2]
+        if self.length + n > self.k[layer].shape[2]:
+            raise ValueError(f"KVCache: {self.length} + {n} tokens exceed the block size {self.k[layer].shape[2]}")
+        self.k[layer][:, :, self.length:self.length + n] = k
+        self.v[layer][:, :, self.length:self.length + n] = v
+        self.new = n
+
+    def advance(self) -> None:
+        self.length += self.new
+        self.new = 0
+
+    def nbytes(self) -> int:
+        """Bytes of keys and values the cache holds now."""
+        return sum(x[:, :, :self.length].numel() * x.element_size() for x in self.k + self.v)
+
+
+def decode_attention(attn: str, q, cache: KVCache, layer: int):
+    """Attention of the step's Nq new tokens (q: (B, H, Nq, d)) to the cache's length + Nq keys, causal
+    among the new tokens: ``flash_numba.attention_decode`` or SDPA on the cache's first positions."""
+    L = cache.length + q.shape[2]
+    k, v = cache.k[layer], cache.v[layer]
+    if attn == "flash_numba":
+        import flash_numba
+
+        B = q.shape[0]
+        lens = torch.full((B,), L, dtype=torch.int32, device=q.device)
+        if q.is_cuda:
+            return flash_numba.attention_decode(q, k, v, cache_seqlens=lens, causal=True).o
+        o = flash_numba.attention_decode(q.numpy(), k.numpy(), v.numpy(), cache_seqlens=lens.numpy(), causal=True).o
+        return torch.from_numpy(o)
+    Nq = q.shape[2]
+    visible = torch.arange(L, device=q.device)[None, :] <= torch.arange(Nq, device=q.device)[:, None] + (L - Nq)
+    return F.scaled_dot_product_attention(q, k[:, :, :L], v[:, :, :L], attn_mask=visible)
 
 
 class Block(nn.Module):
@@ -118,8 +185,8 @@ class Block(nn.Module):
         C = cfg.n_embd
         self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, cache=None, layer: int = 0):
+        x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -148,11 +215,16 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, cache: KVCache | None = None):
+        """Logits of every position of ``idx`` (B, N); with ``cache``, ``idx`` holds the tokens after the cache's
+        ``length`` (the prompt into an empty cache, then one step's tokens), whose k and v join the cache."""
         B, N = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(N, device=idx.device))  # (B, N, C)
-        for block in self.blocks:
-            x = block(x)
+        start = 0 if cache is None else cache.length
+        x = self.wte(idx) + self.wpe(torch.arange(start, start + N, device=idx.device))  # (B, N, C)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.advance()
         logits = self.lm_head(self.ln_f(x))  # (B, N, vocab)
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
@@ -238,6 +310,55 @@ def evaluate(model, data: CharData, cfg: GPTConfig, tc: TrainConfig) -> float:
     return sum(losses) / len(losses)
 
 
+# ----------------------------------------------------------------------------- generation
+
+
+@torch.no_grad()
+def generate(model: GPT, prompt, new_tokens: int, use_cache: bool = True) -> dict:
+    """Greedy decoding of ``new_tokens`` tokens after ``prompt`` (B, N0): ``tokens`` (B, N0 + new_tokens),
+    ``seconds``, ``tokens_per_s`` (B * new_tokens / seconds) and ``cache_bytes`` (the KV cache at the end).
+
+    With ``use_cache`` the prompt runs once, then each token is one step of one position (its attention a
+    decoding step over the cache); without, each token recomputes the whole sequence so far.
+    """
+    B, N0 = prompt.shape
+    if N0 + new_tokens > model.cfg.block_size:
+        raise ValueError(f"new_tokens: {N0} + {new_tokens} tokens exceed the block size {model.cfg.block_size}")
+    param = next(model.parameters())
+    idx = prompt
+    _sync(prompt.device)
+    t0 = time.perf_counter()
+    cache = KVCache(model.cfg, B, prompt.device, param.dtype) if use_cache else None
+    logits = model(idx, cache=cache)[0][:, -1]
+    for step in range(new_tokens):
+        nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
+        idx = torch.cat([idx, nxt], dim=1)
+        if step < new_tokens - 1:
+            logits = model(nxt, cache=cache)[0][:, -1] if use_cache else model(idx)[0][:, -1]
+    _sync(prompt.device)
+    seconds = time.perf_counter() - t0
+    return {"tokens": idx, "seconds": seconds, "tokens_per_s": B * new_tokens / seconds,
+            "cache_bytes": cache.nbytes() if cache is not None else 0}
+
+
+@torch.no_grad()
+def cached_logit_errors(model: GPT, prompt, new_tokens: int) -> list[float]:
+    """For each decoding step with the cache, max |logits - logits of a full recomputation| of its position
+    (the same tokens: the cached run's greedy choices)."""
+    B = prompt.shape[0]
+    cache = KVCache(model.cfg, B, prompt.device, next(model.parameters()).dtype)
+    idx = prompt
+    logits = model(idx, cache=cache)[0][:, -1]
+    errors = []
+    for _ in range(new_tokens):
+        nxt = logits.argmax(-1, keepdim=True)
+        idx = torch.cat([idx, nxt], dim=1)
+        logits = model(nxt, cache=cache)[0][:, -1]
+        full = model(idx)[0][:, -1]
+        errors.append(float((logits - full).abs().max()))
+    return errors
+
+
 # ----------------------------------------------------------------------------- CSV and figure
 
 
@@ -316,7 +437,21 @@ def main(argv=None) -> int:
     p = sub.add_parser("plot", help="overlay the loss curves of training CSVs")
     p.add_argument("csvs", nargs="+")
     p.add_argument("--out", required=True)
+    g = sub.add_parser("generate", help="greedy generation with and without the KV cache: tokens/s, logit check")
+    g.add_argument("--attn", choices=ATTENTIONS, default="flash_numba")
+    g.add_argument("--tokens", type=int, default=128, help="new tokens a sequence")
+    g.add_argument("--prompt", type=int, default=16, help="prompt tokens (from the text)")
+    g.add_argument("--batch", type=int, default=8)
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    g.add_argument("--dtype", default="float16" if torch.cuda.is_available() else "float32")
+    g.add_argument("--n-layer", type=int, default=GPTConfig.n_layer)
+    g.add_argument("--n-head", type=int, default=GPTConfig.n_head)
+    g.add_argument("--n-embd", type=int, default=GPTConfig.n_embd)
+    g.add_argument("--check", action="store_true", help="also compare each cached step's logits with a full pass")
+    g.add_argument("--csv", default=None)
     args = parser.parse_args(argv)
+    if args.cmd == "generate":
+        return _generate_command(args)
     if args.cmd == "plot":
         summaries = plot_runs(args.csvs, args.out)
         for label, s in summaries.items():
@@ -331,6 +466,37 @@ def main(argv=None) -> int:
                     attn=args.attn, kernel=args.kernel)
     tc = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig()) if k != "text_chars"})
     train(cfg, tc, args.csv)
+    return 0
+
+
+def _generate_command(args) -> int:
+    """``generate``: a model initialised from seed 0 (untrained: the tokens are noise, the work is real)."""
+    cfg = GPTConfig(block_size=args.prompt + args.tokens, n_layer=args.n_layer, n_head=args.n_head,
+                    n_embd=args.n_embd, attn=args.attn)
+    data = CharData(load_text(chars=20_000), args.device)
+    cfg.vocab_size = data.vocab_size
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
+    prompt = data.splits["train"][: args.prompt].repeat(args.batch, 1)  # (B, prompt)
+    rows = []
+    for use_cache in (True, False):
+        generate(model, prompt, 2, use_cache)  # warm-up: the kernels' compilation
+        r = generate(model, prompt, args.tokens, use_cache)
+        rows.append({"attn": args.attn, "cache": use_cache, "batch": args.batch, "prompt": args.prompt,
+                     "tokens": args.tokens, "seconds": r["seconds"], "tokens_per_s": r["tokens_per_s"],
+                     "cache_bytes": r["cache_bytes"], "device": args.device, "dtype": args.dtype})
+        print(f"{args.attn:<12} cache={use_cache!s:<5} {r['tokens_per_s']:10.1f} tokens/s "
+              f"({args.batch} x {args.tokens} tokens in {r['seconds']:.2f} s; KV cache {r['cache_bytes']:,} B)")
+    if args.check:
+        errors = cached_logit_errors(model, prompt, min(args.tokens, 16))
+        print(f"cached steps against full recomputation: max |logit difference| {max(errors):.3g}")
+        for row in rows:
+            row["max_logit_error"] = max(errors)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+            w.writeheader()
+            w.writerows(rows)
     return 0
 
 

@@ -16,7 +16,8 @@ launch ("combine") with the online-softmax rescale of lesson 3:
 * **Paged cache** (vLLM, FlashAttention 2.5): ``block_table[b, p]`` names the page holding keys
   ``p*P .. p*P + P - 1`` of sequence b; pages in any order, P need not divide the length.
 * **CUDA cores**: 16-byte loads, fp32 accumulation, ``shfl_xor`` row sums (at Nq = 1 a tensor core would
-  multiply a 16-row tile of which one row is real).
+  multiply a 16-row tile of which one row is real).  float16, bfloat16 (its uint16 words, converted with
+  :mod:`flash_numba.kernels._bf16`: integer code, every cc) and float32.
 * **num_splits** (:func:`choose_splits`): as many splits as fill one wave of resident blocks
   (:data:`RESIDENT_BLOCKS` an SM), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
 
@@ -42,7 +43,7 @@ __all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_ker
            "rows_per_block", "keys_in_flight", "DTYPES", "MAX_SPLITS", "MAX_NQ", "SPLIT_NAME", "SPLIT_ONE_NAME",
            "COMBINE_NAME"]
 
-DTYPES = ("float16", "float32")
+DTYPES = ("float16", "bfloat16", "float32")
 #: New query tokens a call may hold (speculative decoding's drafts).
 MAX_NQ = 16
 #: Split-kernel blocks an SM runs at once: 4 for the d = 128 float16 builds of one to four rows (ptxas, sm_90:
@@ -95,7 +96,8 @@ def run(prob, ops, counters):
     row_tiles = -(-prob.G * prob.Nq // RT)
     grid = (S, prob.B * prob.Hkv * row_tiles)
     split = S > 1
-    kernel = split_kernel(d, dt.name, RT, prob.paged, split, prob.causal, counters.enabled, prob.keys_in_flight)
+    kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, prob.causal, counters.enabled,
+                          prob.keys_in_flight)
     o = _inputs.empty((rows, d), dt)
     lse = _inputs.empty((rows,), np.float32)
     scale_log2 = np.float32(prob.scale * LOG2E)
@@ -107,7 +109,7 @@ def run(prob, ops, counters):
     o_part = _inputs.empty((S * rows * d,), np.float32)
     lse_part = _inputs.empty((S * rows,), np.float32)
     kernel[grid, NT, prob.stream](*args, o_part, lse_part, *tail, counters.array(SPLIT_NAME))
-    combine = combine_kernel(d, dt.name, counters.enabled)
+    combine = combine_kernel(d, prob.dtype_name, counters.enabled)
     combine[-(-rows // WARPS), NT, prob.stream](o_part, lse_part, o.reshape(rows * d), lse, rows, S,
                                                 counters.array(COMBINE_NAME))
     return o, lse
@@ -145,22 +147,27 @@ def _split_shapes(dtype: str, d: int):
     return [(MAX_ROWS, False, False, False), (4, True, True, False), (1, True, True, False), (4, True, True, True)]
 
 
-def _split_argtypes(dtype: str, split: bool):
+def _array_1d(dtype: str):
+    """The compile tier's type of a 1-D array of storage ``dtype`` (bfloat16: uint16 words)."""
     from numba import types
 
     from .._common import array_type
 
-    out = types.Array(types.float32, 1, "C") if split else array_type(dtype, 1)
+    return types.Array(types.uint16, 1, "C") if dtype == "bfloat16" else array_type(dtype, 1)
+
+
+def _split_argtypes(dtype: str, split: bool):
+    from numba import types
+
+    out = types.Array(types.float32, 1, "C") if split else _array_1d(dtype)
     i32 = types.Array(types.int32, 1, "C")
-    return (array_type(dtype, 1), array_type(dtype, 1), array_type(dtype, 1), i32, i32, out,
+    return (_array_1d(dtype), _array_1d(dtype), _array_1d(dtype), i32, i32, out,
             types.Array(types.float32, 1, "C"), *(types.int64,) * 7, types.float32, COUNTER_TYPE)
 
 
 def compile_all(ccs, dtypes, ds) -> list[Compiled]:
     """The compile tier: the split kernel's builds (:func:`_split_shapes`) and the combine, per cc, dtype, d."""
     from numba import types
-
-    from .._common import array_type
 
     out = []
     for cc, dtype, d in itertools.product(ccs, dtypes, ds):
@@ -174,7 +181,7 @@ def compile_all(ccs, dtypes, ds) -> list[Compiled]:
                          f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}")
                 out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
             f32 = types.Array(types.float32, 1, "C")
-            argtypes = (f32, f32, array_type(dtype, 1), f32, types.int64, types.int64, COUNTER_TYPE)
+            argtypes = (f32, f32, _array_1d(dtype), f32, types.int64, types.int64, COUNTER_TYPE)
             label = f"{COMBINE_NAME} d={d} {dtype}{' count' if count else ''}"
             out.append(compile_kernel(label, combine_kernel(d, dtype, count), argtypes, cc))
     return out
@@ -192,5 +199,5 @@ SPEC = DecodeSpec(
     head_dims=head_dim_ok,
     head_dims_text="8 to 128, a multiple of 8",
     choose_splits=choose_splits,
-    compile_groups=((("float16",), (128,)), (("float32",), (32,))),
+    compile_groups=((("float16",), (128,)), (("bfloat16",), (128,)), (("float32",), (32,))),
 )

@@ -40,10 +40,10 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 
 from ...device import jit
-from .. import _vec
+from .. import _bf16, _vec
 from .._common import add_counts, exp2_ieee, nan_max, nb_type
 
 NT = 128  # threads a block
@@ -67,7 +67,7 @@ COMBINE_NAME = "flash_decode combine"
 def geometry(d: int, dtype_name: str) -> dict:
     """The lane layout of a key row: V elements a lane (16 bytes), C lanes hold data, LPR (a power of 2) lanes
     a row, NG lane groups (keys in flight) a block."""
-    V = _vec.lanes(dtype_name)
+    V = _vec.lanes("uint16" if dtype_name == "bfloat16" else dtype_name)  # bfloat16: its 16-bit words
     C = d // V
     LPR = 1
     while LPR < C:
@@ -107,8 +107,10 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
     g = geometry(d, dtype_name)
     V, C, LPR, NG = g["V"], g["C"], g["LPR"], g["NG"]
     T = keys_in_flight(RT) if T is None else T
-    DT = nb_type(dtype_name)
-    S_ITEM = np.dtype(dtype_name).itemsize
+    BF16 = dtype_name == "bfloat16"  # stored as uint16 words: converted by _bf16 (bits << 16, round to even)
+    STORE = "uint16" if BF16 else dtype_name
+    DT = uint16 if BF16 else nb_type(STORE)
+    S_ITEM = np.dtype(STORE).itemsize
     D = d
     D_U = uint32(d)
     RTD = RT * d
@@ -121,7 +123,7 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
     STEPS = LPR.bit_length() - 1  # log2(LPR) butterfly steps
     KEYS = NG * T  # keys a block step
     PAGED, SPLIT, CAUSAL, COUNT = paged, split, causal, count
-    load16 = _vec.loader(dtype_name)
+    load16 = _vec.loader(STORE)
     NEG_INF = float32(-math.inf)
     ZERO = float32(0.0)
     F_LN2 = float32(LN2)
@@ -161,7 +163,8 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
         while e < uint32(RTD):  # Q_i -> shared, scaled by scale * log2(e)
             r = e // D_U
             if int64(r) < nrows:
-                sh_q[e] = float32(q[uint64(grow0 + int64(r)) * uint64(D) + uint64(e - r * D_U)]) * scale_log2
+                qe = q[uint64(grow0 + int64(r)) * uint64(D) + uint64(e - r * D_U)]
+                sh_q[e] = (_bf16.bf16_to_f32(qe) if BF16 else float32(qe)) * scale_log2
                 if COUNT:
                     nr += S_ITEM
             else:
@@ -231,8 +234,12 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                         kt = load16(k, at)
                         vt = load16(v, at)
                         for x in range(V):
-                            kf[t * V + x] = float32(kt[x])
-                            vf[t * V + x] = float32(vt[x])
+                            if BF16:
+                                kf[t * V + x] = _bf16.bf16_to_f32(kt[x])
+                                vf[t * V + x] = _bf16.bf16_to_f32(vt[x])
+                            else:
+                                kf[t * V + x] = float32(kt[x])
+                                vf[t * V + x] = float32(vt[x])
                         if COUNT:
                             nr += 2 * VB
                     else:
@@ -321,7 +328,8 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                         if COUNT:
                             nw += 4
                 else:
-                    o[row * uint64(D) + uint64(tid)] = DT(acc / ll) if ll > ZERO else DT(0.0)
+                    val = acc / ll if ll > ZERO else ZERO
+                    o[row * uint64(D) + uint64(tid)] = _bf16.f32_to_bf16(val) if BF16 else DT(val)
                     if COUNT:
                         nw += S_ITEM
                     if tid == 0:
@@ -338,8 +346,10 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
 @lru_cache(maxsize=None)
 def combine_kernel(d: int, dtype_name: str, count: bool):
     """The combine kernel: one warp per output row, the splits' partials merged with the online-softmax rescale."""
-    DT = nb_type(dtype_name)
-    S_ITEM = np.dtype(dtype_name).itemsize
+    BF16 = dtype_name == "bfloat16"
+    STORE = "uint16" if BF16 else dtype_name
+    DT = uint16 if BF16 else nb_type(STORE)
+    S_ITEM = np.dtype(STORE).itemsize
     D = d
     COUNT = count
     NEG_INF = float32(-math.inf)
@@ -396,7 +406,7 @@ def combine_kernel(d: int, dtype_name: str, count: bool):
                         acc += sh_w[base + si] * o_part[(uint64(si) * uint64(rows) + row) * uint64(D) + uint64(c)]
                         if COUNT:
                             nr += 4
-                o[row * uint64(D) + uint64(c)] = DT(acc)
+                o[row * uint64(D) + uint64(c)] = _bf16.f32_to_bf16(acc) if BF16 else DT(acc)
                 if COUNT:
                     nw += S_ITEM
                 c += uint32(32)
