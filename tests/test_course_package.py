@@ -81,7 +81,12 @@ def test_recorded_reads_only_data_inside_the_package():
             if isinstance(p, Path):
                 assert recorded.DATA in p.parents or p == recorded.DATA, p
                 assert p.exists(), p
+                if p.is_file() and p.parent != recorded.DATA / "gpt-h200":
+                    line = recorded.cite(p)  # every recorded file cites its GPU, date, commit, command and file
+                    assert "H200" in line and "2026-" in line and "?" not in line, line
     assert recorded.provenance()["file"].startswith("benchmarks/results/")
+    assert all(p.exists() for p in recorded.gpt_csvs(("sdpa", "flash_numba")))
+    assert "H200" in recorded.gpt_provenance() and "benchmarks/results/gpt-h200" in recorded.gpt_provenance()
 
 
 def test_pyproject_ships_the_data():

@@ -194,3 +194,12 @@ def test_at_most_2000_words_of_prose(path):
     """Short lessons (the optional appendix aside): at most 2,000 words in the markdown cells."""
     words = len("\n".join(_sources(path, "markdown")).split())
     assert words <= 2000, f"{path.name}: {words} words of prose"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_one_heading_a_text_cell(path):
+    """One idea a cell: a heading starts a text cell, and no text cell holds two headings."""
+    for n, text in enumerate(_sources(path, "markdown")):
+        headings = [line for line in text.splitlines() if re.match(r"#{1,3} ", line)]
+        assert len(headings) <= 1, f"{path.name}, text cell {n}: {headings}"
+        assert not headings or text.startswith(headings[0]), f"{path.name}, text cell {n}: {headings[0]} mid-cell"

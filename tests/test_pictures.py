@@ -97,3 +97,16 @@ def test_saved_for_backward_adds_P():
     flash, standard = (p.get_height() for p in fig.axes[0].patches)
     assert flash == pytest.approx(2 * (4 * 8 * 4 + 8) * 4 / 2**20)
     assert standard - flash == pytest.approx(2 * 8 * 8 * 4 / 2**20)
+
+
+def test_kernel_accesses_labels_each_element_with_its_thread():
+    """The whole-kernel exercises' GPU-Puzzles picture: block 0 of the packaged forward at Nq = Nk = 8."""
+    run = kx.measure_kernel("flash2_kernel", kx.flash2_forward_kernel, 8, 8, causal=True)
+    shapes = {"q": ((8, 4), "r"), "k": ((8, 4), "r"), "O": ((8, 4), "w")}
+    fig = pictures.kernel_accesses(run["log"], shapes)
+    axes = fig.get_axes()
+    assert [a.get_title() for a in axes] == ["q (read)", "k (read)", "O (written)"]
+    q_labels = [t.get_text() for t in axes[0].texts]
+    assert q_labels[:4] == ["0"] * 4 and q_labels[4:8] == ["1"] * 4 and q_labels[16:] == ["."] * 16  # rows 0-3 only
+    k_labels = [t.get_text() for t in axes[1].texts]
+    assert "." not in k_labels[:16] and set(k_labels[16:]) == {"."}  # causal: block 0 loads key tile 0 only

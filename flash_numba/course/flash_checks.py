@@ -1,38 +1,44 @@
-"""Checkers of the kernel exercises that build FlashAttention: the learner writes the heart, the package the frame.
+"""Checkers of the kernel exercises that build FlashAttention, from a kernel's heart to whole kernels.
 
-Each exercise is a CUDA device function (``@cuda.jit(device=True)``) that the
-checker compiles into a readable kernel *frame* of :mod:`flash_numba.course.flash_solutions`
-(print one with :func:`frame_source`), which also holds the packaged solutions.
-The frame declares the tiles, loads what the exercise does not ask for and adds
-the bytes to the counter; the learner's function does the part of the algorithm
-the exercise is about, and counts the global reads and writes it makes, as every
-kernel of the package does (``nr``/``nw``, see :mod:`flash_numba.kernels._common`),
-returning them where the exercise says so.
+Heart exercises: the learner writes a CUDA device function (``@cuda.jit(device=True)``)
+that the checker compiles into a readable kernel *frame* of :mod:`.flash_solutions`
+(print one with :func:`frame_source`). The frame declares the tiles, loads what the
+exercise does not ask for and adds the bytes to the counter; the learner's function
+does the part of the algorithm the exercise is about and counts the global reads and
+writes it makes (``nr``/``nw``, as every kernel of the package does).
 
-=================  ======  ===========================================================
-exercise           lesson  the learner writes
-=================  ======  ===========================================================
-``flash1_block``   5       Algorithm 1, lines 9-13: one query row against one K_j, V_j
-``dkdv_block``     7       the dK_j, dV_j body of the backward: P from L, dS = P (dP - D)
-``causal_tiles``   8       how many key tiles a query tile visits under the causal mask
-``flash2_loop``    9       FlashAttention-2's loop over K_j, V_j, normalised at the end
-=================  ======  ===========================================================
+Whole-kernel exercises: the learner writes a factory ``make(Br, Bc, d, causal)`` that
+returns the ``@cuda.jit`` kernel (the tile sizes are closure constants, so shared arrays
+have compile-time shapes); the checker gives the launch (:data:`WHOLE_KERNELS`).
 
-The checker runs the kernel at tiny sizes (N = 1, 13, 16; Nq != Nk); in the
-simulator it watches shared memory for races (:mod:`flash_numba.simrace`: two
-threads touching one element with no ``syncthreads`` between them) and names
-the first one.  Then it compares, in this order: O and L (or dK and dV) with the float64 reference
-(:mod:`flash_numba.reference`), where a NaN or a known mistake (the scale
-applied twice, a stale maximum, a top-left mask) is named; the bytes the
-kernel's counter reports with the IO model (:mod:`flash_numba.iomodel`); and,
-in the simulator, every global access the kernel really made
-(:mod:`flash_numba.simtrace`) with its counter and with the model, array by
-array, so a tile re-read from HBM or an uncounted load is named too.
+=======================  ======  =======================================================
+exercise                 lesson  the learner writes
+=======================  ======  =======================================================
+``flash1_block``         5       Algorithm 1, lines 9-13: one query row against K_j, V_j
+``dkdv_block``           7       the dK_j, dV_j body of the backward: P from L, dS
+``dq_kernel``            7       a whole dQ kernel, one block per query tile
+``dq_atomic``            7       a whole dQ kernel, one block per key tile, atomic adds
+``causal_tiles``         8       how many key tiles a query tile visits under the mask
+``flash2_loop``          9       FlashAttention-2's loop over K_j, V_j (with the mask)
+``flash2_kernel``        9       the whole FlashAttention-2 forward kernel
+``fix_missing_barrier``  11      a repair of a bug-zoo exhibit (threads that race)
+``fix_stale_max``        11      a repair of a bug-zoo exhibit (a wrong merge of tiles)
+=======================  ======  =======================================================
 
-Sizes: float32, one (batch, head), arrays ``(N, d)``; the tile sizes ``Br``,
-``Bc`` and ``d`` are the checker's parameters (``ex.check("flash2_loop", f,
-Br=4, Bc=4, d=4)``); the learner's function reads them from its arguments'
-shapes, so it compiles for any of them.
+The checker runs the kernel at tiny sizes (N = 1, 13, 16; Nq != Nk; causal cases with
+rows that see no key); in the simulator it watches shared memory for races
+(:mod:`flash_numba.simrace`) and, for dQ, records who wrote each element of the output
+and how (a plain store beside another thread's write is a lost update: the atomic is
+needed).  Then it compares, in this order: the outputs with the float64 reference
+(:mod:`flash_numba.reference`), where a NaN or a known mistake (the scale applied twice,
+a stale maximum, a top-left or off-by-one mask) is named; the bytes the kernel's counter
+reports with the IO model (:mod:`flash_numba.iomodel`); and, in the simulator, every
+global access the kernel really made (:mod:`flash_numba.simtrace`) with its counter and
+with the model, array by array, so a tile re-read from HBM or an uncounted load is named.
+:func:`examine` prints a bug-zoo mystery's verdict without the lines that name the bug.
+
+Sizes: float32, one (batch, head), arrays ``(N, d)``; the tile sizes ``Br``, ``Bc`` and
+``d`` are the checker's parameters (``ex.check("flash2_loop", f, Br=4, Bc=4, d=4)``).
 """
 
 from __future__ import annotations
@@ -705,7 +711,7 @@ def _dq_model(Nq, Nk, Br, Bc, d, causal, atomic):
     return model, per
 
 
-def _global_conflicts(log, atomics, name):
+def _global_conflicts(log, atomics, name, shape=None):
     """A _Mismatch when two threads wrote one element of global array ``name`` and one of them with a plain store
     (a read-add-write that another thread's can interleave with, losing an add), else None.  ``atomics``:
     [(name, flat, block, thread)] of every cuda.atomic.add the kernel made."""
@@ -722,7 +728,8 @@ def _global_conflicts(log, atomics, name):
         plain = [w for w, n_plain in ws if n_plain > 0]
         if plain and len(ws) > 1:
             (b1, t1), (b2, t2) = plain[0], next(w for w, _ in ws if w != plain[0])
-            return _Mismatch(f"{name}: a write race in global memory", f"{name}[{f}] (flat index) written by thread "
+            where = list(int(i) for i in np.unravel_index(f, shape)) if shape else f"{f}] (flat index"
+            return _Mismatch(f"{name}: a write race in global memory", f"{name}{where} written by thread "
                              f"{t1} of block {b1[0]} with a plain store, and by thread {t2} of block {b2[0]}",
                              "one thread a row, or every add a cuda.atomic.add",
                              ("two threads that add into one element with `x[i] += v` each read x[i], add and write "
@@ -771,7 +778,7 @@ def _run_dq(make, name, atomic, Br, Bc, d):
             return len(cases), _Mismatch(where, _fmt(exc), "dQ", ("an index past the end of an array"
                                          if isinstance(exc, IndexError) else "the kernel raised",),
                                          (INDEX_HINT,) if isinstance(exc, IndexError) else ())
-        bad = race or _global_conflicts(log, atomics, "dQ")
+        bad = race or _global_conflicts(log, atomics, "dQ", (Nq, d))
         if bad is not None:
             bad.case = f"{where}: {bad.case}" if not bad.case.startswith("case") else bad.case
             return len(cases), bad
@@ -825,12 +832,12 @@ def measure_kernel(exercise: str, make, Nq: int, Nk: int, Br: int = 4, Bc: int =
         grid, threads = (-(-Nk // Bc), Bc) if atomic else (-(-Nq // Br), Br)
     atomics = []
     out, counted, log, _ = _launch(make(Br, Bc, d, causal), grid, threads, arrays, (scale,), None, atomics)
-    return {**out, "bytes": counted, "log": log, "atomics": atomics}
+    return {**out, "bytes": counted, "log": log, "atomics": atomics, "shapes": {n: a.shape for n, a in arrays}}
 
 
 def write_races(run: dict, name: str = "dQ"):
     """The global write race (a _Mismatch, printable) a :func:`measure_kernel` run shows on ``name``, or None."""
-    return _global_conflicts(run["log"], run["atomics"], name)
+    return _global_conflicts(run["log"], run["atomics"], name, run["shapes"][name])
 
 
 # ============================================================================= lesson 11: riddles and repairs

@@ -172,18 +172,20 @@ def kernel_accesses(log, arrays: dict, block=(0, 0, 0), title: str | None = None
     return fig
 
 
-def read_counts(logs: dict, name: str, shape):
-    """How many times each element of ``name`` was read, one panel per ``{label: AccessLog}``."""
+def read_counts(logs: dict, name: str, shape, kind: str = "r"):
+    """How many times each element of ``name`` was read (``kind='r'``) or written (``'w'``), one panel per
+    ``{label: AccessLog}``."""
+    verb = "reads" if kind == "r" else "writes"
     fig, axes = _figure(3.0 * len(logs), 3.0, ncols=len(logs))
-    top = max(int(log.count_map(name, "r", shape).max()) for log in logs.values()) or 1
+    top = max(int(log.count_map(name, kind, shape).max()) for log in logs.values()) or 1
     for ax, (label, log) in zip(axes[0], logs.items()):
-        counts = log.count_map(name, "r", shape).reshape(shape[0], -1)
+        counts = log.count_map(name, kind, shape).reshape(shape[0], -1)
         ax.imshow(counts, cmap="Reds", vmin=0, vmax=top)
         for (r, c), n in np.ndenumerate(counts):
             ax.text(c, r, str(n), ha="center", va="center", fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
-        ax.set_title(f"{label}: {int(counts.sum())} reads of {name}", fontsize=9)
+        ax.set_title(f"{label}: {int(counts.sum())} {verb} of {name}", fontsize=9)
     return fig
 
 

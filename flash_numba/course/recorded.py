@@ -1,31 +1,26 @@
 """Measurements recorded on a real GPU and committed to the repository, for lessons run without one.
 
 In the simulator nothing can be timed.  The lessons then show what the project
-measured on an NVIDIA H200 (``benchmarks/results/h200-2026-11-30-s3/``, see its
-README for every command), loaded from the committed files, never typed into a
-lesson, and always printed with where they come from and the words "recorded,
-not measured now".
+measured on an NVIDIA H200, loaded from the recorded files, never typed into a
+lesson, and always printed with the GPU, the date or commit, the file they come
+from and the words "recorded, not measured now".
 
-* :func:`bench_rows`: rows of the benchmark CSV (``final/D/bench.csv``: every
-  kernel and PyTorch SDPA, N = 1024, 4096, 8192, forward and forward+backward).
-* :func:`hierarchy`: lesson 1's measured HBM and shared-memory bandwidths and
-  float32 peak (``C/lesson_01.log``), with the GPU's SMs and memory.
-* :func:`provenance`: the device, date and command lines of a recorded file.
-* The rebuilt standard kernel (``h200-2026-11-30-s4/standard/``, issue 14):
-  :data:`STANDARD_BENCH_CSV` (pass it as ``path`` to :func:`bench_rows` and
-  :func:`bench_table`: standard, flash2_fast and PyTorch's math SDPA), :func:`standard_kernel_times`
-  (each standard kernel alone) and :func:`ncu_rows` / :func:`ncu_table` (Nsight Compute's DRAM
-  and L2 bytes of the standard and flash2_fast forwards beside the counted bytes).
-* 2026-11-30 (``h200-2026-11-30-s9/``): :func:`shared_store_conflicts` (Nsight Compute's shared-store bank
-  conflicts of flash2_fast's forward), :func:`swizzle_rows` (the swizzled forward timed against it) and
-  :func:`folder_provenance` (the GPU and commit recorded beside a result).
-
-The rows the course reads ship inside the package (``flash_numba/course/data/``,
-package data in ``pyproject.toml``), copied from ``benchmarks/results/`` under
+The files ship inside the package (``flash_numba/course/data/``, package data in
+``pyproject.toml``): copies of files committed under ``benchmarks/results/``, at
 the same relative paths, with the ``commit.txt`` and ``smi.csv`` that say which
-tree ran on which GPU; ``data/README.md`` lists every file with its date, GPU,
+tree ran on which GPU.  ``data/README.md`` lists every file with its date, GPU,
 commit and command.  So the course works from an installed wheel, and every
-number is printed with the repository file it comes from (:func:`source_file`).
+number names the repository file it comes from (:func:`source_file`).
+
+* :func:`bench_rows`, :func:`bench_table`: the benchmark harness's rows (every kernel and PyTorch SDPA).
+* :func:`hierarchy`: lesson 1's measured HBM and shared-memory bandwidths and float32 peak.
+* :func:`provenance`, :func:`folder_provenance`: the device, date, command or commit of a recorded file.
+* The standard kernel: :data:`STANDARD_BENCH_CSV`, :func:`standard_kernel_times` (each launch alone),
+  :func:`ncu_rows` / :func:`ncu_table` (Nsight Compute's DRAM and L2 bytes beside the counted bytes).
+* The appendix's tuning story of flash2_fast: :func:`shared_store_conflicts`, :func:`swizzle_rows`,
+  :func:`forward_step_rows`, :func:`block_sweep_rows`, :func:`backward_path_rows`, :func:`atomic_block_rows`,
+  :func:`host_rows`, :func:`shared_tile_rows`, :func:`split_s_dp_rows`, :func:`dq_lane_rows`.
+* Lesson 12's GPT runs: :func:`gpt_csvs`, :func:`gpt_provenance`.
 """
 
 from __future__ import annotations
@@ -34,66 +29,95 @@ import csv
 import re
 from pathlib import Path
 
-SESSION = "h200-2026-11-30-s3"
+LABEL = "recorded, not measured now"
 #: The copies of the committed results (``benchmarks/results/<folder>/...`` is ``DATA/<folder>/...``).
 DATA = Path(__file__).resolve().parent / "data"
-RESULTS = DATA / SESSION
+_NOV30, _DEC01 = "h200-2026-11-30-s", "h200-2026-12-01-s"  # the results folders are named by date and run
+RESULTS = DATA / f"{_NOV30}3"
+#: Every kernel and PyTorch SDPA, N = 1024, 4096, 8192, forward and forward + backward (2026-11-30, 243f9c8).
 BENCH_CSV = RESULTS / "final" / "D" / "bench.csv"
+#: Lesson 1 run as a script on the H200: bandwidths and float32 peak (2026-11-30, 243f9c8).
 LESSON1_LOG = RESULTS / "C" / "lesson_01.log"
-LABEL = "recorded, not measured now"
-STANDARD = RESULTS.parent / "h200-2026-11-30-s4" / "standard"
+#: The rebuilt standard kernel (2026-11-30, 48d6ef9): the harness, each launch alone, Nsight Compute's bytes.
+STANDARD = DATA / f"{_NOV30}4" / "standard"
 STANDARD_BENCH_CSV = STANDARD / "bench.csv"
 STANDARD_KERNELS_CSV = STANDARD / "standard_kernels.csv"
 NCU_CSV = STANDARD / "ncu_bytes.csv"
-SESSION7 = RESULTS.parent / "h200-2026-11-30-s7"
-#: The latest harness run (2026-12-01, commit f932572, ``F/``: S^T/dP^T and dV/dK split across warps, dQ in two
-#: lane groups): flash2_fast (both backwards) and PyTorch's SDPA at d = 32, 64, 80, 96 and 128, N = 4096.
-LATEST_BENCH_CSV = RESULTS.parent / "h200-2026-12-01-s15" / "F" / "run_4096.csv"
-#: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (2026-11-30, ``A/``).
-BLOCK_SWEEP_CSV = SESSION7 / "A" / "sweep.csv"
-#: flash2_fast's backward paths (two-pass, split copies of dQ, atomic), 2026-11-30 (``B/``).
-BACKWARD_PATHS_CSV = RESULTS.parent / "h200-2026-11-30-s8" / "B" / "paths.csv"
-SESSION9 = RESULTS.parent / "h200-2026-11-30-s9"
-#: Nsight Compute on flash2_fast's forward, d = 64, 64 x 32 blocks, N = 4096, B*H = 32 (2026-11-30, ``C/``): the
-#: shipped build (P V on CUDA cores) first, then two runs of a tensor-core experiment.
-FORWARD_NCU_TXT = SESSION9 / "C" / "ncu.txt"
-#: flash2_fast's forward with P_ij^T stored swizzled (conflict-free stores) against the shipped one, alternating
-#: twice (2026-11-30, ``G/``).
-SWIZZLE_CSV = SESSION9 / "G" / "swz.csv"
-SESSION10 = RESULTS.parent / "h200-2026-12-01-s10"
-#: flash2_fast's forward, change by change (2026-12-01, ``A/`` and ``B/``): bench.py CSVs ``<tree>_<run>.csv``, the
-#: trees alternating, two runs each; ``commit.txt`` lists ``tree commit``.
-FORWARD_STEP_FOLDERS = (SESSION10 / "A", SESSION10 / "B")
-#: Nsight Compute on the forward after the fix (2026-12-01, ``C/``): d = 64, the 64 x 64 block it chooses, N = 4096.
-FORWARD_NCU_AFTER_TXT = SESSION10 / "C" / "ncu.txt"
-SESSION11 = RESULTS.parent / "h200-2026-12-01-s11"
+#: The latest harness run (2026-12-01 14:30, f932572): flash2_fast (both backwards) and PyTorch's SDPA at d = 32, 64,
+#: 80, 96 and 128, N = 4096.
+LATEST_BENCH_CSV = DATA / f"{_DEC01}15" / "F" / "run_4096.csv"
+#: flash2_fast at explicit blocks, 48 KB of static shared memory against dynamic (2026-11-30, 60cd760).
+BLOCK_SWEEP_CSV = DATA / f"{_NOV30}7" / "A" / "sweep.csv"
+#: flash2_fast's backward paths: two-pass, split copies of dQ, atomic (2026-11-30, 5386c34).
+BACKWARD_PATHS_CSV = DATA / f"{_NOV30}8" / "B" / "paths.csv"
+#: Nsight Compute on flash2_fast's forward, d = 64, 64 x 32 blocks, N = 4096, B*H = 32, before the conflict fix
+#: (2026-11-30, 3308399): the shipped build first, then two runs of a tensor-core experiment.
+FORWARD_NCU_TXT = DATA / f"{_NOV30}9" / "C" / "ncu.txt"
+#: The forward with P_ij^T stored swizzled against the one before, alternating twice (2026-11-30, 349728d).
+SWIZZLE_CSV = DATA / f"{_NOV30}9" / "G" / "swz.csv"
+#: flash2_fast's forward, change by change (2026-12-01): bench.py CSVs ``<tree>_<run>.csv``, the trees alternating,
+#: two runs each; ``commit.txt`` lists ``tree commit``.
+FORWARD_STEP_FOLDERS = (DATA / f"{_DEC01}10" / "A", DATA / f"{_DEC01}10" / "B")
+#: Nsight Compute on the forward after the fix (2026-12-01, b9afcbd): d = 64, the 64 x 64 block it chooses, N = 4096.
+FORWARD_NCU_AFTER_TXT = DATA / f"{_DEC01}10" / "C" / "ncu.txt"
 #: flash2_fast's backward at explicit blocks (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), 2026-12-01: d = 64
-#: (``A/``, the sweep that chose the atomic backward's 32 x 64 block) and d = 32 (``C/``).
-ATOMIC_BLOCK_CSVS = (SESSION11 / "A" / "sweep64.csv", SESSION11 / "C" / "sweep32.csv")
-SESSION12 = RESULTS.parent / "h200-2026-12-01-s12"
-#: Host time of one call (``benchmarks/host_overhead.py``, N = 128, B*H = 32, d = 64), 2026-12-01: before (commit
-#: ab3ab04: flash2_fast's deterministic backward launched D, dK/dV, dQ) and after (its dQ kernel computes D: two
-#: launches), alternating, two runs each (``C/host_<tree>_<run>.csv``).
-HOST_CSVS = {(tree, run): SESSION12 / "C" / f"host_{tree}_{run}.csv" for tree in ("before", "after") for run in (1, 2)}
-SESSION13 = RESULTS.parent / "h200-2026-12-01-s13"
-#: The d = 128 backward at 32 x 32, N = 4096, B*H = 32 (``benchmarks/block_sweep.py``), 2026-12-01 (``F/``): P and dS
-#: in two shared tiles (``old1.csv``, commit in ``commit_old.txt``) and in one (``new1.csv``, ``new2.csv``),
-#: alternating.
-SHARED_TILE_CSVS = {("two", 1): SESSION13 / "F" / "old1.csv", ("one", 1): SESSION13 / "F" / "new1.csv",
-                    ("one", 2): SESSION13 / "F" / "new2.csv"}
-SESSION14 = RESULTS.parent / "h200-2026-12-01-s14"
-#: The d = 128 backward (2026-12-01, ``A/``) with S^T and dP^T in every thread ("both") or in separate warps ("split").
-SPLIT_S_DP_CSVS = {"both": SESSION14 / "A" / "old128.csv", "split": SESSION14 / "A" / "new128a.csv"}
-SESSION15 = RESULTS.parent / "h200-2026-12-01-s15"
+#: (the sweep that chose the atomic backward's 32 x 64 block, 4c03fad) and d = 32 (e39bb8a).
+ATOMIC_BLOCK_CSVS = (DATA / f"{_DEC01}11" / "A" / "sweep64.csv", DATA / f"{_DEC01}11" / "C" / "sweep32.csv")
+#: Host time of one call (``benchmarks/host_overhead.py``, N = 128, B*H = 32, d = 64), 2026-12-01: before (ab3ab04:
+#: flash2_fast's deterministic backward launched D, dK/dV, dQ) and after (fb32521: its dQ kernel computes D),
+#: alternating, two runs each.
+HOST_CSVS = {(tree, run): DATA / f"{_DEC01}12" / "C" / f"host_{tree}_{run}.csv"
+             for tree in ("before", "after") for run in (1, 2)}
+#: The d = 128 backward at 32 x 32, N = 4096, B*H = 32 (``benchmarks/block_sweep.py``), 2026-12-01: P and dS in two
+#: shared tiles (``old1.csv``, 6b979fe) and in one (``new1.csv``, ``new2.csv``, 75e2f03), alternating.
+SHARED_TILE_CSVS = {("two", 1): DATA / f"{_DEC01}13" / "F" / "old1.csv",
+                    ("one", 1): DATA / f"{_DEC01}13" / "F" / "new1.csv",
+                    ("one", 2): DATA / f"{_DEC01}13" / "F" / "new2.csv"}
+#: The d = 128 backward with S^T and dP^T in every thread ("both", e6533b3) or in separate warps ("split", 4f81286),
+#: 2026-12-01.
+SPLIT_S_DP_CSVS = {"both": DATA / f"{_DEC01}14" / "A" / "old128.csv",
+                   "split": DATA / f"{_DEC01}14" / "A" / "new128a.csv"}
 #: The d = 64 backward at 32 x 32 and 32 x 64 (``benchmarks/block_sweep.py``, N = 4096, B*H = 32), 2026-12-01
-#: (``E/``): the dQ loop's lanes in two groups and in one (``layout.FORCE_DQ_LANE_GROUPS``), alternating, two runs each.
-DQ_LANE_CSVS = {(groups, run): SESSION15 / "E" / f"g{groups}{run}.csv" for groups in (1, 2) for run in "ab"}
+#: (0cf1fe6): the dQ loop's lanes in two groups and in one (``layout.FORCE_DQ_LANE_GROUPS``), alternating.
+DQ_LANE_CSVS = {(groups, run): DATA / f"{_DEC01}15" / "E" / f"g{groups}{run}.csv" for groups in (1, 2) for run in "ab"}
 #: Lesson 12's GPT trained 500 steps on the H200 with SDPA and with ours (``benchmarks/train_gpt_h200.sh``).
 GPT_FOLDER = DATA / "gpt-h200"
 GPT_PROVENANCE = {"device": "NVIDIA H200 (sm_90)", "date": "2026-11-30", "commit": "90fa9dd",
                   "command": "bash benchmarks/train_gpt_h200.sh (500 steps, batch 64, N = 256, float32, seed 0)"}
 #: L2 cache sizes (bytes; NVIDIA's datasheets and whitepapers) of the GPUs the course talks about.
 L2_BYTES = {"T4": 4 * 2**20, "A100": 40 * 2**20, "H200": 50 * 2**20}
+
+
+#: Date, commit and command of each recorded folder (``data/README.md`` in full), for :func:`cite`.
+RUNS = {
+    f"{_NOV30}3/final/D": ("2026-11-30", "243f9c8", "python benchmarks/bench.py --n 1024 4096 8192 --kernels ..."),
+    f"{_NOV30}3/C": ("2026-11-30", "243f9c8", "lesson 1 run as a script (python lessons/_src/01_memory_hierarchy.py)"),
+    f"{_NOV30}4/standard": ("2026-11-30", "48d6ef9", "benchmarks/standard_h200.py bench / ncu "
+                                                      "(git show 649aee7:benchmarks/standard_h200.py)"),
+    f"{_NOV30}7/A": ("2026-11-30", "60cd760", "the first form of benchmarks/block_sweep.py, N = 4096, B*H = 32"),
+    f"{_NOV30}8/B": ("2026-11-30", "5386c34", "python benchmarks/backward_paths.py --shapes 4096x64x32 ..."),
+    f"{_NOV30}9/C": ("2026-11-30", "3308399", "ncu on flash2_fast's forward, d = 64, N = 4096, B*H = 32"),
+    f"{_NOV30}9/G": ("2026-11-30", "349728d", "benchmarks/bench.py in each tree, alternating twice"),
+    f"{_DEC01}10/A": ("2026-12-01", "per tree", "benchmarks/bench.py in each tree, alternating twice"),
+    f"{_DEC01}10/B": ("2026-12-01", "per tree", "benchmarks/bench.py in each tree, alternating twice"),
+    f"{_DEC01}10/C": ("2026-12-01", "b9afcbd", "ncu on flash2_fast's forward, d = 64, N = 4096"),
+    f"{_DEC01}11/A": ("2026-12-01", "4c03fad", "python benchmarks/block_sweep.py --d 64, N = 4096, B*H = 32"),
+    f"{_DEC01}11/C": ("2026-12-01", "e39bb8a", "python benchmarks/block_sweep.py --d 32, N = 4096, B*H = 32"),
+    f"{_DEC01}12/C": ("2026-12-01", "ab3ab04 / fb32521", "python benchmarks/host_overhead.py --kernels flash2_fast "
+                                                        "flash2, alternating"),
+    f"{_DEC01}13/F": ("2026-12-01", "6b979fe / 75e2f03", "python benchmarks/block_sweep.py --d 128 --bwd 32x32"),
+    f"{_DEC01}14/A": ("2026-12-01", "e6533b3 / 4f81286", "python benchmarks/block_sweep.py --repeats 10, d = 128"),
+    f"{_DEC01}15/E": ("2026-12-01", "0cf1fe6", "block_sweep.py --d 64 --bwd 32x32 32x64, lanes forced"),
+    f"{_DEC01}15/F": ("2026-12-01", "f932572", "python benchmarks/bench.py --n 4096 --d 32 64 80 96 128 ..."),
+}
+
+
+def cite(path: Path, device: str = "NVIDIA H200 (sm_90)") -> str:
+    """One line for a recorded number: "recorded, not measured now", the GPU, date, commit, command and file."""
+    rel = Path(path).resolve().relative_to(DATA)
+    folder = next((f for f in RUNS if rel.as_posix().startswith(f + "/")), None)
+    date, commit, command = RUNS.get(folder, ("?", "?", "?"))
+    return f"{LABEL}: {device}, {date}, commit {commit}, {command}; {source_file(path)}"
 
 
 def source_file(path: Path) -> str:
@@ -219,7 +243,7 @@ def ncu_table() -> str:
     """Counted bytes beside DRAM and L2 bytes per forward launch, labelled as recorded on the H200."""
     gpu = (NCU_CSV.parent / "ncu.txt").read_text().splitlines()[0].removeprefix("gpu: ")
     lines = [f"recorded on the H200, not measured now: {gpu}",
-             f"  Nsight Compute, {source_file(NCU_CSV)}",
+             f"  Nsight Compute, 2026-11-30, commit 48d6ef9, {source_file(NCU_CSV)}",
              f"{'B*H':>4} {'N':>5} {'launch':<20} {'counted MB':>11} {'L2 MB':>9} {'DRAM MB':>9} {'DRAM/counted':>13}"]
     for r in ncu_rows():
         lines.append(f"{r['BH']:>4} {r['N']:>5} {r['launch']:<20} {r['counted'] / 1e6:>11.1f} {r['l2'] / 1e6:>9.1f} "
@@ -240,7 +264,7 @@ def backward_path_rows(N: int | None = None, d: int | None = None, path: Path | 
 
 
 def atomic_block_rows(Bcs=(32, 64), paths=ATOMIC_BLOCK_CSVS) -> list[dict]:
-    """The atomic backward (``deterministic=False``) at Br = 32 and key blocks ``Bcs``, from the session-11 sweeps:
+    """The atomic backward (``deterministic=False``) at Br = 32 and key blocks ``Bcs``, from the backward block sweeps:
     d, Br, Bc, causal, ms (strings), and ``file``, ``device`` of the file they come from."""
     out = []
     for path in paths:
@@ -251,9 +275,8 @@ def atomic_block_rows(Bcs=(32, 64), paths=ATOMIC_BLOCK_CSVS) -> list[dict]:
 
 
 def host_rows(paths=HOST_CSVS) -> list[dict]:
-    """The host time of one call (2026-12-01, ``h200-2026-12-01-s12/C/``) on PyTorch tensors (launch plans
-    replayed): ``tree`` (before / after), ``run``, ``kernel``, ``pass``, ``host_us`` (float), ``file`` and
-    ``device`` of the file."""
+    """The host time of one call on PyTorch tensors (launch plans replayed): ``tree`` (before / after),
+    ``run``, ``kernel``, ``pass``, ``host_us`` (float), ``file`` and ``device`` of the file."""
     out = []
     for (tree, run), path in paths.items():
         where = folder_provenance(path)
@@ -263,25 +286,22 @@ def host_rows(paths=HOST_CSVS) -> list[dict]:
 
 
 def shared_tile_rows(paths=SHARED_TILE_CSVS) -> list[dict]:
-    """The d = 128 backward (2026-12-01, ``h200-2026-12-01-s13/F/``) with P and dS in two shared tiles or one:
-    ``tiles`` ("two" / "one"), ``run``, ``mode``, ``causal``, ``dynamic_bytes``, ``ms`` (float), and ``file``,
-    ``device``, ``commit`` of the file."""
+    """The d = 128 backward with P and dS in two shared tiles or one: ``tiles`` ("two" / "one"), ``run``,
+    ``mode``, ``causal``, ``dynamic_bytes``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
     return [r for (tiles, run), path in paths.items()
             for r in _side_by_side_rows(path, tiles == "two", tiles=tiles, run=run)]
 
 
 def split_s_dp_rows(paths=SPLIT_S_DP_CSVS) -> list[dict]:
-    """The d = 128 backward (2026-12-01, ``h200-2026-12-01-s14/A/``), S^T and dP^T computed by every thread or
-    split across warps: ``threads`` ("both" / "split"), ``mode``, ``causal``, ``ms`` (float), and ``file``,
-    ``device``, ``commit`` of the file."""
+    """The d = 128 backward, S^T and dP^T computed by every thread or split across warps: ``threads``
+    ("both" / "split"), ``mode``, ``causal``, ``ms`` (float), and ``file``, ``device``, ``commit`` of the file."""
     return [r for threads, path in paths.items()
             for r in _side_by_side_rows(path, threads == "both", threads=threads)]
 
 
 def dq_lane_rows(paths=DQ_LANE_CSVS) -> list[dict]:
-    """The d = 64 backward (2026-12-01, ``h200-2026-12-01-s15/E/``) with the dQ loop's lanes in ``groups`` (1 or 2)
-    groups, ``run`` a or b: the block_sweep columns (``ms`` a float), and ``file``, ``device``, ``commit`` of the
-    file (one build, forced)."""
+    """The d = 64 backward with the dQ loop's lanes in ``groups`` (1 or 2) groups, ``run`` a or b: the
+    block_sweep columns (``ms`` a float), and ``file``, ``device``, ``commit`` of the file (one build, forced)."""
     return [dict(r, groups=groups, run=run, ms=float(r["ms"]), **folder_provenance(path))
             for (groups, run), path in paths.items() for r in _csv_rows(path)]
 
@@ -313,7 +333,7 @@ def shared_store_conflicts(path: Path = FORWARD_NCU_TXT) -> list[dict]:
 
 
 def folder_provenance(path: Path) -> dict:
-    """``{"file", "device", "commit"}`` of a session-9-style result: the GPU's name from ``smi.csv`` and the commit
+    """``{"file", "device", "commit"}`` of a result folder: the GPU's name from ``smi.csv`` and the commit
     from ``commit.txt`` beside it (None where absent)."""
     folder = path.parent
     smi, commit = folder / "smi.csv", folder / "commit.txt"
@@ -328,9 +348,8 @@ def swizzle_rows(path: Path = SWIZZLE_CSV) -> list[dict]:
 
 
 def forward_step_rows(folders=FORWARD_STEP_FOLDERS) -> list[dict]:
-    """The forward's timings (2026-12-01, ``h200-2026-12-01-s10/A/``, ``B/``), change by change: bench.py's rows
-    (strings) with ``folder``, ``tree``, ``commit`` and ``run`` added, from every ``<tree>_<run>.csv`` in
-    ``folders``."""
+    """The forward's timings, change by change: bench.py's rows (strings) with ``folder``, ``tree``,
+    ``commit`` and ``run`` added, from every ``<tree>_<run>.csv`` in ``folders``."""
     out = []
     for folder in folders:
         commits = dict(line.split() for line in (folder / "commit.txt").read_text().splitlines() if line.strip())

@@ -158,7 +158,8 @@ else:
 # case where they differ as `Yours:` / `Spec :`. The same cell then runs the packaged solution through the
 # same checker, so the cell checks something real even before you start. `ex.solution(name)` prints the
 # solution when you are stuck.
-#
+
+# %% [markdown]
 # ## Your turn: a first kernel
 #
 # A CUDA kernel is a function that every thread of a *grid* runs. The grid is made of *blocks* of
@@ -194,6 +195,7 @@ assert ex.check_solution("axpy")  # the packaged solution passes the same checke
 if recorded.available():
     print(recorded.bench_table(["standard", "flash2_fast", "torch-math"], "fwd", 4096, recorded.STANDARD_BENCH_CSV))
     title = f"{recorded.LABEL}: {recorded.hierarchy()['gpu']}"
+    print(recorded.cite(recorded.LESSON1_LOG))
     lessonkit.show(pictures.memory_hierarchy(recorded.hierarchy_levels(), title))
 else:
     print("the recorded results are not installed (flash_numba/course/data/)")
@@ -222,7 +224,8 @@ lessonkit.compare_prediction(f"standard / flash2 bytes at N = {N2}", my_predicti
 #   stores an $N \times N$ matrix.
 # * On a GPU, bytes become time: the recorded H200 table shows what that is worth, and that a tuned library kernel
 #   goes further still.
-#
+
+# %% [markdown]
 # ## Check
 #
 # The last cell of every lesson asserts what the lesson showed, so a run that goes wrong fails loudly.

@@ -201,7 +201,8 @@ print(f"\nT4: {t4_l2 / 2**20:.0f} MB of L2; S of one head in float32 fills it at
 # kernel it profiles, so even the small size, where $S$ would fit in the 50 MB L2, reads $S$ from DRAM
 # in the softmax.) On a T4 the L2 holds $S$ of one head only up to $N = 1024$: past that, standard's
 # $S$ and $P$ go through DRAM, and the re-reads of $K$ and $V$ still mostly hit.
-#
+
+# %% [markdown]
 # ## What to take away
 #
 # * Shared memory is much faster than HBM but tiny; HBM is large and, for most of attention, the limit.
@@ -229,6 +230,7 @@ if not SIM:
     title = f"measured now: {info.name}"
 elif recorded.available():
     levels, title = recorded.hierarchy_levels(), f"{recorded.LABEL}: {recorded.hierarchy()['gpu']}"
+    print(recorded.cite(recorded.LESSON1_LOG))
 else:
     levels, title = None, "no GPU and no recorded results (clone the repository)"
 print(title)

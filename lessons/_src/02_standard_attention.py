@@ -139,7 +139,8 @@ print(lessonkit.counted_beside_model(res.hbm, "standard", BH, N, d, np.float32, 
 # $Q$ once, $K$ and $V$ once per query block, $O$ and $L$ once. So *standard minus flash2* is exactly the
 # S/P term, $4 N^2$ elements per head (plus $4N$ for $m$ and $\ell$): the $\Theta(N^2)$ that the paper's
 # Theorem 2 says FlashAttention removes. Standard attention moves $\Theta(Nd + N^2 d / B_r + N^2)$ bytes.
-#
+
+# %% [markdown]
 # ## Time per step
 #
 # `standard.forward_launches` returns the same three launches, one callable each, on device arrays it
@@ -181,8 +182,8 @@ if recorded.available():
     rec_ms = recorded.standard_kernel_times()
     rec_bytes = iomodel.forward("standard", 32, 4096, 4096, 64, np.float32).per_kernel
     rec_flops = step_flops(32, 4096, 64)
-    print(f"{recorded.LABEL}: {recorded.provenance(recorded.STANDARD_BENCH_CSV)['device']}")
-    print(f"  {recorded.STANDARD_KERNELS_CSV.name}: each kernel alone, median of 20 calls")
+    print(recorded.cite(recorded.STANDARD_KERNELS_CSV))
+    print("  each kernel alone, median of 20 calls")
     for name in rec_flops:
         ms, gb = rec_ms[name], rec_bytes[name].total / 1e9
         print(f"  {name:<16} {ms:6.3f} ms {ms / sum(rec_ms[x] for x in rec_flops):>5.0%} {gb:6.2f} GB "

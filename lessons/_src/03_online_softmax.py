@@ -71,7 +71,8 @@ print("exp(x - m) / sum(exp(x - m)):", safe)
 #   $m_{\text{new}} = -\infty$ there is nothing to add yet, $\ell$ stays 0.
 # * The statistic the kernels keep for the backward pass is $L = m + \log \ell$: the log of the softmax
 #   denominator, $\log \sum_j e^{x_j}$, computed without overflow.
-#
+
+# %% [markdown]
 # ## Your turn: the update
 #
 # Write the step for one block `x_j` (a non-empty 1-D array): return the new `(m, l)` as floats.
@@ -183,14 +184,16 @@ lessonkit.show(pictures.online_softmax_late_max(row, block=3))
 # %% [markdown]
 # The loop of the previous section is FlashAttention for one query row. Lesson 5 does it for a block of
 # $B_r$ rows at once, with blocks of $B_c$ keys held in shared memory: Algorithm 1 of the paper.
-#
+
+# %% [markdown]
 # ## What to take away
 #
 # * The softmax needs the row maximum and sum, but both can be kept as running values, block by block.
 # * When the maximum grows, everything summed so far is rescaled by $e^{m_{old} - m_{new}}$: exact, not approximate,
 #   for any split of the row.
 # * The same rescaling carries an unnormalised output $\tilde o$ along: FlashAttention for one row.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

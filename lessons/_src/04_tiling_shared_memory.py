@@ -112,7 +112,8 @@ print("formula:", f"{tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4):,} bytes")
 # One trap of the simulator: it keeps one shared array per *source line*, so
 # `a, b = cuda.shared.array(4, float32), cuda.shared.array(4, float32)` gives `a` and `b` the same memory
 # there (on a GPU they are two arrays). Declare each shared array on its own line.
-#
+
+# %% [markdown]
 # ## Your turn: the tiled matrix product
 #
 # Finish the kernel below: for each step `k0`, stage the tiles (0 for elements past the edge of $A$ or
@@ -198,7 +199,8 @@ print("tiled and untiled agree:", same)
 # On a modern GPU the untiled kernel is often not $T$ times slower: the L1 and L2 caches catch many of its
 # repeated loads. The byte counts in this course are the bytes the code *requests*; what the caches
 # absorb is a hardware matter that lesson 6 shows how to measure.
-#
+
+# %% [markdown]
 # ## Bank conflicts
 #
 # Shared memory is divided into 32 *banks*, each 4 bytes wide: 4-byte word $w$ lives in bank
@@ -262,7 +264,8 @@ else:
 # %% [markdown]
 # Real kernels store in less tidy patterns than one column. The optional appendix, "How flash2_fast got
 # fast", finds a conflict in this course's fastest kernel and measures two ways to remove it.
-#
+
+# %% [markdown]
 # ## The bytes tiling saves in attention
 #
 # In standard attention, $S = QK^\top$ is an $N \times N$ product with inner dimension $d$; $O = PV$ is an
@@ -309,14 +312,16 @@ else:
 # the traffic of the *reads*, but standard attention still writes and re-reads the $N \times N$
 # matrices. FlashAttention (lesson 5) combines tiling with the online softmax of lesson 3 so that $S$
 # and $P$ exist only as tiles in shared memory.
-#
+
+# %% [markdown]
 # ## What to take away
 #
 # * A tile loaded once into shared memory serves every thread of the block: global reads fall by the tile width.
 # * Two barriers per step: after loading (read after write) and before the next load (write after read).
 # * Shared memory has 32 banks; pad a tile's rows when threads read down a column.
 # * Tiling alone does not save attention: $S$ and $P$ still go to HBM and back.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

@@ -143,7 +143,8 @@ print("max |O - mirror's O| =", np.abs(o_np - oh_tiled).max())
 # %% [markdown]
 # Exact to float64 rounding for any block sizes, including blocks that do not divide $N$: the online
 # softmax makes the block order irrelevant.
-#
+
+# %% [markdown]
 # ## flash1: Algorithm 1 in Numba
 #
 # `flash_numba/kernels/flash1.py` runs the same loops on the GPU, one thread block per (batch, head), as
@@ -298,7 +299,8 @@ lessonkit.show(pictures.tiling_steps(N=12, Br=4, Bc=6))
 # * flash1 reads $Q$ and reads and writes $O$, $\ell$, $m$ on every outer step: fewer bytes than standard attention,
 #   but not yet the fewest.
 # * Counted bytes equal the IO model exactly, at the simulator's sizes; the model carries them to real $N$.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

@@ -56,7 +56,8 @@ def median_ms(run):
 #
 # $B_r$ does not appear: the $T_r$ query blocks of one outer step add up to $N$ rows whatever their
 # size. With $B_c = \Theta(M/d)$, $T_c = \Theta(Nd/M)$ and the count is $\Theta(Nd \cdot Nd/M)$: Theorem 2.
-#
+
+# %% [markdown]
 # ## Your turn: Theorem 2's count
 #
 # Write the exact number of elements Algorithm 1 reads and writes for one head, from the three items
@@ -238,7 +239,8 @@ lessonkit.compare_prediction("bytes(Bc = 64) / bytes(Bc = 128)", my_prediction, 
 # * Bytes grow like $N^2$ for every kernel here, but with very different constants; the IO model carries the
 #   simulator's exact counts to any $N$.
 # * Counted bytes are what the code requests; the hardware (L2, sectors) adds its own, which a profiler sees.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

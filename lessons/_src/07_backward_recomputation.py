@@ -64,7 +64,8 @@ def median_ms(run):
 #   = dO_i \cdot O_i.$$
 #
 # So $D = \mathrm{rowsum}(dO \circ O)$, from two $N \times d$ matrices the backward pass has anyway.
-#
+
+# %% [markdown]
 # ## Your turn: D, and P from L
 
 # %%
@@ -237,7 +238,8 @@ else:
 # therefore records who wrote each element of $dQ$, and how: two threads writing one element, one of
 # them with a plain store, is a race.
 #
-# Run the packaged atomic kernel, and the same kernel with a plain `+=`:
+# Run the packaged atomic kernel, and the same kernel with a plain `+=`, at $N_q = 4$, $N_k = 8$, $d = 4$
+# (two key blocks of 4). The picture counts the writes each element of $dQ$ received: one per key.
 
 # %%
 if SIM:
@@ -248,6 +250,7 @@ if SIM:
     print("atomic adds:", len(atomic_run["atomics"]), "| race in the atomic kernel:", kx.write_races(atomic_run))
     print("the plain +=:", kx.write_races(plain_run).yours)
     plain_race = kx.write_races(plain_run) is not None
+    lessonkit.show(pictures.read_counts({"dq_atomic, 8 keys in 2 blocks": atomic_run["log"]}, "dQ", (4, 4), "w"))
 else:
     plain_race = True  # on a GPU nothing records the writes
     print("the write record exists only in the simulator")
@@ -402,7 +405,8 @@ lessonkit.show(pictures.hbm_bytes_by_term(kernels=("standard", "flash1", "flash2
 # * A finite-difference gradient check tests the whole pass independently of any formula.
 # * When many threads add into one output (dQ from the key side), each add must be atomic; one owner per
 #   output element (dQ from the query side) needs none, and writes once.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

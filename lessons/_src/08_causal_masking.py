@@ -64,7 +64,8 @@ for Nq, Nk in ((6, 6), (3, 8), (7, 4)):
 
 # %% [markdown]
 # In the last picture the first $N_q - N_k = 3$ queries see no key at all. We come back to them below.
-#
+
+# %% [markdown]
 # ## Three kinds of tiles
 #
 # Cut $S$ into tiles of $B_r \times B_c$. A tile is either entirely visible (compute it as usual), cut by
@@ -96,7 +97,8 @@ for Nq, Nk, Br, Bc in ((64, 64, 8, 8), (40, 64, 8, 16), (64, 40, 16, 8)):
 # %% [markdown]
 # For a square mask with $T$ tiles on a side, $T(T-1)/2$ of the $T^2$ tiles are skipped: half the work
 # as $T$ grows.
-#
+
+# %% [markdown]
 # ## Your turn: the skip condition
 #
 # Query block $i$ holds rows $iB_r$ to $\min((i+1)B_r, N_q) - 1$ (the last block may be short); key block
@@ -251,7 +253,8 @@ lessonkit.show(pictures.causal_tiles(8, 20, 4, 4))
 # * Tiles wholly above the diagonal are skipped (nothing loaded); only tiles crossing it are masked entry by entry:
 #   about half the work for $N_q = N_k$.
 # * A row that sees no key ends with $O = 0$ and $L = -\infty$, not NaN.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

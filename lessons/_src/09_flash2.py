@@ -144,7 +144,8 @@ print(lessonkit.annotated_source(flash2._forward_kernel, "def flash2_forward", "
 # paper goes from 25-40% of an A100's peak to about 73% (up to ~230 TFLOP/s forward). Our kernels' share
 # of the peak: the timing cell below measures it on a GPU, and the recorded H200 table near the end of
 # the lesson shows it in the simulator.
-#
+
+# %% [markdown]
 # ## Your turn: FlashAttention-2's loop, one row per thread
 #
 # Write the loop for one query row in a kernel: one thread block per query tile $Q_i$ (the frame,
@@ -384,7 +385,8 @@ lessonkit.compare_prediction("element reads of K", my_prediction, k_reads)
 # FP8, with 2.6 times lower error than a baseline FP8 attention (Shah et al. 2024). The kernels of this
 # course use none of these features: they do float32 arithmetic on the CUDA cores, with ordinary loads
 # and stores. The algorithm, the online softmax over tiles kept on chip, is the same.
-#
+
+# %% [markdown]
 # ## What to take away
 #
 # * FlashAttention-2 swaps the loops: one thread block per query tile, $O_i$, $\ell_i$, $m_i$ on chip, and a single
@@ -393,7 +395,8 @@ lessonkit.compare_prediction("element reads of K", my_prediction, k_reads)
 # * Parallelism over the sequence keeps every SM busy even at one head.
 # * A backward pass with one owner per output element is deterministic, at the price of a third kernel.
 # * You can write the whole kernel: shared tiles, loads between two barriers, the loop, the mask, one write.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

@@ -97,7 +97,8 @@ else:
 # Read the refusals: each forced backend that cannot run says why (for example FlashAttention's kernels
 # take only float16 and bfloat16, and need a recent enough GPU architecture). Those reasons are exactly
 # the cases in which the *default* call quietly uses something else.
-#
+
+# %% [markdown]
 # ## Is FlashAttention actually being used?
 #
 # Three ways to find out, from the most to the least direct:
@@ -156,7 +157,8 @@ else:
 # of every layer; recomputing them at every step would cost a full forward pass over the prefix, so they
 # are kept: the *KV cache*. Its size is linear in the context length, but with every layer and head
 # counted it is large, and it grows with the batch.
-#
+
+# %% [markdown]
 # ## Your turn: the size of a KV cache
 #
 # Write the bytes of a KV cache for a model with `layers` layers of `heads` attention heads of dimension
@@ -234,7 +236,8 @@ if recorded.available():
 # cache in pages to avoid fragmentation; and *Flash-Decoding* splits the keys of one long sequence across
 # thread blocks, so that a single query still fills the GPU. Each attacks the bytes of the cache; none of
 # them is the $N \times N$ problem FlashAttention solved.
-#
+
+# %% [markdown]
 # ## What a call costs besides its kernels
 #
 # At $N = 4096$ the kernels take milliseconds. At $N = 128$ they take microseconds, and the time of a call is
@@ -273,7 +276,8 @@ for label, kernel, det in (("flash2", "flash2", True), ("flash2_fast", "flash2_f
 # %% [markdown]
 # The launches of flash2_fast's backward, and what each one costs in microseconds on an H200's host, are
 # in the optional appendix, "How flash2_fast got fast".
-#
+
+# %% [markdown]
 # ## Where to go next
 #
 # * Read `flash_numba/kernels/flash2_fast/`: the same algorithm as flash2, rearranged for speed, with
@@ -281,7 +285,8 @@ for label, kernel, det in (("flash2", "flash2", True), ("flash2_fast", "flash2_f
 # * Regenerate the article's figures on your GPU: `python figures/make_all.py`.
 # * Compare every implementation on your GPU, PyTorch's included: `flash-numba bench`.
 # * Hold the counters against the hardware with Nsight Compute: `flash-numba profile`.
-#
+
+# %% [markdown]
 # ## What to take away
 #
 # * In practice FlashAttention reaches you through a framework (PyTorch SDPA); check which backend really runs, since
@@ -291,7 +296,8 @@ for label, kernel, det in (("flash2", "flash2", True), ("flash2_fast", "flash2_f
 # * At small $N$ a call's time is the host's, mostly one driver call per kernel launch: count the launches.
 # * The KV cache is a different memory problem: it grows with every token kept, $2 \cdot$ layers $\cdot$ heads $\cdot
 #   d \cdot$ tokens $\cdot$ batch elements.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

@@ -326,7 +326,8 @@ assert ex.check_solution("bug_zoo")
 # * The simulator's race detector names a missing barrier on every run, whatever order Python ran the
 #   threads in; on a GPU a race may not show in the values, and no test proves a kernel race-free.
 # * Read the symptom before the code: which case fails first, which rows, which array's bytes.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

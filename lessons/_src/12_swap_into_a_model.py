@@ -86,7 +86,8 @@ for name, a, b, e in zip(("O", "dQ", "dK", "dV"), ours, theirs, exact):
 # %% [markdown]
 # Both float32 implementations sit at float32 rounding from the float64 result, ours no further than
 # SDPA's own. (Which SDPA backend ran on a GPU: lesson 10.)
-#
+
+# %% [markdown]
 # ## What autograd keeps
 #
 # The graph node of our function holds five tensors until the backward runs. SDPA's math backend keeps
@@ -252,7 +253,8 @@ else:
 # * Real models hand attention strided views; a kernel that needs contiguous inputs costs a copy per call.
 # * The test of a swap is a model that trains: same weights and batches, same gradients to rounding,
 #   loss curves on top of each other.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

@@ -85,7 +85,8 @@ print("(recorded on an NVIDIA H200, 2026-12-01; flash_numba/course/data/h200-202
 # %% [markdown]
 # PyTorch's flash backend runs FlashAttention-2 on tensor cores: 7.5x faster than our flash2_fast on CUDA
 # cores. The rest of this lesson is how to use the same instruction from Numba.
-#
+
+# %% [markdown]
 # ## One instruction, one warp
 #
 # `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (PTX ISA section 9.7.14.5.8) computes
@@ -120,7 +121,8 @@ lessonkit.show(tcx.fragment_figure(lanes={lane}))
 # * $A$ is `.row`: a register holds two neighbours *along a row*, `A[g][2t]` and `A[g][2t+1]`.
 # * $B$ is `.col`: a register holds two neighbours *down a column*, `B[2t][g]` and `B[2t+1][g]`.
 # * The lower 16 bits of a register hold the element with the lower index. `pack_f16x2(lo, hi)` builds one.
-#
+
+# %% [markdown]
 # ## Your turn: a tile product on the tensor core
 #
 # Write a kernel that computes `C = A @ B` for 16 x 16 tiles: `A`, `B` float16, `C` float32. It runs as one
@@ -169,7 +171,8 @@ print(f"max |C - A B| = {tile_err:.1e} (the products of float16 numbers are exac
 
 # %% [markdown]
 # Sixteen multiply-adds per output element, 4,096 in all, in two instructions per lane.
-#
+
+# %% [markdown]
 # ## P stays in registers
 #
 # In FlashAttention-2 on tensor cores a warp owns 16 query rows. For a block of 16 keys it computes
@@ -181,7 +184,8 @@ print(f"max |C - A B| = {tile_err:.1e} (the products of float16 numbers are exac
 # `4g + t` holds `S[g][2t], S[g][2t+1]` and `S[g+8][2t], S[g+8][2t+1]` in each tile. Those are exactly the
 # elements of $P$ its A registers need. So $P$ goes from one product to the next without touching shared
 # memory: round to float16, pack, multiply.
-#
+
+# %% [markdown]
 # ## Your turn: the accumulators as A registers
 #
 # Write the rearrangement for one lane. `s_lo` is its `(c0, c1, c2, c3)` for keys 0..7, `s_hi` the same for
@@ -259,7 +263,8 @@ lessonkit.show(tcx.shares_figure({f"N = {N}, d = {d}": rows for (N, d), rows in 
 # A fused kernel removes all three trips. PyTorch's flash backend, on the same tensor cores, runs this
 # forward in 0.500 ms against our standard's 2.965 ms: 5.9x. flash2_tc's own H200 time is not recorded in
 # this edition of the course; run the cell above on a GPU to measure it.
-#
+
+# %% [markdown]
 # ## What to take away
 #
 # * On tensor cores the products are about ten times faster than on CUDA cores, so attention's time is its
@@ -270,7 +275,8 @@ lessonkit.show(tcx.shares_figure({f"N = {N}, d = {d}": rows for (N, d), rows in 
 #   from $S$ to $P V$ in registers.
 # * Standard attention on tensor cores spends its time moving $S$ and $P$: each launch moves the same bytes,
 #   and the arithmetic is a small part of every launch.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

@@ -53,7 +53,8 @@ print(device.describe())
 #   one float32 per (sequence, query head).
 #
 # The arithmetic: every query head does $q \cdot k$ ($2d$ FLOPs) and $p\,v$ ($2d$) for every cached key.
-#
+
+# %% [markdown]
 # ## Your turn: the bytes and FLOPs of a step
 #
 # Return `(bytes, flops)` for one step. `itemsize` is the bytes of one element of q, the cache and o.
@@ -95,7 +96,8 @@ lessonkit.compare_prediction("FLOPs per byte at Hkv = 32", my_prediction, round(
 # roofline), so a decoding step is bound by reading the cache, whatever the arithmetic units. GQA raises the
 # intensity by the group size $G$: the cache is read once for $G$ query heads. It also makes the cache $G$
 # times smaller, which is why models use it.
-#
+
+# %% [markdown]
 # ## Filling the GPU
 #
 # A prefill kernel such as flash2 puts one block on each (query block, head). At decoding time there is one
@@ -116,7 +118,8 @@ lessonkit.show(dcx.blocks_figure(8, 8, sms, splits=(1, chosen), resident=flash_d
 # %% [markdown]
 # With one split 68 of the 132 SMs have nothing to do, and the others hold one block each. With 8 splits,
 # 512 blocks nearly fill one wave of four blocks an SM.
-#
+
+# %% [markdown]
 # ## Your turn: merge the splits
 #
 # Split $s$ of a row returns three things over its chunk of keys, exactly lesson 3's running values:
@@ -168,7 +171,8 @@ for S in (1, 2, 7, 64):
 # %% [markdown]
 # Our kernel writes each split's $O_s / \ell_s$ and its log-sum-exp instead of $(O_s, m_s, \ell_s)$: one
 # number fewer a row, and the same merge in other variables.
-#
+
+# %% [markdown]
 # ## A decoding step in the simulator
 #
 # `flash_numba.attention_decode` runs one step over a *paged* cache, as vLLM and FlashAttention 2.5 do. The
@@ -225,7 +229,8 @@ print(f"metadata {t['lengths'] + t['page table']:,} bytes, partials {t['partials
 # %% [markdown]
 # Each split reads its rows of $q$, so $q$ counts once per split. The partials are the price of splitting: a
 # row of $d + 1$ floats per split, written and read once. At 32k tokens they are tiny next to the cache.
-#
+
+# %% [markdown]
 # ## Recorded on an H200
 #
 # The decode benchmark: $B = 8$, $H_q = 32$, $H_{kv} = 8$, $d = 128$, float16, one new token, caches of 4k
@@ -258,7 +263,8 @@ if not SIM:  # the same step on this GPU, 32k tokens
 #   2,019 GB/s at 32k, 15 times flash2_fast.
 # * PyTorch's flash backend reaches 4,243 GB/s at 32k, close to a device copy's rate. Ours is 2.1x slower:
 #   our kernel keeps too few loads in flight an SM to cover HBM's latency.
-#
+
+# %% [markdown]
 # ## What to take away
 #
 # * A decoding step reads the whole KV cache for about one FLOP a byte: it is memory-bound, and its cost grows
@@ -267,7 +273,8 @@ if not SIM:  # the same step on this GPU, 32k tokens
 # * One block per (sequence, KV head) leaves SMs idle; split-KV gives each a chunk of the cache and merges
 #   the partials with the online-softmax rescale.
 # * A paged cache adds a table lookup per page, and lets sequences grow without copying.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%

@@ -111,6 +111,7 @@ lessonkit.compare_prediction("passes of one store of P^T", my_prediction, p_stor
 # %%
 if recorded.available():
     shipped = recorded.shared_store_conflicts()[0]
+    print(recorded.cite(recorded.FORWARD_NCU_TXT))
     print(f"{recorded.LABEL}: flash2_fast forward (before the fix below), d = 64, 64 x 32 blocks, N = 4096, "
           f"compute capability {shipped['cc']} ({recorded.folder_provenance(recorded.FORWARD_NCU_TXT)['file']})")
     print(f"  shared stores: a {shipped['ways']:.1f}-way conflict on average; "
@@ -130,6 +131,7 @@ if recorded.available():
     for r in recorded.swizzle_rows():
         if r["d"] == "64":
             times.setdefault((r["block"], r["causal"]), {}).setdefault(r["tree"], []).append(float(r["ms"]))
+    print(recorded.cite(recorded.SWIZZLE_CSV))
     print(f"{recorded.LABEL}: {prov['device']}, commit {prov['commit']} ({prov['file']}); N = 4096, d = 64, B*H = 32")
     print(f"{'block':>7} {'causal':>7} {'before ms':>10} {'swizzled ms':>12}")
     for (block, causal), t in times.items():
@@ -139,7 +141,8 @@ if recorded.available():
 # In the $64 \times 32$ block the product still read 16-byte vectors, and the conflict-free stores made the
 # kernel a little faster. In the $64 \times 64$ block the compiler split each swizzled 16-byte read into four
 # single loads, and the kernel got slower. A fix pays only if it costs less than it saves.
-#
+
+# %% [markdown]
 # ### The fix that shipped: change which keys a thread owns
 #
 # The swizzle moves the *data*. The fix that shipped moves the *threads*. Thread $(t_y, t_x)$ now owns the
@@ -194,6 +197,7 @@ if recorded.available():
         key = (r["tree"] if r["implementation"] == "flash2_fast" else "torch", r["causal"])
         best[key] = min(best.get(key, np.inf), float(r["ms"]))
     commits = {r["tree"]: r["commit"] for r in rows}
+    print(recorded.cite(recorded.FORWARD_STEP_FOLDERS[0] / "commit.txt"))
     print(f"{recorded.LABEL}: NVIDIA H200, N = 4096, d = 64, B*H = 32, float32 "
           f"({recorded.source_file(recorded.FORWARD_STEP_FOLDERS[0].parent)}/A, B)")
     print(f"{'forward':<48} {'commit':>8} {'ms':>7} {'causal ms':>10}")
@@ -211,6 +215,7 @@ if recorded.available():
 # %%
 if recorded.available():
     after = recorded.shared_store_conflicts(recorded.FORWARD_NCU_AFTER_TXT)[0]
+    print(recorded.cite(recorded.FORWARD_NCU_AFTER_TXT))
     print(f"{recorded.LABEL}: flash2_fast forward (keys 16 apart), d = 64, 64 x 64 blocks, N = 4096 "
           f"({recorded.folder_provenance(recorded.FORWARD_NCU_AFTER_TXT)['file']})")
     print(f"  {after['store_wavefronts']:,} store passes for {after['store_requests']:,} store instructions "
@@ -236,7 +241,8 @@ if recorded.available():
 # Why it pays: `flash2_fast` gives each thread an $8 \times 2$ tile of $S_{ij}$ (16 multiply-adds for every
 # 10 numbers it reads from shared memory), but at $d = 128$ the tiles of an $8 \times 2$ block do not fit 48 KB,
 # so it had to fall back to $4 \times 1$ tiles, with half the reuse.
-#
+
+# %% [markdown]
 # ### Your turn: the shared memory of one block
 #
 # `flash2_fast`'s forward runs 128 threads as an $8 \times 16$ grid; with $T_M \times T_N$ tiles per thread a
@@ -305,6 +311,7 @@ if not SIM and fn.resolve_block("flash2_fast", 128, np.float32) != (32, 16):
         dyn_ms[blk] = median_ms(lambda: fn.attention_forward(*x, kernel="flash2_fast", block=blk))
         print(f"d = 128, N = 4096, B*H = 32, block {blk}: {dyn_ms[blk]:.2f} ms")
 elif recorded.available():
+    print(recorded.cite(recorded.BLOCK_SWEEP_CSV))
     print(f"{recorded.LABEL}: {recorded.provenance(recorded.BLOCK_SWEEP_CSV)['device']}, "
           f"{recorded.provenance(recorded.BLOCK_SWEEP_CSV)['file']}")
     for r in recorded.block_sweep_rows(128):
@@ -314,7 +321,8 @@ elif recorded.available():
 
 # %% [markdown]
 # ## 3. How many blocks an SM holds
-#
+
+# %% [markdown]
 # ### Your turn: blocks per SM
 #
 # More shared memory per block buys reuse, but it has a price: an SM runs the blocks whose tiles fit its shared
@@ -388,6 +396,7 @@ if not SIM:
 # %%
 if recorded.available():
     tile_rows = recorded.shared_tile_rows()
+    print(recorded.cite(recorded.SHARED_TILE_CSVS["one", 1]))
     print(f"{recorded.LABEL}: {tile_rows[0]['device']}, d = 128, N = 4096, B*H = 32, backward only "
           f"({', '.join(sorted({r['file'] for r in tile_rows}))})")
     print(f"{'P, dS in':<10} {'backward':<14} {'causal':<7} {'ms':>7}   commit")
@@ -459,6 +468,7 @@ if not SIM:  # both builds of the kernel, timed here (flash2_fast.layout.s_dp_sp
     split_ratio = split_ms[True] / split_ms[False]
 if recorded.available():
     split_rows = recorded.split_s_dp_rows()
+    print(recorded.cite(recorded.SPLIT_S_DP_CSVS["split"]))
     print(f"{recorded.LABEL}: {split_rows[0]['device']}, d = 128, N = 4096, B*H = 32, backward only")
     for r in sorted(split_rows, key=lambda r: (r["mode"], r["causal"], r["threads"])):
         print(f"  {r['mode']:<14} causal={r['causal']:<6} {r['threads']:<6} {r['ms']:7.2f} ms   {r['commit']}")
@@ -520,6 +530,7 @@ for d, RW in ((32, 8), (64, 8), (80, 8), (96, 4), (128, 8)):
 lane_ratio = None
 if recorded.available():
     lane_rows = recorded.dq_lane_rows()
+    print(recorded.cite(recorded.DQ_LANE_CSVS[2, "a"]))
     print(f"{recorded.LABEL}: {lane_rows[0]['device']}, d = 64, N = 4096, B*H = 32, backward only, "
           f"commit {lane_rows[0]['commit']} ({lane_rows[0]['file'].rsplit('/', 1)[0]})")
     print(f"{'block':<7} {'backward':<14} {'causal':<7} {'one group, ms':>16} {'two groups, ms':>16}")
@@ -541,12 +552,14 @@ if recorded.available():
 # to time both yourself.
 
 # %% [markdown]
+# ## 4. The backward: three ways to compute dQ
+#
 # Lesson 9's flash2 runs three backward kernels: $D$, then $dK$, $dV$ per key block, then $dQ$ per query
 # block. In lesson 7 you wrote the two ways to compute $dQ$: one owner per row, and atomic adds from the
 # key side. flash2_fast offers both, and a third.
 
 # %% [markdown]
-# ## 4. The backward: how many atomic additions? More keys a block, fewer
+# ### How many atomic additions? More keys a block, fewer
 #
 # A thread block of the atomic backward owns $B_c$ keys. For every query row it visits it adds its part of
 # $dQ$, $dS_{ij} K_j$, into all $d$ columns of that row in HBM: one atomic addition per element, which reads
@@ -588,6 +601,7 @@ from flash_numba import blocks
 from flash_numba.kernels import flash2_fast as fast_kernels
 
 if recorded.available():
+    print(recorded.cite(recorded.ATOMIC_BLOCK_CSVS[0]))
     for r in recorded.atomic_block_rows():
         print(f"{recorded.LABEL}: {r['device']}, d = {r['d']:>2}, {r['Bc']} keys a block, causal {r['causal']:5}: "
               f"{float(r['ms']):6.2f} ms  ({r['file']})")
@@ -657,6 +671,7 @@ print(f"two runs bitwise identical: {split_bitwise}; max relative error of dQ, d
 
 # %%
 if recorded.available():
+    print(recorded.cite(recorded.BACKWARD_PATHS_CSV))
     print(f"{recorded.LABEL}: NVIDIA H200, {recorded.source_file(recorded.BACKWARD_PATHS_CSV)}")
     for r in recorded.backward_path_rows(d=64):
         how = f"split, {r['copies']} copies" if r["copies"] else r["path"]
@@ -673,6 +688,7 @@ if recorded.available():
 
 # %%
 if recorded.available():
+    print(recorded.cite(recorded.HOST_CSVS["after", 1]))
     host = recorded.host_rows()
     print(f"{'kernel':<12} {'pass':<5} {'before (us)':>12} {'after (us)':>11}   ({host[0]['device']}, "
           f"{host[0]['file'].rsplit('/', 1)[0]})")
@@ -698,7 +714,8 @@ if recorded.available():
 # * Fewer loads per multiply-add shorten the wait of a loop that waits on loads; count them before you time.
 # * Atomic adds, a copy per block, or a second pass: three prices (bits, memory, arithmetic) for one $dQ$.
 # * At small $N$ a call's time is the host's: count the launches.
-#
+
+# %% [markdown]
 # ## Check
 
 # %%
