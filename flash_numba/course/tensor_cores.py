@@ -8,8 +8,8 @@
   register swapped, both products on B's first 8 columns, C written in the wrong place).
 * Exercise ``p_in_registers``: one lane's accumulators of S (two n8 tiles) rearranged as its A registers of
   P V: the step that keeps P in registers in flash2_tc.
-* :func:`ceilings`, :func:`half_precision_peers`, :func:`standard_launch_shares`: recorded H200 numbers, each
-  with its GPU, date, commit and file (``data/README.md``).
+* :func:`ceilings`, :func:`half_precision_peers`, :func:`forward_times`, :func:`standard_launch_shares`: recorded
+  H200 numbers, each with its GPU, date, commit and file (``data/README.md``).
 
 The building blocks are :mod:`flash_numba.kernels._mma`'s: one PTX instruction on a GPU, a stand-in with the
 same fragment layouts in the simulator.
@@ -32,6 +32,7 @@ from .checking import _kernel_not_done, _Mismatch, _race_mismatch, _races_watche
 __all__ = [
     "ceilings",
     "fragment_figure",
+    "forward_times",
     "fragment_of",
     "half_precision_peers",
     "hints",
@@ -451,6 +452,23 @@ SHARES_CSV = DATA / "h200-2026-12-01-standard-tc" / "launch_shares_float16.csv"
 SHARES_SOURCE = ("NVIDIA H200 (sm_90, 132 SMs), 2026-12-01, commit da6fdbd (branch stdtc), "
                  "benchmarks/results/h200-2026-12-01-standard-tc/launch_shares_float16.csv: "
                  "python -m flash_numba.tools.launch_shares --dtype float16 --BH 32 --N 1024 4096 16384 --d 64 128")
+
+
+TC_FORWARD_CSV = DATA / "h200-2026-12-01-tensor-cores" / "tc_forward.csv"
+TC_SOURCE = ("NVIDIA H200 (sm_90, 132 SMs), 2026-12-01, commit 66a3ae8 (branch tc), "
+             "benchmarks/results/h200-2026-12-01-tensor-cores/tc_forward.csv: "
+             "NUMBA_ENABLE_CUDASIM=0 python benchmarks/tc_check.py --out OUT")
+
+
+def forward_times(d: int = 64, dtype: str = "float16", causal: bool = False, path: Path = TC_FORWARD_CSV) -> dict:
+    """{implementation: (ms, TFLOP/s)} of the recorded tensor-core forward (B*H = 32, N = 4096): flash2_tc on the
+    sm_80 instructions and on the T4's (forced), PyTorch's flash and memory-efficient backends, same process."""
+    out = {}
+    for r in _rows(path):
+        if int(r["d"]) == d and r["dtype"] == dtype and r["causal"] == str(causal):
+            name = f"{r['implementation']} ({r['path']} path)" if r["path"] else r["implementation"]
+            out[name] = (float(r["ms"]), float(r["tflops"]))
+    return out
 
 
 def ceilings() -> list[dict]:
