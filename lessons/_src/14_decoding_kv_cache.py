@@ -92,8 +92,9 @@ for Hkv in (32, 8, 1):
 lessonkit.compare_prediction("FLOPs per byte at Hkv = 32", my_prediction, round(intensity[32], 2))
 
 # %% [markdown]
-# About one FLOP per byte. An H200 does hundreds of FLOPs in the time it moves one byte (lesson 1's
-# roofline), so a decoding step is bound by reading the cache, whatever the arithmetic units. GQA raises the
+# About one FLOP per byte. In the time an H200 moves one byte from HBM it can do about a dozen FLOPs on CUDA
+# cores and over a hundred on tensor cores (lesson 1's roofline, lesson 13's ceilings). So a decoding step is
+# bound by reading the cache, whatever unit does the arithmetic. GQA raises the
 # intensity by the group size $G$: the cache is read once for $G$ query heads. It also makes the cache $G$
 # times smaller, which is why models use it.
 
@@ -259,8 +260,8 @@ if not SIM:  # the same step on this GPU, 32k tokens
 #
 # * `flash2_fast`, our prefill kernel at one query row, streams 130 GB/s: 256 blocks, each reading its KV
 #   head's cache for one query head, so every byte four times.
-# * One split (64 blocks, each reading its KV head once for the group) is about three times faster; 8 splits reach
-#   2,019 GB/s at 32k, 15 times flash2_fast.
+# * One split (64 blocks, each reading its KV head once for the group) is about three times faster.
+# * 8 splits reach 2,019 GB/s at 32k, 15 times flash2_fast.
 # * PyTorch's flash backend reaches 4,243 GB/s at 32k, close to a device copy's rate. Ours is 2.1x slower:
 #   our kernel keeps too few loads in flight an SM to cover HBM's latency.
 
