@@ -110,6 +110,19 @@ def test_a_product_without_the_instruction_is_refused(capsys):
     assert not ok and "no call of mma_m16n8k16_f16" in out, out
 
 
+def test_an_instruction_called_by_half_the_warp_is_named(capsys):
+    @cuda.jit
+    def half_warp(A, B, C):
+        lane = cuda.threadIdx.x
+        if lane < 16:
+            z = float32(0)
+            c0, c1, c2, c3 = mma_m16n8k16_f16(0, 0, 0, 0, 0, 0, z, z, z, z)
+            C[0, lane] = c0
+
+    ok, out = _verdict(capsys, "mma_tile", half_warp)
+    assert not ok and "all 32 lanes of the warp call it together" in out, out
+
+
 def test_a_kernel_not_written_yet_is_not_done(capsys):
     @cuda.jit
     def stub(A, B, C):

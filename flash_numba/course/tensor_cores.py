@@ -369,7 +369,9 @@ def _check_mma_tile(kernel):
         except NotImplementedError:
             raise
         except Exception as exc:  # the learner's error is part of the verdict
-            return len(cases), _Mismatch(label, f"raised {type(exc).__name__}: {exc}", "C = A B")
+            notes = ("mma.sync is a warp instruction: all 32 lanes of the warp call it together, the same number "
+                     "of times (no `if lane < ...` around it)",) if "full warp" in str(exc) else ()
+            return len(cases), _Mismatch(label, f"raised {type(exc).__name__}: {exc}", "C = A B", notes)
         # tensor cores add in float32 (in some order): error at most a few float32 roundings of sum |a b|
         tol = 16 * np.finfo(np.float32).eps * (np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)))
         if coded:
