@@ -151,7 +151,8 @@ def warp_mma(shape: str, a_regs, b_regs, c_regs) -> np.ndarray:
     A = fragment_a(np.asarray(a_regs, dtype=np.uint32).reshape(WARP, na), kind, k)
     B = fragment_b(np.asarray(b_regs, dtype=np.uint32).reshape(WARP, nb), kind, k)
     C = fragment_c(np.asarray(c_regs, dtype=np.float32).reshape(WARP, 4)).astype(np.float64)
-    return lanes_of_c((A @ B + C).astype(np.float32))
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf and NaN propagate as on the tensor core
+        return lanes_of_c((A @ B + C).astype(np.float32))
 
 
 def _pair(lo_bits, hi_bits) -> np.uint32:

@@ -31,6 +31,13 @@ registers), K_j as B fragments of S = Q K^T (B[k][n] = K[n][k]: ldmatrix.x4 of K
 V_j as B fragments of P V (B[k][n] = V[k][n]: ldmatrix.x4.trans of V's rows).  Tiles are copied from global
 memory 16 bytes a thread (rows past Nk zero-filled: a masked P of 0 times a zero V adds nothing).
 
+Non-finite inputs (docs/RELIABILITY.md, section 2): as the other kernels, except one case.  A NaN or Inf in
+q, or in k or v at a visible key, gives NaN/Inf in the rows that see it; rows the causal mask hides get O = 0,
+L = -inf; a NaN in k at a masked key is masked (S = -inf).  The exception: an Inf or NaN in **v** at a key
+that some rows of a diagonal block cannot see reaches those rows as NaN, because the tensor core computes
+0 * Inf (flash2_fast selects such products away, one select per multiply-add; an mma cannot).  Keys past Nk
+are zero-filled in shared memory, so the last block's padding never does this.
+
 The sm_75 path (a T4: no m16n8k16) splits each k16 step into two mma.m16n8k8: (a0, a1, b0) then
 (a2, a3, b1), the same fragments, the same sums in the same order of k-halves.
 """
@@ -71,6 +78,12 @@ def mma16(dtype_name: str, path: str):
             return k8(a2, a3, b1, c0, c1, c2, c3)
         return mma
     return _mma.mma_m16n8k16_bf16 if dtype_name == "bfloat16" else _mma.mma_m16n8k16_f16
+
+
+@jit(device=True, forceinline=True)
+def _nothing():
+    """The sm_75 path's cp.async commit and wait: its copies are done when they return."""
+    return
 
 
 @lru_cache(maxsize=None)
@@ -142,7 +155,7 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
     ITEM = 2
     ASYNC = path == "sm80"  # cp.async: K_{j+1} and V_j load while the warps compute (the sm_75 path: in turn)
     load_async = tile_loader(d, count, aligned, ASYNC)
-    commit, wait_all = _mma.cp_async_commit, _mma.cp_async_wait_all
+    commit, wait_all = (_mma.cp_async_commit, _mma.cp_async_wait_all) if ASYNC else (_nothing, _nothing)
     NEG_INF, ZERO, ONE, LN2_F = float32(-np.inf), float32(0), float32(1), float32(LN2)
     NAN = float32(np.nan)
     MUL_RN = rounded_mul("float32")
@@ -292,7 +305,7 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
                 for dt in range(DTILES):
                     col = 8 * dt + 2 * int(t)
                     for e in range(2):
-                        value = acc[4 * dt + 2 * r + e] * inv
+                        value = ZERO if hidden else acc[4 * dt + 2 * r + e] * inv  # (hidden: 0 even if acc is NaN)
                         if BF16:
                             o[bh, row, col + e] = f32_to_bf16(value)
                         else:
