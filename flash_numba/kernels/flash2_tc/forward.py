@@ -93,14 +93,41 @@ def tile_loader(d: int, count: bool, aligned: bool, asynchronous: bool = False):
 
     16 bytes a thread at a time (d / 8 threads a row, Bc * d / 8 chunks over 128 threads) where every row starts
     on 16 bytes (``aligned``): ``asynchronous`` (sm_80+), one cp.async each, which returns at once (the data
-    lands in shared memory by ``cp_async_wait_all``); else one ld.global.v4 and one st.shared.v4.  Unaligned:
-    8 element copies."""
+    lands in shared memory by ``cp_async_wait_all``); else (sm_75) every ld.global.v4 of the thread first, into
+    registers, then the st.shared.v4: d / 16 loads in flight at once.  Unaligned: 8 element copies."""
     DS = d + PAD
     CHUNKS_ROW = d // 8
     ROUNDS = Bc * CHUNKS_ROW // NT  # d / 16: whole rounds, d a multiple of 16
     COUNT, ALIGNED = count, aligned
-    copy_16, zero_16 = (_mma.cp_async_16 if asynchronous else _mma.copy_16), _mma.zero_16
+    copy_16, zero_16 = _mma.cp_async_16, _mma.zero_16
+    load_16, store_16 = _mma.load_16, _mma.store_16
     CR, DS_U, NT_U = uint32(CHUNKS_ROW), uint32(DS), uint32(NT)
+    REGS = 4 * ROUNDS
+    if aligned and not asynchronous:
+        @jit(device=True, forceinline=True)
+        def load_registers_first(sm, at, x, x0, sN, r0, n, tid):
+            w = cuda.local.array(REGS, types.uint32)
+            nr = 0
+            for i in range(ROUNDS):  # every load first ...
+                c = uint32(tid) + uint32(i) * NT_U
+                r = c // CR
+                if r < uint32(n):
+                    col = (c - r * CR) * uint32(8)
+                    w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3] = load_16(
+                        x, x0 + uint64((uint32(r0) + r) * uint32(sN) + col))
+                    if COUNT:
+                        nr += 16
+            for i in range(ROUNDS):  # ... then the stores
+                c = uint32(tid) + uint32(i) * NT_U
+                r = c // CR
+                s_at = uint32(at) + r * DS_U + (c - r * CR) * uint32(8)
+                if r < uint32(n):
+                    store_16(sm, s_at, w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3])
+                else:
+                    zero_16(sm, s_at)
+            return nr
+
+        return load_registers_first
 
     @jit(device=True, forceinline=True)
     def load(sm, at, x, x0, sN, r0, n, tid):
