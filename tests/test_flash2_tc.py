@@ -277,3 +277,11 @@ def test_resolve_block_takes_bfloat16_by_name():
     assert fn.resolve_block("flash2_tc", 64, "bfloat16") == (64, 64)
     with pytest.raises(TypeError, match="flash2_fast runs float16, float32 and float64"):
         fn.resolve_block("flash2_fast", 64, "bfloat16")
+
+
+def test_reference_reads_bfloat16_words_by_value(rng):
+    x = rng.standard_normal((5, 16)).astype(np.float32)
+    words = fn.as_bfloat16(x)
+    o, _ = reference.attention_forward(words, words, words)
+    x64 = round_to_bf16(x).astype(np.float64)
+    np.testing.assert_array_equal(o, reference.attention_forward(x64, x64, x64)[0])
