@@ -28,8 +28,8 @@ element with the lower column / k index)::
     cp_async_commit() ; cp_async_wait_all()                 # sm_80+: commit_group; wait_group 0
 
 (Additions beyond INTERFACES.md: ``unpack_*``, ``copy_16``, ``load_16``, ``store_16``, ``zero_16``;
-``cp_async_wait(n)`` is ``cp_async_wait_all()``: wait for every committed group.)  The 16-byte functions take element indices of
-16-bit arrays; both must be multiples of 8 (16-byte aligned addresses).
+``cp_async_wait(n)`` is ``cp_async_wait_all()``: wait for every committed group.)  The 16-byte functions
+take element indices of 16-bit arrays; both must be multiples of 8 (16-byte aligned addresses).
 
 ``smem`` is a 1-D shared array of 16-bit elements (float16 or uint16); ``index`` the element index where
 this lane's 8-element (16-byte) row starts: it must be a multiple of 8 (16-byte aligned).
