@@ -460,6 +460,9 @@ TC_FORWARD_CSV = DATA / "h200-2026-12-01-tensor-cores" / "tc_forward.csv"
 TC_SOURCE = ("NVIDIA H200 (sm_90, 132 SMs), 2026-12-01, commit 66a3ae8 (branch tc), "
              "benchmarks/results/h200-2026-12-01-tensor-cores/tc_forward.csv: "
              "NUMBA_ENABLE_CUDASIM=0 python benchmarks/tc_check.py --out OUT")
+TC_FORWARD_RUN2_CSV = DATA / "h200-2026-12-01-tensor-cores" / "run2_tc_forward.csv"
+TC_RUN2_SOURCE = ("the same GPU and command a few minutes later, commit 1d10b9d (the sm80 kernel unchanged), "
+                  "benchmarks/results/h200-2026-12-01-tensor-cores/run2_tc_forward.csv")
 
 
 def forward_times(d: int = 64, dtype: str = "float16", causal: bool = False, path: Path = TC_FORWARD_CSV) -> dict:

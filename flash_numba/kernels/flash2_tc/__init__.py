@@ -202,7 +202,7 @@ SPEC = KernelSpec(
     backward_launches=_fast.SPEC.backward_launches,
     atomic_backward_launches=_fast.SPEC.atomic_backward_launches,
     compile_all=compile_all,
-    compile_groups=((("float16", "bfloat16"), (16, 128)), (("bfloat16",), (64,))),
+    compile_groups=((("float16", "bfloat16"), (128,)), (("bfloat16",), (64,))),  # and GROUPS: float16 at d = 64
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
     choose_atomic_block=choose_atomic_block, register_rule=register_cap, dynamic_shared=True,
     dtypes=("float16", "bfloat16"), head_dims=_head_dims, head_dims_text=layout.HEAD_DIMS_TEXT,
