@@ -18,8 +18,6 @@ from flash_numba import iomodel, kernels
 from flash_numba.tools import figures, passes, profile, timing
 from flash_numba.tools.csvfile import read_csv
 from flash_numba.tools.figures import (
-
-FLOAT32_KERNELS = tuple(n for n in kernels.NAMES if "float32" in kernels.get(n).dtypes)  # the tools run float32
     common,
     fig1_paper_table,
     fig2_block_size,
@@ -30,6 +28,7 @@ FLOAT32_KERNELS = tuple(n for n in kernels.NAMES if "float32" in kernels.get(n).
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+FLOAT32_KERNELS = tuple(n for n in kernels.NAMES if "float32" in kernels.get(n).dtypes)  # the tools run float32
 
 TINY = common.Sizes(
     d=8,
