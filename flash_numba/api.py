@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from . import _inputs, _launch_plan, _stream, device, kernels
 from .hbm import Counters, HBMCount
 from .kernels import _dropout, _smem
 from .kernels.flash2_fast import layout as _fast_layout
+from .kernels.flash2_tc import layout as _tc_layout
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
 # launch's state in module globals): calls from several Python threads take turns.
@@ -62,11 +64,12 @@ def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"
     spec = kernels.get(kernel)
     if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
         raise TypeError(f"d: expected an integer head dim, got {d!r}")
+    bf16 = isinstance(dtype, str) and dtype == "bfloat16"
     try:
-        dt = np.dtype(dtype)
+        dt = _inputs.BF16_STORAGE if bf16 else np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype: {dtype!r} is not a dtype; use float16, float32 or float64") from None
-    spec.check_supported(int(d), dt)  # the kernel's own dtypes and head dims, in its words
+        raise TypeError(f"dtype: {dtype!r} is not a dtype; use float16, bfloat16, float32 or float64") from None
+    spec.check_supported(int(d), "bfloat16" if bf16 else dt)  # the kernel's own dtypes and head dims, in its words
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     return spec.block(int(d), dt, pass_, block, deterministic=bool(deterministic))
@@ -104,11 +107,13 @@ def _plan_key(pass_, kernel, tensors, stream, count_hbm, dropout_p, dropout_seed
             or dropout_p != 0.0:
         return None
     return _launch_plan.key(pass_, kernel, tensors, (*options, _stream.handle(stream), _inputs.POISON_OUTPUTS,
-                                                     _smem.DYNAMIC_ABOVE, _fast_layout.FORCE_DQ_COPIES))
+                                                     _smem.DYNAMIC_ABOVE, _fast_layout.FORCE_DQ_COPIES,
+                                                     _tc_layout.FORCE_PATH, os.environ.get("FLASH_NUMBA_TC_PATH")))
 
 
 def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None,
              stream=None) -> ForwardResult:
+    kernel = _pick_kernel(kernel, q)
     stream = _stream.for_call(q, stream)  # PyTorch's current stream for torch tensors (flash_numba._stream)
     plan_key = _plan_key("forward", kernel, (q, k, v), stream, count_hbm, dropout_p, dropout_seed, causal, scale,
                          block)
@@ -145,6 +150,7 @@ def _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p,
 
 def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic=True, dropout_p=0.0,
               dropout_seed=None, stream=None) -> BackwardResult:
+    kernel = _pick_kernel(kernel, q)
     tensors = (q, k, v, o, lse, do)
     stream = _stream.for_call(q, stream)
     plan_key = _plan_key("backward", kernel, tensors, stream, count_hbm, dropout_p, dropout_seed, causal, scale,
@@ -182,17 +188,61 @@ def _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hb
         _inputs.finish(prob, dk, (prob.Nk, prob.d), prob.kv_lead),
         _inputs.finish(prob, dv, (prob.Nk, prob.d), prob.kv_lead),
         counters.result(),
-        kernel,
+        getattr(run, "kernel_name", kernel),  # the kernel whose backward ran (flash2_tc's is flash2_fast's)
         blk,
     )
 
 
-#: The kernel a call runs when none is named: the fastest FlashAttention kernel (the lessons name
-#: the readable ones, flash1 and flash2, explicitly).
+#: The kernel a call runs when none is named and the tensor-core kernel does not run it: the fastest
+#: FlashAttention kernel on CUDA cores (the lessons name the readable ones, flash1 and flash2, explicitly).
 DEFAULT_KERNEL = "flash2_fast"
+#: The default for float16 and bfloat16 wherever it runs (:func:`default_kernel`).
+TENSOR_CORE_KERNEL = "flash2_tc"
+
+
+def default_kernel(dtype_name: str, d: int, cc=None, gpu: str | None = None) -> str:
+    """The kernel a call with ``kernel=None`` runs: flash2_tc for float16 and bfloat16 where it runs (its spec:
+    head dims 16..128 in multiples of 16, cc >= 7.5 for float16, >= 8.0 for bfloat16; ``cc=None``: the
+    simulator, which stands in for every GPU), else flash2_fast; bfloat16 where flash2_tc cannot run it is an
+    error that says why (flash2_fast has no bfloat16)."""
+    tc = kernels.get(TENSOR_CORE_KERNEL)
+    if dtype_name in tc.dtypes:
+        why = tc.supports(d, dtype_name, cc, gpu)
+        if why is None:
+            return TENSOR_CORE_KERNEL
+        if dtype_name not in kernels.get(DEFAULT_KERNEL).dtypes:
+            tc.check_supported(d, dtype_name, cc, gpu, arg="q")
+    return DEFAULT_KERNEL
+
+
+def _pick_kernel(kernel, q) -> str:
+    """``kernel``, or for None the default for q's dtype and head dim on this device (:func:`default_kernel`)."""
+    if kernel is not None:
+        return kernel
+    name, shape = _inputs.dtype_name_of(q), tuple(int(s) for s in getattr(q, "shape", ()))
+    if name is None or not shape:
+        return DEFAULT_KERNEL  # not an array: the checks of the call say what is wrong
+    gpu = None if device.SIMULATOR else device.info()
+    return default_kernel(name, shape[-1], gpu and gpu.compute_capability, gpu and gpu.name)
+
+
+def default_kernels_text(cc=None, gpu: str | None = None) -> list[str]:
+    """One line per dtype: the kernel ``kernel=None`` runs it with here (``flash-numba info``)."""
+    tc = kernels.get(TENSOR_CORE_KERNEL)
+    lines = []
+    for name in ("float16", "bfloat16", "float32", "float64"):
+        if name in tc.dtypes and tc.supports(64, name, cc, gpu) is None:
+            fallback = DEFAULT_KERNEL if name in kernels.get(DEFAULT_KERNEL).dtypes else "refused"
+            lines.append(f"  {name:<9} {TENSOR_CORE_KERNEL} (head dims {tc.head_dims_text}; other head dims: "
+                         f"{fallback})")
+        elif name in tc.dtypes and name not in kernels.get(DEFAULT_KERNEL).dtypes:
+            lines.append(f"  {name:<9} refused: {tc.supports(64, name, cc, gpu)}")
+        else:
+            lines.append(f"  {name:<9} {DEFAULT_KERNEL}")
+    return lines
 
 def attention_forward(
-    q, k, v, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False, dropout_p=0.0,
+    q, k, v, *, kernel=None, causal=False, scale=None, block=None, count_hbm=False, dropout_p=0.0,
     dropout_seed=None, stream=None,
 ) -> ForwardResult:
     """softmax(scale q k^T) v, and L = logsumexp of each row, with the kernel named ``kernel``.
@@ -201,6 +251,8 @@ def attention_forward(
     Grouped-query (and multi-query) attention: k and v may have fewer heads, Hkv,
     than q's Hq when Hkv divides Hq (q (B, Hq, Nq, d), k and v (B, Hkv, Nk, d));
     query head h then attends with key/value head h // (Hq // Hkv).
+    ``kernel=None`` picks :func:`default_kernel` (flash2_tc for float16 and bfloat16 where it runs, else
+    flash2_fast; ``result.kernel`` names what ran).
     ``kernel`` is one of :data:`flash_numba.kernels.NAMES`: ``"standard"`` (S and P
     through HBM, the paper's baseline) or a FlashAttention kernel.  ``causal``
     masks key j for query i when j > i + (Nk - Nq) (bottom-right aligned, as
@@ -230,7 +282,7 @@ def attention_forward(
 
 
 def attention_backward(
-    q, k, v, o, lse, do, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False,
+    q, k, v, o, lse, do, *, kernel=None, causal=False, scale=None, block=None, count_hbm=False,
     deterministic=True, dropout_p=0.0, dropout_seed=None, stream=None,
 ) -> BackwardResult:
     """dq, dk, dv of :func:`attention_forward`, given its ``o``, ``lse`` and the output gradient ``do``.
@@ -273,7 +325,7 @@ def _flash_only(kernel):
 
 
 def flash_attention_forward(
-    q, k, v, *, causal=False, scale=None, kernel=DEFAULT_KERNEL, block=None, count_hbm=False
+    q, k, v, *, causal=False, scale=None, kernel=None, block=None, count_hbm=False
 ) -> ForwardResult:
     """:func:`attention_forward` restricted to the FlashAttention kernels (S and P never stored)."""
     _flash_only(kernel)
@@ -281,7 +333,7 @@ def flash_attention_forward(
 
 
 def flash_attention_backward(
-    q, k, v, o, lse, do, *, causal=False, scale=None, kernel=DEFAULT_KERNEL, block=None, count_hbm=False,
+    q, k, v, o, lse, do, *, causal=False, scale=None, kernel=None, block=None, count_hbm=False,
     deterministic=True,
 ) -> BackwardResult:
     """:func:`attention_backward` restricted to the FlashAttention kernels."""
@@ -290,6 +342,6 @@ def flash_attention_backward(
                               count_hbm=count_hbm, deterministic=deterministic)
 
 
-def attention(q, k, v, *, causal=False, scale=None, kernel=DEFAULT_KERNEL, stream=None):
+def attention(q, k, v, *, causal=False, scale=None, kernel=None, stream=None):
     """softmax(scale * q k^T) v; returns O only (see :func:`attention_forward`)."""
     return attention_forward(q, k, v, kernel=kernel, causal=causal, scale=scale, stream=stream).o

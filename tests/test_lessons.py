@@ -43,9 +43,9 @@ def _sources(path, kind=None) -> list[str]:
 
 
 def test_the_course_is_complete():
-    """Lessons 00..12 and the appendices, one notebook per source, each listed in lessons/README.md."""
+    """Lessons 00..14 and the appendices, one notebook per source, each listed in lessons/README.md."""
     numbers = [int(p.name[:2]) for p in LESSON_NOTEBOOKS]
-    assert numbers == list(range(13)), [p.name for p in LESSON_NOTEBOOKS]
+    assert numbers == list(range(15)), [p.name for p in LESSON_NOTEBOOKS]
     assert [p.name for p in APPENDICES] == ["A1_how_flash2_fast_got_fast.ipynb"]
     assert [p.stem for p in NOTEBOOKS] == [s.stem for s in _build.sources()]
     readme = (LESSONS / "README.md").read_text()

@@ -48,11 +48,12 @@ def launched_streams(monkeypatch):
 def test_every_launch_of_every_kernel_runs_on_the_calls_stream(kernel, rng, launched_streams):
     from numba import cuda
 
-    q, k, v = (cuda.to_device(x) for x in _inputs(rng))
+    dtype = np.float32 if kernels.get(kernel).supports(16, "float32") is None else np.float16  # flash2_tc: half only
+    q, k, v = (cuda.to_device(x) for x in _inputs(rng, dtype=dtype))
     stream = cuda.stream()
     fwd = attention_forward(q, k, v, kernel=kernel, causal=True, stream=stream)
     n_forward = len(launched_streams)
-    do = cuda.to_device(rng.standard_normal(q.shape).astype(np.float32))
+    do = cuda.to_device(rng.standard_normal(q.shape).astype(dtype))
     attention_backward(q, k, v, fwd.o, fwd.lse, do, kernel=kernel, causal=True, stream=stream)
     if kernels.get(kernel).supports_atomic:
         attention_backward(q, k, v, fwd.o, fwd.lse, do, kernel=kernel, causal=True, stream=stream,

@@ -7,6 +7,8 @@
 * :mod:`.flash_solutions`: their packaged solutions and the kernel frames the smaller ones plug into.
 * :mod:`.bugzoo`: lesson 11's kernels with one classic bug each.
 * :mod:`.pictures`, :mod:`.lessonkit`: the lessons' figures and small cell helpers.
+* :mod:`.tensor_cores`, :mod:`.decoding`: lessons 13 and 14 (the mma fragment map, split-KV decoding): their
+  exercises, pictures and recorded H200 results.
 * :mod:`.recorded`: results measured on an NVIDIA H200, shipped in ``data/`` with their provenance.
 
 Imports run one way, with no circle: ``exercises`` imports the checkers (which register themselves),

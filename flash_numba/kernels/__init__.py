@@ -11,6 +11,8 @@
 ``flash2_fast``    flash2's algorithm register-tiled for speed (micro-tiles, transposed
                    shared tiles, 16-byte loads, base-2 softmax); backward also with
                    atomic dQ (``deterministic=False``).  Package ``flash2_fast/``.
+``flash2_tc``      FlashAttention-2's forward on tensor cores (mma.sync, float16 and
+                   bfloat16): P stays in registers between S = Q K^T and P V.
 ``flash_decode``   one decoding step over a KV cache: split-KV (flash-decoding) with a
                    combine kernel, paged cache, grouped-query heads read once
                    (:func:`flash_numba.attention_decode`; in :data:`DECODE_NAMES`).
@@ -32,7 +34,7 @@ import importlib
 
 from ._spec import KernelSpec
 
-NAMES = ("standard", "flash1", "flash2", "flash2_fast")
+NAMES = ("standard", "flash1", "flash2", "flash2_fast", "flash2_tc")
 #: Decode kernels (one pass, "decode", over a KV cache; :class:`._decode_spec.DecodeSpec`): not attention
 #: forward/backward kernels, so not in :data:`NAMES`; the compile tier builds them too (:data:`ALL_NAMES`).
 DECODE_NAMES = ("flash_decode",)

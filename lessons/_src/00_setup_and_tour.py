@@ -148,6 +148,8 @@ else:
 # | 10 | in practice: PyTorch SDPA, checking which backend runs, the KV cache |
 # | 11 | the bug zoo: read a checker's verdict, name the bug, repair two broken kernels |
 # | 12 | swap our attention into a model: the autograd Function, causal conventions, a GPT trained on it |
+# | 13 | tensor cores: the mma.sync fragment map, a 16 x 16 tile product you write, P kept in registers |
+# | 14 | decoding and the KV cache: a step's bytes, GQA, split-KV and the merge you write, a paged cache |
 # | A1 | optional appendix: how flash2_fast got fast (swizzles, lane groups, register caps, splits) |
 #
 # Each lesson has *Your turn* exercises. You write a function or a kernel in the exercise cell

@@ -51,6 +51,10 @@ exercise                 lesson  the learner writes
 ``fix_missing_barrier``  11      repair a kernel whose threads race
 ``fix_stale_max``        11      repair a kernel whose merge of tiles is wrong
 ``split_heads``          12      a model's fused projection (B, N, 3C) as q, k, v of shape (B, H, N, d)
+``mma_tile``             13      a 16 x 16 tile product kernel on ``mma.sync`` (one warp, fragments from shared)
+``p_in_registers``       13      one lane's accumulators of S as its A registers of P for P V
+``decode_bytes``         14      the HBM bytes and FLOPs of one decoding step
+``merge_splits``         14      merge split-KV partials (O_s, m_s, l_s) into a row's o and lse
 ``tile_bytes``           A1      the shared memory of one flash2_fast forward block
 ``blocks_per_sm``        A1      the blocks of a kernel one SM holds at once
 ``loads_per_madd``       A1      shared loads per multiply-add, one product a thread or two
@@ -166,3 +170,4 @@ def describe() -> str:
 # registration: the kernel exercises after the others.
 from . import counts, first_kernels, numpy_steps  # noqa: E402,F401
 from .. import bugzoo, flash_checks  # noqa: E402,F401  (the FlashAttention kernel exercises and the bug zoo)
+from .. import decoding, tensor_cores  # noqa: E402,F401  (lessons 13 and 14)
