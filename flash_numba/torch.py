@@ -139,7 +139,7 @@ def _lse_dtype(dtype):
 
 
 @torch.library.custom_op("flash_numba::attn_fwd", mutates_args=())
-def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, kernel: str,
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, kernel: str | None,
              dropout_p: float, dropout_seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """O and L of :func:`flash_numba.attention_forward` on (..., N, d) tensors of up to 4 dims, causal
     bottom-right aligned; k, v may have Hq / G heads (grouped-query attention); ``dropout_seed`` a (1,) int64
@@ -156,7 +156,7 @@ def _attn_fwd_fake(q, k, v, causal, scale, kernel, dropout_p, dropout_seed):
 
 @torch.library.custom_op("flash_numba::attn_bwd", mutates_args=())
 def attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-             lse: torch.Tensor, causal: bool, scale: float, kernel: str, dropout_p: float,
+             lse: torch.Tensor, causal: bool, scale: float, kernel: str | None, dropout_p: float,
              dropout_seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of :func:`attn_fwd` from its o and lse and the output gradient ``do`` (any strides), by
     :func:`flash_numba.attention_backward` (recomputing P blockwise; with dropout, regenerating the mask
@@ -261,7 +261,7 @@ def _at_most_4d(t):
     return t if t.dim() <= 4 else t.reshape(-1, *t.shape[-3:])
 
 
-def _attend(q, k, v, causal: bool, scale: float, kernel: str, dropout_p: float = 0.0):
+def _attend(q, k, v, causal: bool, scale: float, kernel: str | None, dropout_p: float = 0.0):
     """Our attention on (..., N, E) tensors of up to 4 dims (k, v: Hq / G heads for grouped-query attention),
     causal bottom-right aligned; with ``dropout_p > 0`` a fresh seed from PyTorch's default CPU generator
     for this call's mask."""

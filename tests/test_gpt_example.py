@@ -115,3 +115,24 @@ def test_generation_with_a_kv_cache_matches_full_recomputation():
     cache = gpt.KVCache(cfg, 2, "cpu", torch.float32)
     with pytest.raises(ValueError, match="exceed the block size"):
         cache.write(0, torch.zeros(2, 2, 13, 8), torch.zeros(2, 2, 13, 8))
+
+
+def test_training_under_autocast_runs_attention_in_the_autocast_dtype(tmp_path, monkeypatch):
+    """``--autocast bfloat16``: q, k, v reach our attention in bfloat16 (the weights stay float32), and the loss
+    of a few steps is finite."""
+    import flash_numba.torch as fnt
+
+    seen = []
+    real = fnt.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append(q.dtype)
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(fnt, "scaled_dot_product_attention", spy)
+    cfg, tc = toy("flash_numba")
+    cfg.kernel, cfg.n_embd = None, 32  # the default kernel for bfloat16 (tensor cores: head dims of 16 and up)
+    tc.autocast, tc.steps = "bfloat16", 2
+    summary = gpt.train(cfg, tc, tmp_path / "run.csv")
+    assert seen and set(seen) == {torch.bfloat16}
+    assert math.isfinite(summary["final_loss"])

@@ -67,11 +67,11 @@ def run(attend, q, k, v, do, seed=5):
 
 def test_schemas():
     assert str(torch.ops.flash_numba.attn_fwd.default._schema) == (
-        "flash_numba::attn_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, str kernel, "
+        "flash_numba::attn_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, str? kernel, "
         "float dropout_p, Tensor? dropout_seed) -> (Tensor, Tensor)")
     assert str(torch.ops.flash_numba.attn_bwd.default._schema) == (
         "flash_numba::attn_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, "
-        "float scale, str kernel, float dropout_p, Tensor? dropout_seed) -> (Tensor, Tensor, Tensor)")
+        "float scale, str? kernel, float dropout_p, Tensor? dropout_seed) -> (Tensor, Tensor, Tensor)")
 
 
 def _op_args(rng, dtype, gqa=False, dropout=False):

@@ -26,6 +26,7 @@ with a full recomputation; the CSV holds tokens/s with and without the cache.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
 import statistics
@@ -246,6 +247,7 @@ class TrainConfig:
     eval_batches: int = 20
     text_chars: int | None = None  # train on the first characters only (tests)
     compile: str | None = None  # torch.compile's mode ("default", "reduce-overhead", ...); None: eager
+    autocast: str | None = None  # "bfloat16" or "float16": mixed precision (weights stay in ``dtype``); None: off
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -270,6 +272,13 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def _autocast(tc: TrainConfig):
+    """``torch.autocast`` in ``tc.autocast``'s dtype (the matrix products and our attention run in it), or nothing."""
+    if tc.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(tc.device).type, dtype=getattr(torch, tc.autocast))
+
+
 def train(cfg: GPTConfig, tc: TrainConfig, csv_path=None, log_every: int = 50) -> dict:
     """Train for ``tc.steps`` steps; one CSV row per step; returns a summary (losses, tokens/s)."""
     data, model = build(cfg, tc)
@@ -291,7 +300,8 @@ def train(cfg: GPTConfig, tc: TrainConfig, csv_path=None, log_every: int = 50) -
         t0 = time.perf_counter()
         if tc.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the CUDA graphs' outputs may be overwritten
-        _, loss = step_model(x, y)
+        with _autocast(tc):
+            _, loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -438,8 +448,10 @@ def main(argv=None) -> int:
     t.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
                    help="train the torch.compile'd model (MODE: default, reduce-overhead, max-autotune)")
     for name, default in asdict(TrainConfig()).items():
-        if name not in ("text_chars", "compile"):
+        if name not in ("text_chars", "compile", "autocast"):
             t.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    t.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
+                   help="mixed precision: the products and attention in this dtype (weights stay in --dtype)")
     t.add_argument("--block-size", type=int, default=GPTConfig.block_size)
     t.add_argument("--n-layer", type=int, default=GPTConfig.n_layer)
     t.add_argument("--n-head", type=int, default=GPTConfig.n_head)
