@@ -62,8 +62,8 @@ from numba import cuda  # noqa: E402
 #: True when kernels run in Numba's CUDA simulator (Python code on the CPU).
 SIMULATOR: bool = bool(numba.config.ENABLE_CUDASIM)
 
-if SIMULATOR:  # the simulator lacks warp shuffles; add them (see _simwarp)
-    from . import _simwarp
+if SIMULATOR:  # the simulator lacks warp shuffles; add them (flash_numba.sim.warps)
+    from .sim import warps as _simwarp
 
     _simwarp.install()
 

@@ -27,7 +27,7 @@ def _neighbour_kernel(barrier: bool):
 
 
 def _run(barrier: bool):
-    from flash_numba.simrace import race_check
+    from flash_numba.sim.races import race_check
 
     x = np.arange(2 * T, dtype=np.float32)
     out = np.full(2 * T, np.nan, np.float32)
@@ -56,8 +56,8 @@ def test_with_the_barrier_there_is_no_race(run):
 
 
 def test_off_outside_the_context():
-    from flash_numba import _simwarp
-    from flash_numba.simrace import race_check
+    from flash_numba.sim import warps as _simwarp
+    from flash_numba.sim.races import race_check
 
     assert _simwarp.WATCH is None
     with pytest.raises(ZeroDivisionError), race_check():

@@ -16,7 +16,7 @@ def _copy_twice_row0(a, out):
 
 
 def test_trace_counts_reads_and_writes_per_thread():
-    from flash_numba.simtrace import AccessLog, traced
+    from flash_numba.sim.trace import AccessLog, traced
 
     log = AccessLog()
     a = np.arange(5, dtype=np.float32)
@@ -31,7 +31,7 @@ def test_trace_counts_reads_and_writes_per_thread():
 
 
 def test_run_returns_outputs_and_the_log():
-    from flash_numba.simtrace import run
+    from flash_numba.sim.trace import run
 
     out, log = run(_copy_twice_row0, 1, 3, [("a", np.ones(3, np.float32)), ("out", np.zeros(3, np.float32))])
     assert out["out"].tolist() == [2.0, 2.0, 2.0] and log.per_array() == {"a": (6, 0), "out": (0, 3)}

@@ -1,4 +1,4 @@
-"""The simulator's block scheduler (greenlets, flash_numba._simwarp): barriers, votes, shuffles, errors.
+"""The simulator's block scheduler (greenlets, flash_numba.sim.warps): barriers, votes, shuffles, errors.
 
 Kernels here are tiny and plain: they check the scheduler, not attention.  On a GPU
 the same kernels run for real (the rules they check are CUDA's).

@@ -8,11 +8,11 @@ checker (``ex.check(exhibit.exercise, build(name))``) and reads the verdict:
 which case fails, which output, the hint, the bytes.
 
 What the simulator can show.  It runs the CUDA threads of a block in turn, each
-to its next barrier (:mod:`flash_numba._simwarp`), so whether a missing
+to its next barrier (:mod:`flash_numba.sim.warps`), so whether a missing
 ``cuda.syncthreads()`` makes a thread read a tile its neighbours have not loaded
-yet (NaN: ``_simwarp`` fills shared memory with NaN) depends on that one order,
+yet (NaN: ``sim.warps`` fills shared memory with NaN) depends on that one order,
 not on a GPU's.  The checkers
-therefore run kernels under the race detector of :mod:`flash_numba.simrace`,
+therefore run kernels under the race detector of :mod:`flash_numba.sim.races`,
 which names the missing barrier on every run, whatever the order.  (The
 solutions write ``max(s, m)``, score first, so that a NaN score wins in the
 simulator's Python ``max``; the other order drops it and shows a row of zeros

@@ -82,14 +82,14 @@ RACE_HINT = ("two threads touched one element of a shared array with no cuda.syn
 
 @contextmanager
 def _races_watched():
-    """Yields the :class:`~flash_numba.simrace.RaceLog` of the kernels launched inside, in the simulator
+    """Yields the :class:`~flash_numba.sim.races.RaceLog` of the kernels launched inside, in the simulator
     (None on a GPU, where nothing watches shared memory)."""
     from ..device import SIMULATOR
 
     if not SIMULATOR:
         yield None
         return
-    from ..simrace import race_check
+    from ..sim.races import race_check
 
     with race_check() as races:
         yield races

@@ -27,13 +27,13 @@ exercise                 lesson  the learner writes
 
 The checker runs the kernel at tiny sizes (N = 1, 13, 16; Nq != Nk; causal cases with
 rows that see no key); in the simulator it watches shared memory for races
-(:mod:`flash_numba.simrace`) and, for dQ, records who wrote each element of the output
+(:mod:`flash_numba.sim.races`) and, for dQ, records who wrote each element of the output
 and how (a plain store beside another thread's write is a lost update: the atomic is
 needed).  Then it compares, in this order: the outputs with the float64 reference
 (:mod:`flash_numba.reference`), where a NaN or a known mistake (the scale applied twice,
 a stale maximum, a top-left or off-by-one mask) is named; the bytes the kernel's counter
 reports with the IO model (:mod:`flash_numba.iomodel`); and, in the simulator, every
-global access the kernel really made (:mod:`flash_numba.simtrace`) with its counter and
+global access the kernel really made (:mod:`flash_numba.sim.trace`) with its counter and
 with the model, array by array, so a tile re-read from HBM or an uncounted load is named.
 :func:`examine` prints a bug-zoo mystery's verdict without the lines that name the bug.
 
@@ -97,11 +97,11 @@ def _launch(kernel, grid, threads, arrays, scalars, where=None, atomics=None):
     """Launch ``kernel[grid, threads](*arrays, *scalars, counter)``; arrays are ``(name, host array)``.
 
     Returns ({name: host copy after the launch}, (bytes read, bytes written) by the counter,
-    the :class:`~flash_numba.simtrace.AccessLog` in the simulator, else None, and, when ``where``
+    the :class:`~flash_numba.sim.trace.AccessLog` in the simulator, else None, and, when ``where``
     (the case, in words) is given, a _Mismatch naming the first shared-memory race the simulator's
     detector saw, else None).
     """
-    from ..simtrace import AccessLog, traced
+    from ..sim.trace import AccessLog, traced
 
     log = AccessLog() if SIMULATOR else None
     devs = [traced(a, n, log) if SIMULATOR else cuda.to_device(a) for n, a in arrays]
@@ -127,7 +127,7 @@ def _atomics_recorded(atomics, names):
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
-    from .. import _simwarp
+    from ..sim import warps as _simwarp
 
     original = kernelapi.FakeCUDAAtomic.add
 

@@ -139,7 +139,7 @@ def online_softmax_late_max(row=None, block: int = 3):
 
 def access_map(log, name: str, kind: str, shape, title: str | None = None, block=None):
     """GPU-Puzzles style: each element of array ``name`` coloured and labelled by the thread that first
-    made a ``kind`` ('r' or 'w') access to it (``log``: a :class:`flash_numba.simtrace.AccessLog`)."""
+    made a ``kind`` ('r' or 'w') access to it (``log``: a :class:`flash_numba.sim.trace.AccessLog`)."""
     who = log.touch_map(name, kind, shape, block=block)
     grid = who.reshape(shape[0], -1)
     fig, ((ax,),) = _figure(0.45 * grid.shape[1] + 1.5, 0.45 * grid.shape[0] + 1.0)
@@ -155,7 +155,7 @@ def access_map(log, name: str, kind: str, shape, title: str | None = None, block
 def kernel_accesses(log, arrays: dict, block=(0, 0, 0), title: str | None = None):
     """GPU-Puzzles style, one panel per array of a kernel: each element labelled with the thread of ``block`` that
     first touched it ('.' where none did).  ``arrays``: ``{name: (shape, kind)}``, kind 'r' (read) or 'w'
-    (written), in the order to draw them; ``log``: a :class:`flash_numba.simtrace.AccessLog`."""
+    (written), in the order to draw them; ``log``: a :class:`flash_numba.sim.trace.AccessLog`."""
     panels = [(name, shape, kind, log.touch_map(name, kind, shape, block=block).reshape(shape[0], -1))
               for name, (shape, kind) in arrays.items()]
     width = sum(0.42 * g.shape[1] + 0.9 for *_, g in panels)

@@ -141,7 +141,7 @@ def _recording(kernel):
     """Record the registers every lane passes to mma_m16n8k16_f16 while ``kernel`` runs in the simulator:
     yields {lane: [regs of its 1st call, 2nd call, ...]}.  The learner's kernel finds the function among its
     globals (``from ... import mma_m16n8k16_f16``) or as ``_mma``'s attribute: both are swapped for a recorder."""
-    from .._simwarp import current_thread
+    from ..sim.warps import current_thread
 
     calls: dict[int, list] = {}
     real = _mma.mma_m16n8k16_f16

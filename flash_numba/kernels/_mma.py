@@ -3,7 +3,7 @@
 Each function is called by every lane of a warp (uniform control flow, full warp), with that lane's
 registers, and returns that lane's registers of the result.  On a GPU each is one PTX instruction
 (Numba ``@intrinsic`` emitting llvmlite ``InlineAsm``: no CUDA C, nothing linked).  In the simulator each is
-a stand-in on the warp emulation of :mod:`flash_numba._simwarp`: every lane posts its registers, a block
+a stand-in on the warp emulation of :mod:`flash_numba.sim.warps`: every lane posts its registers, a block
 barrier, every lane reads the warp's posts and takes its own registers of the result, a barrier.  The
 stand-ins implement the PTX ISA's fragment layouts exactly, so a kernel that puts the wrong element in the
 wrong register fails in the simulator as it would on the GPU.
@@ -195,7 +195,7 @@ def pack_host(lo, hi, kind: str) -> np.ndarray:
 def _warp_posts(value, compute=None):
     """Post this lane's ``value``; return (the 32 lanes' values of this warp, this lane), or with ``compute``,
     (``compute(posts)`` computed once for the warp, this lane).  Every lane of the warp must call."""
-    from .._simwarp import current_thread
+    from ..sim.warps import current_thread
 
     me = current_thread()
     store = me._manager.__dict__.setdefault("_flash_numba_mma", {})

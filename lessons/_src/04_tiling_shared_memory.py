@@ -23,7 +23,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from flash_numba import device, simtrace
+from flash_numba import device
+from flash_numba.sim import trace as simtrace
 
 from flash_numba.course import lessonkit, pictures
 from flash_numba.course import exercises as ex
@@ -102,7 +103,7 @@ print("formula:", f"{tiled_bytes(Mt, Nt, Kt, matmul16.TILE, 4):,} bytes")
 # tile element before another has stored it depends on that fixed order, not on the GPU's (where a warp
 # of 32 runs in lockstep and warps interleave by timing): the values alone catch a missing barrier only
 # for some orders. The checker below therefore runs your kernel with the package's race detector
-# (`flash_numba.simrace`): each shared element remembers which thread wrote it and which threads read it
+# (`flash_numba.sim.races`): each shared element remembers which thread wrote it and which threads read it
 # since the last barrier, so without barrier 1 it sees a thread read an element another thread stored
 # (read after write), and without barrier 2 a thread store an element another thread read (write after
 # read), on every run. It watches only the sizes it runs, and a GPU schedules threads differently:
@@ -282,7 +283,7 @@ for name, (m_, n_, k_) in {"S = Q K^T": (Na, Na, da), "O = P V": (Na, da, Na)}.i
 # %% [markdown]
 # ## Who reads what: an access map
 #
-# In the simulator the package can watch every global access of a kernel (`flash_numba.simtrace`): here,
+# In the simulator the package can watch every global access of a kernel (`flash_numba.sim.trace`): here,
 # for $A$, $B$ ($16 \times 16$) and one thread block of your tiled product (or the solution), which
 # thread loaded each element, GPU-Puzzles style (thread number $t_x + t_y \cdot$ `TILE`).
 #

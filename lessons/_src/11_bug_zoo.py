@@ -64,7 +64,7 @@ caught["missing_barrier"] = not ex.check("flash2_loop", bugzoo.build("missing_ba
 #
 # The simulator runs the threads of a block one after another, each up to its next barrier. Whether a
 # thread reads $K_j$ before its neighbours have loaded it depends on that order, and a GPU's order is
-# different. So the checker runs the kernel under the package's race detector (`flash_numba.simrace`).
+# different. So the checker runs the kernel under the package's race detector (`flash_numba.sim.races`).
 # Every shared element remembers who wrote it and who read it since the last barrier. A conflicting
 # access by another thread before the next barrier is a race, whatever order the threads ran in.
 #
@@ -252,7 +252,7 @@ lessonkit.compare_prediction("K reads / the model's", my_prediction, k_ratio if 
 # ## Exhibit 4: a load the counter forgot
 #
 # The same re-read, but without `nr += E`: the kernel's own counter now agrees with the IO model, and
-# only the simulator's trace of every global access (`flash_numba.simtrace`) catches it. On a GPU
+# only the simulator's trace of every global access (`flash_numba.sim.trace`) catches it. On a GPU
 # nothing sees single loads, and this exhibit passes the checker there; the profiler's DRAM bytes
 # (lesson 6) are then the independent witness.
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _simwarp
-from .device import SIMULATOR
+from . import warps as _simwarp
+from ..device import SIMULATOR
 
 
 @dataclass

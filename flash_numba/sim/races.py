@@ -20,7 +20,7 @@ Off by default: it makes every shared-memory access a Python call under a
 lock.  Only static shared arrays (``cuda.shared.array`` with a shape) are
 watched; an access through a slice (``K_j[c]``, then ``[x]``) counts as a read
 of the whole slice, and a write through such a slice is not seen.  Warp
-shuffles are block-wide barriers in this simulator (:mod:`flash_numba._simwarp`),
+shuffles are block-wide barriers in this simulator (:mod:`flash_numba.sim.warps`),
 so a race that only a shuffle separates is not reported.
 """
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _simwarp
-from .device import SIMULATOR
+from . import warps as _simwarp
+from ..device import SIMULATOR
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ at N = 3: 4.2 s -> 0.7 s on our CI machine).  One difference: the threads take
 turns in a fixed order, so a kernel whose thread spins waiting for another
 thread's write (a spin lock) never ends here; none of ours does.
 
-Barrier epochs and watched arrays, for :mod:`flash_numba.simrace`.  Each
+Barrier epochs and watched arrays, for :mod:`flash_numba.sim.races`.  Each
 simulated thread counts the ``syncthreads`` it has passed (its attribute
 ``BARRIERS``), and a static shared array is handed to ``WATCH`` (when it is not
 None) as it is allocated, so the race detector can wrap it.
@@ -48,7 +48,7 @@ import numpy as np
 #: The attribute of a simulated thread that counts the syncthreads it has passed (its barrier epoch).
 BARRIERS = "_flash_numba_barriers"
 
-#: None, or a function that wraps each new static shared array (set by simrace.race_check).
+#: None, or a function that wraps each new static shared array (set by flash_numba.sim.races.race_check).
 WATCH = None
 
 
