@@ -55,7 +55,9 @@ from .._spec import KernelSpec, launch_flops
 from .._tile_ops import NT
 from ..matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
 from .backward import colprod_kernel, grad_scores_kernel
+from . import tensor
 from .forward import rowprod_kernel, scores_kernel, softmax_kernel
+from .halves import rows_aligned
 from .layout import (  # noqa: F401  (the public names of standard, imported from here)
     BACKWARD_NAMES,
     FORWARD_NAMES,
@@ -65,8 +67,10 @@ from .layout import (  # noqa: F401  (the public names of standard, imported fro
     check_block,
     choose_block,
     geometry,
+    mma_path,
     n_key_blocks,
     shared_bytes,
+    tensor_cores,
 )
 
 
@@ -93,17 +97,31 @@ def _forward_steps(prob, ops, block, counters):
         L=_inputs.empty((BH, Nq), acc), ml=_inputs.empty((BH, 2, Nq), acc),  # ml: m_i, l_i
     )
     S, P, O, L, ml = (out[x] for x in ("S", "P", "O", "L", "ml"))
-    scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
     softmax = softmax_kernel(Br, Bc, dt.name, causal, count)
     dropout, drop_args = _dropout.launch_args(prob)
-    rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)  # O = (Zs P) V: dropout on chip
     c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
     scale, one = acc.type(prob.scale), acc.type(1)
+    G, grid = prob.G, (shape[FORWARD_NAMES[0]], shape[FORWARD_NAMES[1]], shape[FORWARD_NAMES[2]])
+    if tensor_cores(dt):  # S = scale Q K^T and O = P V on mma.sync; 16-byte loads where the rows allow them
+        sm75 = mma_path() == "sm75"
+        scores = tensor.scores_kernel(d, Br, Bc, dt.name, causal, count, sm75)
+        vec_qk, vec_s, vec_v = rows_aligned(q) and rows_aligned(k), rows_aligned(S), rows_aligned(v)
+        run_scores = lambda: scores[grid[0], NT](q, k, S, L, ml, Nq, Nk, G, scale, vec_qk, vec_s, c0)  # noqa: E731
+        if dropout:  # O = (Zs P) V: dropout's factor on chip, on CUDA cores (same block, same bytes)
+            rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)
+            run_rowprod = lambda: rowprod[grid[2], NT](P, v, O, Nq, Nk, G, one, c2, *drop_args)  # noqa: E731
+        else:
+            rowprod = tensor.rowprod_kernel(d, Br, Bc, dt.name, causal, count, sm75)
+            run_rowprod = lambda: rowprod[grid[2], NT](P, v, O, Nq, Nk, G, one, vec_s, vec_v, c2)  # noqa: E731
+    else:
+        scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
+        rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)  # O = (Zs P) V: dropout on chip
+        run_scores = lambda: scores[grid[0], NT](q, k, S, L, ml, Nq, Nk, G, scale, c0)  # noqa: E731
+        run_rowprod = lambda: rowprod[grid[2], NT](P, v, O, Nq, Nk, G, one, c2, *drop_args)  # noqa: E731
     steps = [
-        (FORWARD_NAMES[0], lambda: scores[shape[FORWARD_NAMES[0]], NT](q, k, S, L, ml, Nq, Nk, prob.G, scale, c0)),
-        (FORWARD_NAMES[1], lambda: softmax[shape[FORWARD_NAMES[1]], NT](S, ml, P, Nq, Nk, c1)),
-        (FORWARD_NAMES[2], lambda: rowprod[shape[FORWARD_NAMES[2]], NT](P, v, O, Nq, Nk, prob.G, one, c2,
-                                                                         *drop_args)),
+        (FORWARD_NAMES[0], run_scores),
+        (FORWARD_NAMES[1], lambda: softmax[grid[1], NT](S, ml, P, Nq, Nk, c1)),
+        (FORWARD_NAMES[2], run_rowprod),
     ]
     return steps, out
 
@@ -188,13 +206,27 @@ def compile_all(ccs, dtypes, ds):
                 for causal in (False, True):
                     tag = f"d={d} {dt}{' causal' * causal}{' count' * count}"
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
-                    specs = [
-                        (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
-                         (XI, XI, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                    if tensor_cores(dt):  # the products on mma.sync: m16n8k8 for sm_75, m16n8k16 from sm_80
+                        def tc(factory, cc):
+                            return factory(d, *fwd, dt.name, causal, count, mma_path(cc) == "sm75")
+                        B = types.boolean
+                        products = [
+                            (f"scores_tc {f}", lambda cc: tc(tensor.scores_kernel, cc),
+                             (XI, XI, X3, A2, A3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
+                            (f"rowprod_tc {f}", lambda cc: tc(tensor.rowprod_kernel, cc),
+                             (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
+                        ]
+                    else:
+                        products = [
+                            (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
+                             (XI, XI, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                            (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
+                             (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                        ]
+                    specs = products[:1] + [
                         (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
                          (X3, A3, X3, I64, I64, COUNTER_TYPE)),
-                        (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                    ] + products[1:] + [
                         (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
                          (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
                         (f"colprod {b}", colprod_kernel(d, *bwd, dt.name, causal, count),
@@ -212,7 +244,8 @@ def compile_all(ccs, dtypes, ds):
                         ]
                     for label, kernel, sig in specs:
                         for cc in ccs:
-                            out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
+                            built = kernel(cc) if callable(kernel) and not hasattr(kernel, "py_func") else kernel
+                            out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(built.py_func, sig, cc)))
     return out + matmul16.compile_all(ccs, dtypes, ds)
 
 

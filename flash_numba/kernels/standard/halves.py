@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, uint32
+from numba import uint32
 
 from ...device import SIMULATOR, jit
 from .._common import batch_head
@@ -38,8 +38,8 @@ def rows_aligned(arr) -> bool:
         start = arr._ary.__array_interface__["data"][0]
     else:
         start = int(arr.device_ctypes_pointer.value or 0)
-    strides = arr.strides[:-1]
-    return start % 16 == 0 and all(int(s) % 16 == 0 for s in strides) and arr.shape[-1] % 8 == 0
+    shape, strides = tuple(arr.shape), tuple(arr.strides)
+    return start % 16 == 0 and all(int(s) % 16 == 0 for s in strides[:-1]) and shape[-1] % 8 == 0
 
 
 if SIMULATOR:
@@ -194,5 +194,3 @@ def x_at(x, bh, row, col):
         return x[b, h, row, col]
     return x[bh, row, col]
 
-
-__all__ = ["rows_aligned", "load8", "store8", "to_shared8", "from_shared8", "tile_loader", "x_at", "cuda"]

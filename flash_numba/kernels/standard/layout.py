@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ... import _inputs
@@ -18,6 +20,49 @@ BACKWARD_NAMES = (_rowsum.NAME, "P, dS = P*(dP-D)", "dV = P^T@dO", "dK = scale*d
 SOFTMAX_ROWS = NT // 32
 #: Blocks in order of preference (the largest query block first: K and V are read once per query block).
 _PREFERENCE = ((64, 32), (64, 16), (32, 32), (32, 16), (16, 32), (16, 16), (8, 16))
+
+
+#: The tensor-core forward (:mod:`.tensor`): Br = 64 query rows (four warps of 16), Bc one of these.
+TC_BR = 64
+TC_BCS = (64, 32, 16)
+#: Elements of padding at the end of each of its shared rows (16 bytes: ldmatrix's 8 rows in 8 bank groups).
+TC_PAD = 8
+
+
+def tensor_cores(dtype, pass_: str = "forward") -> bool:
+    """Whether that pass runs its products on tensor cores: the float16 forward (``dtype`` a NumPy dtype or name)."""
+    return pass_ == "forward" and str(np.dtype(dtype)) == "float16"
+
+
+def padded_d(d: int) -> int:
+    """Head dim rounded up to a multiple of 16 (the k of m16n8k16): the tensor-core tiles' columns."""
+    return -(-d // 16) * 16
+
+
+def tc_shared_bytes(Bc: int, d: int) -> int:
+    """Static shared memory of the larger tensor-core kernel at key block Bc (2-byte elements)."""
+    RS = padded_d(d) + TC_PAD
+    scores = 2 * (TC_BR * RS + Bc * RS + TC_BR * (Bc + TC_PAD))  # Q_i, K_j, the S_ij staging tile
+    rowprod = 2 * (TC_BR * (Bc + TC_PAD) + Bc * RS)  # P_ij, V_j
+    return max(scores, rowprod)
+
+
+def mma_path(cc=None) -> str:
+    """The tensor-core instructions the kernels use: ``"sm75"`` (m16n8k8, the T4's) below compute capability
+    8.0, else ``"sm80"`` (m16n8k16); ``FLASH_NUMBA_MMA=sm75`` forces the T4's on a later GPU (and in the
+    simulator, which takes the sm_80 path otherwise).  ``cc``: that device's (default: this one's)."""
+    forced = os.environ.get("FLASH_NUMBA_MMA", "")
+    if forced not in ("", "sm75", "sm80"):
+        raise ValueError(f"FLASH_NUMBA_MMA: expected sm75 or sm80, got {forced!r}")
+    if forced:
+        return forced
+    if cc is None:
+        if SIMULATOR:
+            return "sm80"
+        from ...device import info
+
+        cc = info().compute_capability
+    return "sm75" if tuple(cc) < (8, 0) else "sm80"
 
 
 def _consts(dtype):
@@ -46,6 +91,8 @@ def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int
     """Static shared memory of the largest kernel of the pass (huge if (Br, Bc) is not a micro-tile shape)."""
     if pass_ not in ("forward", "backward"):
         raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
+    if tensor_cores(dtype, pass_):
+        return tc_shared_bytes(Bc, d) if Br == TC_BR and Bc in TC_BCS else 1 << 40
     if Br % TY or Bc % TX or Br < 1 or Bc < 1:
         return 1 << 40
     g = geometry(Br, Bc, d, dtype)
@@ -61,7 +108,12 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
 
 def check_block(block, d: int, dtype, pass_: str = "forward") -> None:
     """Refuse, by name, a block that is not a micro-tile shape (api.py calls this first)."""
-    if block is not None:
+    if block is not None and tensor_cores(dtype, pass_):
+        Br, Bc = block
+        if Br != TC_BR or Bc not in TC_BCS:
+            raise ValueError(f"block: standard's float16 forward runs on tensor cores with Br = {TC_BR} (four warps "
+                             f"of 16 rows) and Bc = 16, 32 or 64, got ({Br}, {Bc})")
+    elif block is not None:
         check_micro_tile_block(block, "standard")
 
 
@@ -69,8 +121,13 @@ def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[in
     """The first block of ``_PREFERENCE`` whose kernels fit ``budget`` bytes of shared memory.
 
     The same rule as flash2_fast's forward (register micro-tiles bound the block,
-    not the paper's Bc = ceil(M / 4d)); at d = 64, float32 both pick (64, 32).
+    not the paper's Bc = ceil(M / 4d)); at d = 64, float32 both pick (64, 32).  The float16
+    forward (tensor cores) takes Br = 64 and the largest Bc of :data:`TC_BCS` that fits.
     """
+    if tensor_cores(dtype, pass_):
+        for Bc in TC_BCS:
+            if tc_shared_bytes(Bc, d) <= budget:
+                return TC_BR, Bc
     for Br, Bc in _PREFERENCE:
         if shared_bytes(Br, Bc, d, dtype, pass_) <= budget:
             return Br, Bc

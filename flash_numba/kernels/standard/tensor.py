@@ -49,35 +49,17 @@ from .._tile_ops import NT, fast_kernel
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import sees_no_key_dev as sees_no_key
 from .halves import from_shared8, store8, tile_loader
-from .layout import FULL_MASK, _align
+from .layout import FULL_MASK, TC_BCS, TC_BR, TC_PAD, _align, padded_d
 from .steps import query_block
 
-#: Query rows per block: four warps of 16 rows.
-BR = 64
-#: Key blocks the tensor-core kernels take (multiples of 16: one ldmatrix.x4 of K holds two n8 tiles).
-BCS = (16, 32, 64)
-#: Elements of padding at the end of every shared row (16 bytes).
-PAD = 8
-
-
-def padded_d(d: int) -> int:
-    """Head dim rounded up to a multiple of 16 (the k of m16n8k16)."""
-    return -(-d // 16) * 16
-
-
-def shared_bytes(Bc: int, d: int) -> int:
-    """Static shared memory of the larger of the two kernels (2-byte elements)."""
-    RS = padded_d(d) + PAD
-    scores = 2 * (BR * RS + Bc * RS + BR * (Bc + PAD))  # Q_i, K_j, the S_ij staging tile
-    rowprod = 2 * (BR * (Bc + PAD) + Bc * RS)  # P_ij, V_j
-    return max(scores, rowprod)
+BR, BCS, PAD = TC_BR, TC_BCS, TC_PAD
 
 
 @lru_cache(maxsize=None)
 def _conversions(storage_name: str):
     """``(to_storage(float32) -> 16-bit, to_float(16-bit) -> float32, mma_k16)`` for float16 or bfloat16."""
     if storage_name == "float16":
-        from numba import float16
+        from numba.types import float16
 
         from ...device import jit
 
