@@ -40,11 +40,11 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
 
 from ... import _inputs
 from .. import _mma
-from .._common import add_counts, nan_max, nb_type, rounded_mul
+from .._common import add_counts, madd_unless_zero, nan_max, nb_type, rounded_mul
 from .._tile_ops import NT, fast_kernel
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import sees_no_key_dev as sees_no_key
@@ -247,8 +247,9 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     Launch ``kernel[Tr * BH, 128](a, b, c, Nq, Nk, G, alpha, vec_a, vec_b, counter)``: ``a`` (BH, Nq, Nk),
     read in the visible tiles only (P: zeros above the diagonal, as the softmax wrote them); ``b``
     (BH / G, Nk, d) input, head bh // G; ``c`` (BH, Nq, d); ``vec_a``, ``vec_b``: the rows of a, b
-    start on 16 bytes (16-byte loads).  A masked P_ij = 0 against an Inf or NaN in V gives NaN here
-    (a product over whole tiles; the CUDA-core kernel skips those terms).
+    start on 16 bytes (16-byte loads).  A tile that the causal diagonal crosses and whose V_j holds an Inf
+    or NaN is multiplied on CUDA cores, skipping the masked P_ij = 0 (an mma would add 0 * Inf = NaN), as
+    the CUDA-core kernel does: masked keys add nothing (docs/RELIABILITY.md).
     """
     assert Br == BR and Bc in BCS, (Br, Bc)
     DP = padded_d(d)
@@ -256,11 +257,11 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     KSTEPS, DTILES = Bc // 16, DP // 8
     SB = 2
     ST = nb_type(np.dtype(_storage(dtype_name)))
-    to_storage = _conversions(dtype_name)[0]
+    to_storage, to_float, _ = _conversions(dtype_name)
     mma = _mma16(dtype_name, sm75)
     ldm, ldm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
     ZERO = np.float32(0)
-    COUNT, ALIGN = count, _align()
+    CAUSAL, COUNT, ALIGN = causal, count, _align()
     block_start = query_block(Br, Bc, causal)
     load_a = tile_loader(Br, Bc, AS, _storage(dtype_name), count)
     load_b = tile_loader(Bc, DP, RS, _storage(dtype_name), count)
@@ -289,6 +290,20 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()
+            if CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk):  # masked P_ij = 0 against Inf/NaN in B_j?
+                bad = int32(0)
+                for e in range(tid, Bc * d, NT):
+                    if not math.isfinite(to_float(Bs[(e // d) * RS + e % d])):
+                        bad = int32(1)
+                if cuda.syncthreads_or(bad):  # rare: this tile on CUDA cores, a 0 in A_ij adding nothing
+                    for kk in range(Bc):  # (the key loop outside: acc's indices stay constants, in registers)
+                        a_lo = to_float(As[(16 * w + g) * AS + kk])
+                        a_hi = to_float(As[(16 * w + g + 8) * AS + kk])
+                        for nt in range(DTILES):
+                            for e in range(4):
+                                b = to_float(Bs[kk * RS + 8 * nt + 2 * t + e % 2])
+                                acc[nt, e] = madd_unless_zero(acc[nt, e], a_hi if e >= 2 else a_lo, b)
+                    continue
             for kk in range(KSTEPS):  # C_i += A_ij B_j, 16 keys a step
                 a0, a1, a2, a3 = ldm(As, a_at + uint32(16 * kk))
                 for p in range(DTILES // 2):
