@@ -18,6 +18,7 @@ launches run once on the given (tiny) sizes and nothing is timed.
 
 from __future__ import annotations
 
+import datetime
 import statistics
 import sys
 from pathlib import Path
@@ -126,7 +127,8 @@ def table(rows) -> str:
         lines.append(f"{r['N']:>6} {r['d']:>4} {r['launch']:<18} {f(r['ms'], '8.3f')} {f(r['share'], '6.1%')} "
                      f"{r['model_bytes'] / 1e6:>9.1f} {f(r['bound_ms'], '9.3f')} {f(r['ms_over_bound'], '7.2f')}")
         if r["launch"] == "O = P@V":
-            ratio = None if r["total_ms"] is None or r["total_bound_ms"] is None else r["total_ms"] / r["total_bound_ms"]
+            t, b = r["total_ms"], r["total_bound_ms"]
+            ratio = None if t is None or b is None else t / b
             lines.append(f"{r['N']:>6} {r['d']:>4} {'forward':<18} {f(r['total_ms'], '8.3f')} {'':>6} {'':>9} "
                          f"{f(r['total_bound_ms'], '9.3f')} {f(ratio, '7.2f')}")
     return "\n".join(lines)
@@ -144,8 +146,9 @@ def figure(rows, path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(1.3 * len(sizes) + 3, 4.2))
     bottom = np.zeros(len(sizes))
     for name in names:
-        share = np.array([next(r["share"] for r in rows if (r["N"], r["d"]) == s and r["launch"] == name) for s in sizes])
-        ms = [next(r["ms"] for r in rows if (r["N"], r["d"]) == s and r["launch"] == name) for s in sizes]
+        mine = {(r["N"], r["d"]): r for r in rows if r["launch"] == name}
+        share = np.array([mine[s]["share"] for s in sizes])
+        ms = [mine[s]["ms"] for s in sizes]
         ax.bar(range(len(sizes)), 100 * share, bottom=100 * bottom, color=COLORS.get(name), label=name)
         for x, (b, h, t) in enumerate(zip(bottom, share, ms)):
             if h > 0.06:
@@ -157,7 +160,7 @@ def figure(rows, path: Path, title: str) -> Path:
     ax.set_ylim(0, 100)
     ax.set_title(title, fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.text(0.01, 0.01, f"{device.describe()}", fontsize=6, color="0.4")
+    fig.text(0.01, 0.01, f"{device.describe()}; {datetime.date.today()}", fontsize=6, color="0.4")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -200,8 +203,9 @@ def main(argv=None) -> int:
     print(table(rows))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        note = (f"{device.describe()}; B*H = {args.BH}, {args.dtype}, causal = {args.causal}; each launch timed "
-                f"with its own CUDA events, median of {args.repeats}; bound = counted bytes / copy bandwidth ({copy})")
+        note = (f"{datetime.date.today()}, {device.describe()}; B*H = {args.BH}, {args.dtype}, "
+                f"causal = {args.causal}; each launch timed with its own CUDA events, median of {args.repeats}; "
+                f"bound = counted bytes / copy bandwidth ({copy})")
         write_csv(args.out / "launch_shares.csv", [note], rows, FIELDS)
         if rows[0]["ms"] is not None:
             figure(rows, args.out / "launch_shares.png",

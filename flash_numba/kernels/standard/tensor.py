@@ -42,7 +42,6 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ... import _inputs
 from .. import _mma
 from .._common import add_counts, madd_unless_zero, nan_max, nb_type, rounded_mul
 from .._tile_ops import NT, fast_kernel
