@@ -52,7 +52,7 @@ CASES = [
 
 @pytest.mark.parametrize("BH, Nq, Nk, d, causal, block, path", CASES)
 def test_forward_matches_float64_and_counts_equal_the_model(rng, monkeypatch, BH, Nq, Nk, d, causal, block, path):
-    monkeypatch.setenv("FLASH_NUMBA_MMA", path)
+    monkeypatch.setenv("FLASH_NUMBA_TC_PATH", path)
     q, k, v = _qkv(rng, (BH,), Nq, Nk, d, np.float16)
     f = _forward(q, k, v, causal, block)
     assert f.kernel == "standard" and f.block == (block or (64, 64))
@@ -66,7 +66,7 @@ def test_both_instruction_paths_agree(rng, monkeypatch):
     q, k, v = _qkv(rng, (1,), 17, 20, 16, np.float16)
     out = {}
     for path in ("sm75", "sm80"):
-        monkeypatch.setenv("FLASH_NUMBA_MMA", path)
+        monkeypatch.setenv("FLASH_NUMBA_TC_PATH", path)
         out[path] = _forward(q, k, v, True, (64, 16), count_hbm=False)
     assert np.abs(out["sm75"].o.astype(np.float64) - out["sm80"].o).max() <= 2.0**-10
     assert np.abs(out["sm75"].lse - out["sm80"].lse).max() <= 1e-5
@@ -116,11 +116,13 @@ def test_block_rule():
 
 
 def test_mma_path_switch(monkeypatch):
+    """flash2_tc's switch: the T4's path below cc 8.0, or forced by FLASH_NUMBA_TC_PATH."""
+    monkeypatch.delenv("FLASH_NUMBA_TC_PATH", raising=False)
     assert layout.mma_path((7, 5)) == "sm75" and layout.mma_path((9, 0)) == "sm80"
-    monkeypatch.setenv("FLASH_NUMBA_MMA", "sm75")
+    monkeypatch.setenv("FLASH_NUMBA_TC_PATH", "sm75")
     assert layout.mma_path((9, 0)) == "sm75"
-    monkeypatch.setenv("FLASH_NUMBA_MMA", "sm70")
-    with pytest.raises(ValueError, match="^FLASH_NUMBA_MMA: expected sm75 or sm80"):
+    monkeypatch.setenv("FLASH_NUMBA_TC_PATH", "sm70")
+    with pytest.raises(ValueError, match="^FLASH_NUMBA_TC_PATH"):
         layout.mma_path()
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ... import _inputs
@@ -48,21 +46,17 @@ def tc_shared_bytes(Bc: int, d: int) -> int:
 
 
 def mma_path(cc=None) -> str:
-    """The tensor-core instructions the kernels use: ``"sm75"`` (m16n8k8, the T4's) below compute capability
-    8.0, else ``"sm80"`` (m16n8k16); ``FLASH_NUMBA_MMA=sm75`` forces the T4's on a later GPU (and in the
-    simulator, which takes the sm_80 path otherwise).  ``cc``: that device's (default: this one's)."""
-    forced = os.environ.get("FLASH_NUMBA_MMA", "")
-    if forced not in ("", "sm75", "sm80"):
-        raise ValueError(f"FLASH_NUMBA_MMA: expected sm75 or sm80, got {forced!r}")
-    if forced:
-        return forced
-    if cc is None:
-        if SIMULATOR:
-            return "sm80"
+    """The tensor-core instructions the kernels use, as flash2_tc's (:func:`..flash2_tc.layout.path`, the one
+    switch: ``FLASH_NUMBA_TC_PATH=sm75`` forces the T4's on a later GPU): ``"sm75"`` (m16n8k8) below compute
+    capability 8.0, else ``"sm80"`` (m16n8k16).  ``cc``: that device's (default: this one's; the simulator's
+    is sm_80's path unless forced)."""
+    from ..flash2_tc.layout import path
+
+    if cc is None and not SIMULATOR:
         from ...device import info
 
         cc = info().compute_capability
-    return "sm75" if tuple(cc) < (8, 0) else "sm80"
+    return path(cc)
 
 
 def _consts(dtype):
