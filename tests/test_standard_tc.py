@@ -17,6 +17,7 @@ from flash_numba import reference
 from flash_numba.kernels import standard
 from flash_numba.kernels.standard import halves, layout
 
+from test_flash2_tc import check_dao, from_bf16_bits, inputs
 from test_standard import _qkv
 
 
@@ -110,7 +111,7 @@ def test_block_rule():
     assert standard.choose_block(64, np.float16, 48 * 1024, "backward") == standard.choose_block(
         64, np.float32, 48 * 1024, "backward")
     q, k, v = _qkv(np.random.default_rng(0), (1,), 4, 4, 16, np.float16)
-    with pytest.raises(ValueError, match=r"^block: standard's float16 forward runs on tensor cores with Br = 64"):
+    with pytest.raises(ValueError, match=r"^block: standard's float16 and bfloat16 forward runs on tensor cores with Br = 64"):
         _forward(q, k, v, False, (16, 16))
     assert layout.tc_shared_bytes(64, 128) <= 48 * 1024
 
@@ -143,3 +144,43 @@ def test_launch_shares_tool_in_the_simulator():
     assert [r["launch"] for r in rows] == list(standard.FORWARD_NAMES)
     assert all(r["counted_bytes"] == r["model_bytes"] > 0 and r["ms"] is None for r in rows)
     assert "forward" in launch_shares.table(rows)
+
+
+@pytest.mark.parametrize("Nq, Nk, d, causal", [(17, 33, 16, True), (1, 9, 32, False)])
+def test_bfloat16_forward(rng, monkeypatch, Nq, Nk, d, causal):
+    """bfloat16 (uint16 words): the same kernels with bfloat16 mma and conversions, the softmax on words;
+    Dao-AILab's rule against attention done plainly in bfloat16 (tests/test_flash2_tc.py's), counts == model."""
+    monkeypatch.delenv("FLASH_NUMBA_TC_PATH", raising=False)
+    (q, k, v), (q64, k64, v64) = inputs(rng, (1,), Nq, Nk, d, 1, "bfloat16")
+    f = fn.attention_forward(q, k, v, kernel="standard", causal=causal, block=(64, 16), count_hbm=True)
+    assert f.kernel == "standard" and f.o.dtype == np.uint16 and f.lse.dtype == np.float32
+    check_dao(f.o, q64, k64, v64, causal, 1, "bfloat16")
+    assert f.hbm == io.forward("standard", 1, Nq, Nk, d, np.uint16, causal, (64, 16))
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
+    assert np.abs(from_bf16_bits(f.o).astype(np.float64) - o_ref).max() <= 2.0**-6
+    assert np.abs(f.lse - lse_ref).max() <= 2.0**-6 * (1 + np.abs(lse_ref).max())
+
+
+def test_bfloat16_refusals(rng, monkeypatch):
+    """The backward, dropout and the T4's path refuse bfloat16 by name; a T4 is refused by the spec."""
+    (q, k, v), _ = inputs(rng, (1,), 5, 5, 16, 1, "bfloat16")
+    f = fn.attention_forward(q, k, v, kernel="standard")
+    with pytest.raises(TypeError, match="^q: dtype bfloat16 is not supported by standard's backward"):
+        fn.attention_backward(q, k, v, fn.as_bfloat16(f.o), f.lse, q, kernel="standard")
+    with pytest.raises(ValueError, match="^dropout_p: standard's bfloat16 forward runs without dropout"):
+        fn.attention_forward(q, k, v, kernel="standard", dropout_p=0.1)
+    monkeypatch.setenv("FLASH_NUMBA_TC_PATH", "sm75")
+    with pytest.raises(ValueError, match="^q: dtype bfloat16 is not supported on the sm_75 path"):
+        fn.attention_forward(q, k, v, kernel="standard")
+    spec = standard.SPEC
+    assert spec.supports(64, "bfloat16", (7, 5), "Tesla T4") == (
+        "standard needs compute capability 8.0 for bfloat16; this GPU (Tesla T4) is 7.5")
+    assert spec.supports(64, "float16", (7, 0)) is None  # float16 below 7.5: the CUDA-core kernels
+
+
+def test_float16_below_cc_7_5_keeps_the_cuda_core_rule():
+    assert not layout.tensor_cores("float16", "forward", (7, 0))
+    assert layout.tensor_cores("float16", "forward", (7, 5)) and layout.tensor_cores(np.uint16, "forward", (9, 0))
+    assert not layout.tensor_cores("float16", "backward", (9, 0)) and not layout.tensor_cores("float32", "forward")
+    assert standard.choose_block(64, np.float16, 48 * 1024, "forward", (7, 0)) == standard.choose_block(
+        64, np.float32, 48 * 1024, "forward")

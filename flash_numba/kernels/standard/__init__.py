@@ -105,21 +105,25 @@ def _forward_steps(prob, ops, block, counters):
         L=_inputs.empty((BH, Nq), acc), ml=_inputs.empty((BH, 2, Nq), acc),  # ml: m_i, l_i
     )
     S, P, O, L, ml = (out[x] for x in ("S", "P", "O", "L", "ml"))
-    softmax = softmax_kernel(Br, Bc, dt.name, causal, count)
+    name = prob.dtype_name  # "bfloat16" for uint16 storage
+    softmax = softmax_kernel(Br, Bc, name, causal, count)
     dropout, drop_args = _dropout.launch_args(prob)
+    if dropout and name == "bfloat16":
+        raise ValueError("dropout_p: standard's bfloat16 forward runs without dropout (its O = P V has no dropout "
+                         "step yet); use dropout_p=0, float16, or kernel='flash2_tc'")
     c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
     scale, one = acc.type(prob.scale), acc.type(1)
     G, grid = prob.G, (shape[FORWARD_NAMES[0]], shape[FORWARD_NAMES[1]], shape[FORWARD_NAMES[2]])
     if tensor_cores(dt):  # S = scale Q K^T and O = P V on mma.sync; 16-byte loads where the rows allow them
         sm75 = mma_path() == "sm75"
-        scores = tensor.scores_kernel(d, Br, Bc, dt.name, causal, count, sm75)
+        scores = tensor.scores_kernel(d, Br, Bc, name, causal, count, sm75)
         vec_qk, vec_s, vec_v = rows_aligned(q) and rows_aligned(k), rows_aligned(S), rows_aligned(v)
         run_scores = lambda: scores[grid[0], NT](q, k, S, L, ml, Nq, Nk, G, scale, vec_qk, vec_s, c0)  # noqa: E731
         if dropout:  # O = (Zs P) V: dropout's factor on chip, on CUDA cores (same block, same bytes)
             rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)
             run_rowprod = lambda: rowprod[grid[2], NT](P, v, O, Nq, Nk, G, one, c2, *drop_args)  # noqa: E731
         else:
-            rowprod = tensor.rowprod_kernel(d, Br, Bc, dt.name, causal, count, sm75)
+            rowprod = tensor.rowprod_kernel(d, Br, Bc, name, causal, count, sm75)
             run_rowprod = lambda: rowprod[grid[2], NT](P, v, O, Nq, Nk, G, one, vec_s, vec_v, c2)  # noqa: E731
     else:
         scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
@@ -166,6 +170,9 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
 
 def backward(prob, ops, block, counters):
     """The paper's Algorithm 3 with blocks: D, then P and dS (to HBM), then dV, dK, dQ.  Returns dQ, dK, dV."""
+    if prob.dtype_name == "bfloat16":
+        raise TypeError("q: dtype bfloat16 is not supported by standard's backward (its kernels run on CUDA cores "
+                        "in float16, float32 and float64); the forward runs bfloat16")
     Br, Bc = block
     BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
@@ -202,19 +209,23 @@ def compile_all(ccs, dtypes, ds):
     out = []
     I64 = types.int64
     for dtype in dtypes:
+        if dtype == "bfloat16":  # the forward only, from sm_80 (a T4 has no bfloat16 tensor cores)
+            out += _compile_bfloat16_forward([cc for cc in ccs if tuple(cc) >= (8, 0)], ds)
+            continue
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
         XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
         A3 = array_type(_inputs.acc_dtype(dt), 3)
         DROP = _dropout.arg_types(ACC)
         for d in ds:
-            fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward")
-            bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
+            cc0 = min(ccs)  # (the compile tier builds for cc 7.5 and 9.0: tensor cores on both)
+            fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward", cc0)
+            bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward", cc0)
             for count in count_variants(dt, d):
                 for causal in (False, True):
                     tag = f"d={d} {dt}{' causal' * causal}{' count' * count}"
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
-                    if tensor_cores(dt):  # the products on mma.sync: m16n8k8 for sm_75, m16n8k16 from sm_80
+                    if tensor_cores(dt, "forward", cc0):  # the products on mma.sync: m16n8k8 for sm_75, m16n8k16 from sm_80
                         def tc(factory, cc):
                             return factory(d, *fwd, dt.name, causal, count, mma_path(cc) == "sm75")
                         B = types.boolean
@@ -273,8 +284,37 @@ FLOPS = launch_flops(
     },
 )
 
+def _compile_bfloat16_forward(ccs, ds):
+    """PTX of the bfloat16 forward (tensor-core products, the softmax on uint16 words) for each cc and d."""
+    from ...compile_check import compile_ptx, count_variants
+
+    out = []
+    I64, B = types.int64, types.boolean
+    X3, XI = types.Array(types.uint16, 3, "C"), types.Array(types.uint16, 4, "A")
+    A2, A3, ACC = array_type(np.float32, 2), array_type(np.float32, 3), types.float32
+    for cc in ccs:
+        for d in ds:
+            fwd = choose_block(d, "bfloat16", STATIC_SHARED_LIMIT, "forward", cc)
+            for count in count_variants("bfloat16", d):
+                for causal in (False, True):
+                    tag = f"d={d} bfloat16{' causal' * causal}{' count' * count} Br={fwd[0]} Bc={fwd[1]}"
+                    specs = [
+                        (f"scores_tc {tag}", tensor.scores_kernel(d, *fwd, "bfloat16", causal, count),
+                         (XI, XI, X3, A2, A3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
+                        (f"softmax {tag}", softmax_kernel(*fwd, "bfloat16", causal, count),
+                         (X3, A3, X3, I64, I64, COUNTER_TYPE)),
+                        (f"rowprod_tc {tag}", tensor.rowprod_kernel(d, *fwd, "bfloat16", causal, count),
+                         (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
+                    ]
+                    for label, kernel, sig in specs:
+                        out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
+    return out
+
+
 SPEC = KernelSpec(
     name="standard", flops=FLOPS, doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
     forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
+    dtypes=("float16", "bfloat16", "float32", "float64"), min_cc={"bfloat16": (8, 0)},
+    compile_groups=((("bfloat16",), (64,)),),
 )

@@ -27,9 +27,19 @@ TC_BCS = (64, 32, 16)
 TC_PAD = 8
 
 
-def tensor_cores(dtype, pass_: str = "forward") -> bool:
-    """Whether that pass runs its products on tensor cores: the float16 forward (``dtype`` a NumPy dtype or name)."""
-    return pass_ == "forward" and str(np.dtype(dtype)) == "float16"
+def tensor_cores(dtype, pass_: str = "forward", cc=None) -> bool:
+    """Whether that pass runs its products on tensor cores: the forward in float16 or bfloat16 (``dtype`` a name,
+    or the storage dtype: uint16 for bfloat16) on a GPU of compute capability 7.5 or later (``cc``: that GPU's;
+    default this one's; the simulator stands in for every cc).  float16 below 7.5 (no mma.m16n8k8, no
+    ldmatrix) runs the CUDA-core kernels."""
+    name = dtype if isinstance(dtype, str) else str(np.dtype(dtype))
+    if pass_ != "forward" or name not in ("float16", "bfloat16", "uint16"):
+        return False
+    if cc is None and not SIMULATOR:
+        from ...device import info
+
+        cc = info().compute_capability
+    return cc is None or tuple(cc) >= (7, 5)
 
 
 def padded_d(d: int) -> int:
@@ -105,20 +115,21 @@ def check_block(block, d: int, dtype, pass_: str = "forward") -> None:
     if block is not None and tensor_cores(dtype, pass_):
         Br, Bc = block
         if Br != TC_BR or Bc not in TC_BCS:
-            raise ValueError(f"block: standard's float16 forward runs on tensor cores with Br = {TC_BR} (four warps "
-                             f"of 16 rows) and Bc = 16, 32 or 64, got ({Br}, {Bc})")
+            raise ValueError(f"block: standard's float16 and bfloat16 forward runs on tensor cores with Br = {TC_BR} "
+                             f"(four warps of 16 rows) and Bc = 16, 32 or 64, got ({Br}, {Bc})")
     elif block is not None:
         check_micro_tile_block(block, "standard")
 
 
-def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[int, int]:
+def choose_block(d: int, dtype, budget: int, pass_: str = "forward", cc=None) -> tuple[int, int]:
     """The first block of ``_PREFERENCE`` whose kernels fit ``budget`` bytes of shared memory.
 
     The same rule as flash2_fast's forward (register micro-tiles bound the block,
     not the paper's Bc = ceil(M / 4d)); at d = 64, float32 both pick (64, 32).  The float16
-    forward (tensor cores) takes Br = 64 and the largest Bc of :data:`TC_BCS` that fits.
+    forward (tensor cores) takes Br = 64 and the largest Bc of :data:`TC_BCS` that fits (``cc``: on a GPU of that
+    compute capability; default this one).
     """
-    if tensor_cores(dtype, pass_):
+    if tensor_cores(dtype, pass_, cc):
         for Bc in TC_BCS:
             if tc_shared_bytes(Bc, d) <= budget:
                 return TC_BR, Bc

@@ -40,10 +40,10 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32, types, uint32
 
 from .. import _mma
-from .._common import add_counts, madd_unless_zero, nan_max, nb_type, rounded_mul
+from .._common import add_counts, madd_unless_zero, nan_max, rounded_mul
 from .._tile_ops import NT, fast_kernel
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import sees_no_key_dev as sees_no_key
@@ -91,7 +91,8 @@ def _mma16(dtype_name: str, sm75: bool):
     if not sm75:
         return _conversions(dtype_name)[2]
     if dtype_name != "float16":
-        raise ValueError("dtype: sm_75's tensor cores take float16 only (no bfloat16 before compute capability 8.0)")
+        raise ValueError("q: dtype bfloat16 is not supported on the sm_75 path (a T4 has no bfloat16 tensor cores); "
+                         "unset FLASH_NUMBA_TC_PATH or use float16")
     k8 = _mma.mma_m16n8k8_f16
 
     @jit(device=True, forceinline=True)
@@ -116,7 +117,7 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
     RS, SS = DP + PAD, Bc + PAD  # row strides of Q_i, K_j and of the S staging tile
     KSTEPS, NTILES = DP // 16, Bc // 8
     SB, AB = 2, 4
-    ST = nb_type(np.dtype(_storage(dtype_name)))
+    ST = getattr(types, _storage(dtype_name))
     to_storage, to_float, _ = _conversions(dtype_name)
     mma = _mma16(dtype_name, sm75)
     ldm = _mma.ldmatrix_x4
@@ -255,7 +256,7 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     RS, AS = DP + PAD, Bc + PAD  # row strides of B_j and of A_ij
     KSTEPS, DTILES = Bc // 16, DP // 8
     SB = 2
-    ST = nb_type(np.dtype(_storage(dtype_name)))
+    ST = getattr(types, _storage(dtype_name))
     to_storage, to_float, _ = _conversions(dtype_name)
     mma = _mma16(dtype_name, sm75)
     ldm, ldm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
