@@ -34,9 +34,17 @@ FIELDS = ("dtype", "BH", "N", "d", "causal", "block", "mma_path", "launch", "ms"
           "counted_bytes", "model_bytes", "copy_GBps", "bound_ms", "ms_over_bound", "total_bound_ms")
 
 
-def _inputs(BH: int, N: int, d: int, dtype, seed: int = 0):
+def _inputs(BH: int, N: int, d: int, dtype_name: str, seed: int = 0):
+    """q, k, v of shape (1, BH, N, d), standard normal, in ``dtype_name`` (bfloat16: uint16 words)."""
+    from .. import as_bfloat16
+
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal((1, BH, N, d)).astype(dtype) for _ in range(3)]
+    xs = [rng.standard_normal((1, BH, N, d)).astype(np.float32) for _ in range(3)]
+    return [as_bfloat16(x) if dtype_name == "bfloat16" else x.astype(dtype_name) for x in xs]
+
+
+def _storage(dtype_name: str) -> np.dtype:
+    return np.dtype(np.uint16 if dtype_name == "bfloat16" else dtype_name)
 
 
 def time_launches(launches, repeats: int):
@@ -66,14 +74,13 @@ def measure(BH: int, N: int, d: int, dtype="float16", causal: bool = False, repe
     from .timing import free_pending
 
     from .. import attention_forward
-    from ..api import resolve_block
     from ..kernels.standard import forward_launches, mma_path, tensor_cores
 
     spec = kernels.get("standard")
-    q, k, v = _inputs(BH, N, d, np.dtype(dtype))
-    block = resolve_block("standard", d, dtype, None, "forward")
+    q, k, v = _inputs(BH, N, d, dtype)
+    block = spec.block(d, dtype if dtype == "bfloat16" else np.dtype(dtype), "forward")  # the block a call takes
     counted = attention_forward(q, k, v, causal=causal, kernel="standard", count_hbm=True).hbm if count else None
-    model = spec.io_model("forward")(BH, N, N, d, np.dtype(dtype), causal, block)
+    model = spec.io_model("forward")(BH, N, N, d, _storage(dtype), causal, block)
     launches, _ = forward_launches(q, k, v, causal=causal)
     ms = time_launches(launches, repeats)
     total = sum(ms.values()) if ms else None
@@ -85,7 +92,7 @@ def measure(BH: int, N: int, d: int, dtype="float16", causal: bool = False, repe
         bound = None if copy_GBps is None else (mbytes if nbytes is None else nbytes) / (copy_GBps * 1e9) * 1e3
         t = None if ms is None else ms[name]
         rows.append(dict(
-            dtype=str(np.dtype(dtype)), BH=BH, N=N, d=d, causal=causal, block=f"{block[0]}x{block[1]}",
+            dtype=dtype, BH=BH, N=N, d=d, causal=causal, block=f"{block[0]}x{block[1]}",
             mma_path=path, launch=name, ms=t, share=None if t is None else t / total, total_ms=total,
             counted_bytes=nbytes, model_bytes=mbytes, copy_GBps=copy_GBps, bound_ms=bound,
             ms_over_bound=None if (t is None or bound is None) else t / bound,
@@ -105,7 +112,9 @@ def check(BH: int, N: int, d: int, dtype="float16", causal: bool = False) -> dic
     max error to be at most about 2x the plain one's."""
     from .. import attention_forward, reference
 
-    q, k, v = _inputs(BH, N, d, np.dtype(dtype), seed=1)
+    if dtype == "bfloat16":
+        raise ValueError("check: runs float16, float32 and float64 (tests/test_standard_tc.py checks bfloat16)")
+    q, k, v = _inputs(BH, N, d, dtype, seed=1)
     got = attention_forward(q, k, v, causal=causal, kernel="standard")
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
     o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
@@ -169,7 +178,7 @@ def figure(rows, path: Path, title: str) -> Path:
 
 def main(argv=None) -> int:
     parser = Parser(prog="python -m flash_numba.tools.launch_shares", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtype", default="float16", choices=("float16", "float32", "float64"))
+    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32", "float64"))
     parser.add_argument("--BH", type=int, default=32)
     parser.add_argument("--N", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--d", type=int, nargs="+", default=[64, 128])

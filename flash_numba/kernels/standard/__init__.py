@@ -163,7 +163,9 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
     from ...hbm import Counters
 
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
-    block = resolve_block("standard", prob.d, prob.dtype, block, "forward")
+    dtype = "bfloat16" if prob.dtype_name == "bfloat16" else prob.dtype  # (resolve_block takes NumPy dtypes)
+    block = SPEC.block(prob.d, dtype, "forward", block) if dtype == "bfloat16" else resolve_block(
+        "standard", prob.d, dtype, block, "forward")
     steps, out = _forward_steps(prob, ops, block, Counters(False))
     return steps, {**{name: ops[name].dev for name in ("q", "k", "v")}, **out}
 
@@ -225,7 +227,7 @@ def compile_all(ccs, dtypes, ds):
                 for causal in (False, True):
                     tag = f"d={d} {dt}{' causal' * causal}{' count' * count}"
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
-                    if tensor_cores(dt, "forward", cc0):  # the products on mma.sync: m16n8k8 for sm_75, m16n8k16 from sm_80
+                    if tensor_cores(dt, "forward", cc0):  # the products on mma.sync (m16n8k8 on sm_75)
                         def tc(factory, cc):
                             return factory(d, *fwd, dt.name, causal, count, mma_path(cc) == "sm75")
                         B = types.boolean
