@@ -185,3 +185,43 @@ def test_float16_below_cc_7_5_keeps_the_cuda_core_rule():
     assert not layout.tensor_cores("float16", "backward", (9, 0)) and not layout.tensor_cores("float32", "forward")
     assert standard.choose_block(64, np.float16, 48 * 1024, "forward", (7, 0)) == standard.choose_block(
         64, np.float32, 48 * 1024, "forward")
+
+
+def test_strided_inputs_give_the_same_bits(rng):
+    """q, k, v read in place through their strides: a (B, N, H, d) transposed view (rows 16-byte aligned: 16-byte
+    loads) and a column slice starting 2 bytes in (element by element) give the contiguous call's bits."""
+    q, k, v = _qkv(rng, (1, 2), 17, 17, 16, np.float16)
+    want = _forward(q, k, v, True, (64, 16), count_hbm=False)
+    qt, kt, vt = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in (q, k, v))
+    wide = [np.zeros(x.shape[:-1] + (24,), np.float16) for x in (q, k, v)]
+    for w, x in zip(wide, (q, k, v)):
+        w[..., 1:17] = x
+    qs, ks, vs = (w[..., 1:17] for w in wide)
+    for args in ((qt, kt, vt), (qs, ks, vs)):
+        got = _forward(*args, True, (64, 16), count_hbm=False)
+        assert np.array_equal(got.o, want.o) and np.array_equal(got.lse, want.lse)
+
+
+# --------------------------------------------------------------------------- real sizes (GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [1, 17, 97, 1000])
+@pytest.mark.parametrize("d", [16, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_float16_real_sizes(rng, N, d, causal):
+    q, k, v = _qkv(rng, (2,), N, N, d, np.float16)
+    f = _forward(q, k, v, causal, None, count_hbm=N < 1000)
+    _dao(q, k, v, causal, f.o, f.lse)
+    if N < 1000:
+        assert f.hbm == io.forward("standard", 2, N, N, d, np.float16, causal, f.block)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path, dtype_name", [("sm80", "bfloat16"), ("sm75", "float16"), ("sm80", "float16")])
+def test_gpu_paths_and_bfloat16(rng, monkeypatch, path, dtype_name):
+    """Nq != Nk (1025 query rows, 999 keys: neither a multiple of 8), causal, GQA (G = 2), both paths."""
+    monkeypatch.setenv("FLASH_NUMBA_TC_PATH", path)
+    (q, k, v), (q64, k64, v64) = inputs(rng, (1, 4), 1025, 999, 64, 2, dtype_name)
+    f = fn.attention_forward(q, k, v, kernel="standard", causal=True)
+    check_dao(f.o, q64, k64, v64, True, 2, dtype_name)
