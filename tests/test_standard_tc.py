@@ -162,14 +162,33 @@ def test_bfloat16_forward(rng, monkeypatch, Nq, Nk, d, causal):
     assert np.abs(f.lse - lse_ref).max() <= 2.0**-6 * (1 + np.abs(lse_ref).max())
 
 
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_dropout_on_chip(rng, dtype_name):
+    """O = (Zs P) V with the reference's mask (the P_ij tile times Zs in shared memory, rounded to the storage
+    dtype), L as without dropout; the bound from the arithmetic: S, P, Zs P and O each rounded once (unit
+    roundoff u), S's rounding moving P by |S| u: |O - O64| <= u ((4 + max|S|) max|v| / (1 - p) + max|O64|)."""
+    p, seed = 0.25, 11
+    (q, k, v), (q64, k64, v64) = inputs(rng, (1, 2), 17, 20, 16, 1, dtype_name)
+    f = fn.attention_forward(q, k, v, kernel="standard", causal=True, block=(64, 16), dropout_p=p,
+                             dropout_seed=seed, count_hbm=True)
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=True, dropout_p=p, dropout_seed=seed)
+    u = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype_name]
+    s_max = np.abs(q64 @ k64.swapaxes(-1, -2)).max() / 4.0
+    o = f.o.astype(np.float64) if dtype_name == "float16" else from_bf16_bits(f.o).astype(np.float64)
+    assert np.abs(o - o_ref).max() <= u * ((4 + s_max) * np.abs(v64).max() / (1 - p) + np.abs(o_ref).max())
+    assert np.abs(f.lse - lse_ref).max() <= 2 * u * (1 + np.abs(lse_ref).max())
+    no_drop = fn.attention_forward(q, k, v, kernel="standard", causal=True, block=(64, 16))
+    assert np.array_equal(f.lse, no_drop.lse) and not np.array_equal(f.o, no_drop.o)
+    storage = np.float16 if dtype_name == "float16" else np.uint16
+    assert f.hbm == io.forward("standard", 2, 17, 20, 16, storage, True, (64, 16))
+
+
 def test_bfloat16_refusals(rng, monkeypatch):
-    """The backward, dropout and the T4's path refuse bfloat16 by name; a T4 is refused by the spec."""
+    """The backward and the T4's path refuse bfloat16 by name; a T4 is refused by the spec."""
     (q, k, v), _ = inputs(rng, (1,), 5, 5, 16, 1, "bfloat16")
     f = fn.attention_forward(q, k, v, kernel="standard")
     with pytest.raises(TypeError, match="^q: dtype bfloat16 is not supported by standard's backward"):
         fn.attention_backward(q, k, v, fn.as_bfloat16(f.o), f.lse, q, kernel="standard")
-    with pytest.raises(ValueError, match="^dropout_p: standard's bfloat16 forward runs without dropout"):
-        fn.attention_forward(q, k, v, kernel="standard", dropout_p=0.1)
     monkeypatch.setenv("FLASH_NUMBA_TC_PATH", "sm75")
     with pytest.raises(ValueError, match="^q: dtype bfloat16 is not supported on the sm_75 path"):
         fn.attention_forward(q, k, v, kernel="standard")

@@ -108,9 +108,6 @@ def _forward_steps(prob, ops, block, counters):
     name = prob.dtype_name  # "bfloat16" for uint16 storage
     softmax = softmax_kernel(Br, Bc, name, causal, count)
     dropout, drop_args = _dropout.launch_args(prob)
-    if dropout and name == "bfloat16":
-        raise ValueError("dropout_p: standard's bfloat16 forward runs without dropout (its O = P V has no dropout "
-                         "step yet); use dropout_p=0, float16, or kernel='flash2_tc'")
     c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
     scale, one = acc.type(prob.scale), acc.type(1)
     G, grid = prob.G, (shape[FORWARD_NAMES[0]], shape[FORWARD_NAMES[1]], shape[FORWARD_NAMES[2]])
@@ -119,12 +116,8 @@ def _forward_steps(prob, ops, block, counters):
         scores = tensor.scores_kernel(d, Br, Bc, name, causal, count, sm75)
         vec_qk, vec_s, vec_v = rows_aligned(q) and rows_aligned(k), rows_aligned(S), rows_aligned(v)
         run_scores = lambda: scores[grid[0], NT](q, k, S, L, ml, Nq, Nk, G, scale, vec_qk, vec_s, c0)  # noqa: E731
-        if dropout:  # O = (Zs P) V: dropout's factor on chip, on CUDA cores (same block, same bytes)
-            rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)
-            run_rowprod = lambda: rowprod[grid[2], NT](P, v, O, Nq, Nk, G, one, c2, *drop_args)  # noqa: E731
-        else:
-            rowprod = tensor.rowprod_kernel(d, Br, Bc, name, causal, count, sm75)
-            run_rowprod = lambda: rowprod[grid[2], NT](P, v, O, Nq, Nk, G, one, vec_s, vec_v, c2)  # noqa: E731
+        rowprod = tensor.rowprod_kernel(d, Br, Bc, name, causal, count, sm75, dropout)  # O = (Zs P) V on chip
+        run_rowprod = lambda: rowprod[grid[2], NT](P, v, O, Nq, Nk, G, one, vec_s, vec_v, c2, *drop_args)  # noqa: E731
     else:
         scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
         rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)  # O = (Zs P) V: dropout on chip
@@ -235,8 +228,14 @@ def compile_all(ccs, dtypes, ds):
                             (f"scores_tc {f}", lambda cc: tc(tensor.scores_kernel, cc),
                              (XI, XI, X3, A2, A3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
                             (f"rowprod_tc {f}", lambda cc: tc(tensor.rowprod_kernel, cc),
-                             (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
+                             (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE, *DROP)),
                         ]
+                        if d == 64 and not count:  # O = (Zs P) V: its dropout code assembled once per cc
+                            products.append((
+                                f"rowprod_tc {f} dropout",
+                                lambda cc: tensor.rowprod_kernel(d, *fwd, dt.name, causal, False,
+                                                                 mma_path(cc) == "sm75", True),
+                                (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE, *DROP)))
                     else:
                         products = [
                             (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
@@ -306,7 +305,7 @@ def _compile_bfloat16_forward(ccs, ds):
                         (f"softmax {tag}", softmax_kernel(*fwd, "bfloat16", causal, count),
                          (X3, A3, X3, I64, I64, COUNTER_TYPE)),
                         (f"rowprod_tc {tag}", tensor.rowprod_kernel(d, *fwd, "bfloat16", causal, count),
-                         (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
+                         (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE, *_dropout.arg_types(ACC))),
                     ]
                     for label, kernel, sig in specs:
                         out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))

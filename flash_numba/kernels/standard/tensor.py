@@ -43,6 +43,7 @@ import numpy as np
 from numba import cuda, float32, int32, types, uint32
 
 from .. import _mma
+from .. import _dropout
 from .._common import add_counts, madd_unless_zero, nan_max, rounded_mul
 from .._tile_ops import NT, fast_kernel
 from ..causal import crosses_diagonal_dev as crosses_diagonal
@@ -241,10 +242,13 @@ def scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count
 
 
 @lru_cache(maxsize=None)
-def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool, sm75: bool = False):
+def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool, sm75: bool = False,
+                   dropout: bool = False):
     """``C_i = alpha * sum_j A_ij B_j`` on tensor cores (``O = P V``), one query block per thread block.
 
-    Launch ``kernel[Tr * BH, 128](a, b, c, Nq, Nk, G, alpha, vec_a, vec_b, counter)``: ``a`` (BH, Nq, Nk),
+    Launch ``kernel[Tr * BH, 128](a, b, c, Nq, Nk, G, alpha, vec_a, vec_b, counter, seed, threshold, inv_keep)``
+    (the last three dropout's, used iff ``dropout``: each A_ij tile in shared memory is multiplied by dropout's
+    factor Zs and rounded back to the storage dtype, O = (Zs P) V; P in HBM stays the softmax): ``a`` (BH, Nq, Nk),
     read in the visible tiles only (P: zeros above the diagonal, as the softmax wrote them); ``b``
     (BH / G, Nk, d) input, head bh // G; ``c`` (BH, Nq, d); ``vec_a``, ``vec_b``: the rows of a, b
     start on 16 bytes (16-byte loads).  A tile that the causal diagonal crosses and whose V_j holds an Inf
@@ -261,13 +265,14 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     mma = _mma16(dtype_name, sm75)
     ldm, ldm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
     ZERO = np.float32(0)
-    CAUSAL, COUNT, ALIGN = causal, count, _align()
+    CAUSAL, COUNT, ALIGN, DROPOUT = causal, count, _align(), dropout
+    drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
     block_start = query_block(Br, Bc, causal)
     load_a = tile_loader(Br, Bc, AS, _storage(dtype_name), count)
     load_b = tile_loader(Bc, DP, RS, _storage(dtype_name), count)
 
     A_SIZE, B_SIZE = Br * AS, Bc * RS  # shared-array sizes must be constants
-    def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, vec_a, vec_b, counter):
+    def kernel(a_in, b_in, c_out, Nq, Nk, G, alpha, vec_a, vec_b, counter, seed, threshold, inv_keep):
         As = cuda.shared.array(A_SIZE, ST, alignment=ALIGN)  # A_ij (Br, AS)
         Bs = cuda.shared.array(B_SIZE, ST, alignment=ALIGN)  # B_j (Bc, RS)
         acc = cuda.local.array((DTILES, 4), float32)  # C_i: DTILES n8 tiles of 16 x 8
@@ -290,6 +295,12 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
             if COUNT:
                 nr += n * SB
             cuda.syncthreads()
+            if DROPOUT:  # A_ij = Zs P_ij: dropout's mask, regenerated (zeros past Nq and Nk stay 0)
+                for e in range(tid, Br * Bc, NT):
+                    r, c = e // Bc, e % Bc
+                    zs = drop(drop_row(drop_head(seed, bh), r0 + r), c0 + c, threshold, inv_keep)
+                    As[r * AS + c] = to_storage(to_float(As[r * AS + c]) * zs)
+                cuda.syncthreads()
             if CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk):  # masked P_ij = 0 against Inf/NaN in B_j?
                 bad = int32(0)
                 for e in range(tid, Bc * d, NT):
