@@ -266,7 +266,7 @@ def compile_all(ccs, dtypes, ds):
                         for cc in ccs:
                             built = kernel(cc) if callable(kernel) and not hasattr(kernel, "py_func") else kernel
                             out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(built.py_func, sig, cc)))
-    return out + matmul16.compile_all(ccs, dtypes, ds)
+    return out + matmul16.compile_all(ccs, tuple(t for t in dtypes if t != "bfloat16"), ds)
 
 
 #: FLOPs per launch (see :func:`flash_numba.kernels._spec.launch_flops`: ``a*d + b`` per score, ``c*d`` per row).

@@ -82,10 +82,19 @@ def _conversions(storage_name: str):
             return float32(h)
 
         return to_storage, to_float, _mma.mma_m16n8k16_f16
-    if storage_name == "bfloat16":
-        from .. import _bf16
+    if storage_name == "bfloat16":  # one cvt.rn.bf16x2 a value (sm_80+): the integer rounding of _bf16 took
+        from numba import uint16       # acc out of registers in the scores kernel (128 bytes of stack)
 
-        return _bf16.f32_to_bf16, _bf16.bf16_to_f32, _mma.mma_m16n8k16_bf16
+        from ...device import jit
+        from .._bf16 import bf16_to_f32
+
+        pack = _mma.pack_bf16x2
+
+        @jit(device=True, forceinline=True)
+        def to_storage(x):
+            return uint16(pack(x, x) & uint32(0xFFFF))
+
+        return to_storage, bf16_to_f32, _mma.mma_m16n8k16_bf16
     raise ValueError(f"dtype: the tensor-core kernels take float16 or bfloat16, got {storage_name}")
 
 
