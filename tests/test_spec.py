@@ -101,10 +101,15 @@ def test_a_spec_says_what_it_runs(name):
 def test_the_kernels_of_today_run_three_dtypes_at_every_head_dim_on_every_gpu():
     for name in ("standard", "flash1", "flash2", "flash2_fast"):
         spec = kernels.get(name)
-        assert spec.dtypes == ("float16", "float32", "float64") and not spec.min_cc
+        if name == "standard":  # and bfloat16's forward from cc 8.0 (its products on tensor cores)
+            assert spec.dtypes == ("float16", "bfloat16", "float32", "float64")
+            assert spec.min_cc == {"bfloat16": (8, 0)}
+        else:
+            assert spec.dtypes == ("float16", "float32", "float64") and not spec.min_cc
         assert all(spec.supports(d, "float16", (5, 0)) is None for d in range(1, 129))
+        runs = "float16, bfloat16, float32 and float64" if name == "standard" else "float16, float32 and float64"
         assert spec.supports(0, "float32") == spec.supports(129, "float32") == (
-            f"{name} runs float16, float32 and float64 with head dims 1 to 128")
+            f"{name} runs {runs} with head dims 1 to 128")
 
 
 NARROW = dict(dtypes=("float32",), head_dims=lambda d: d % 16 == 0 and 16 <= d <= 128,

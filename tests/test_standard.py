@@ -160,7 +160,7 @@ def _check_float16(q, k, v, causal, fwd, bwd, do):
 
 def test_float16_dao_rule(rng):
     q, k, v = _qkv(rng, (1,), 23, 17, 16, np.float16)
-    fwd, bwd, do = _run(q, k, v, True, block=(8, 16))
+    fwd, bwd, do = _run(q, k, v, True, block=(64, 16))  # the forward on tensor cores: Br = 64
     _check_float16(q, k, v, True, fwd, bwd, do)
 
 
@@ -168,7 +168,7 @@ def test_float16_dao_rule(rng):
 COUNT_CASES = [
     (1, 1, 1, 1, False, np.float32, None),
     (2, 16, 5, 3, True, np.float32, (8, 16)),
-    (1, 17, 16, 17, False, np.float16, (16, 16)),
+    (1, 17, 16, 17, False, np.float16, (64, 16)),  # the forward on tensor cores: Br = 64
     (1, 3, 17, 16, True, np.float64, (8, 16)),
     (1, 25, 20, 4, True, np.float32, (8, 16)),
 ]
@@ -198,7 +198,7 @@ SP_CASES = [
     (2, 17, 23, 5, False, np.float32, (8, 16)),
     (1, 23, 17, 16, True, np.float32, (8, 16)),
     (1, 9, 40, 3, True, np.float64, (8, 32)),
-    (1, 40, 9, 8, True, np.float16, (16, 16)),
+    (1, 40, 9, 8, True, np.float16, (64, 16)),  # the forward on tensor cores: Br = 64
 ]
 
 

@@ -35,6 +35,14 @@ uint32 indices on whole tiles and fastmath; the pieces are the device functions
 of :mod:`flash_numba.kernels._tile_ops`.  Blocks are multiples of (8, 16):
 Br = 8 TM query rows, Bc = 16 TN keys.
 
+In float16 the forward's two products run on tensor cores (:mod:`.tensor`: ``mma.sync``
+m16n8k16, or m16n8k8 below compute capability 8.0, tiles moved in 16 bytes, fp32 accumulators)
+at blocks (64, Bc), Bc = 16, 32 or 64; the softmax is the same kernel, and every byte is the
+same, so float16 flash2_tc against standard differs in S and P going through HBM only, as in the
+paper.  Measured on the H200 (benchmarks/results/h200-2026-12-01-standard-tc/, B*H = 32,
+N = 4096, d = 64): 2.97 ms against 5.18 on CUDA cores; the softmax is 20% of it, the products 80%.
+The backward, float32 and float64 stay on CUDA cores.
+
 What the counters count.  Each launch adds to ``counters.array(name)`` the bytes
 its threads load from and store to global arrays (see :mod:`._common`): every
 element of Q_i, K_j, V_j, S_ij, P_ij, dS_ij, dO_i, L_i, D_i, m_i, l_i it loads
@@ -56,7 +64,9 @@ from .._spec import KernelSpec, launch_flops
 from .._tile_ops import NT
 from ..matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
 from .backward import colprod_kernel, grad_scores_kernel
+from . import tensor
 from .forward import rowprod_kernel, scores_kernel, softmax_kernel
+from .halves import rows_aligned
 from .layout import (  # noqa: F401  (the public names of standard, imported from here)
     BACKWARD_NAMES,
     FORWARD_NAMES,
@@ -66,8 +76,10 @@ from .layout import (  # noqa: F401  (the public names of standard, imported fro
     check_block,
     choose_block,
     geometry,
+    mma_path,
     n_key_blocks,
     shared_bytes,
+    tensor_cores,
 )
 
 
@@ -94,18 +106,29 @@ def _forward_steps(prob, ops, block, counters):
         L=_inputs.empty((BH, Nq), acc), ml=_inputs.empty((BH, 2, Nq), acc),  # ml: m_i, l_i
     )
     S, P, O, L, ml = (out[x] for x in ("S", "P", "O", "L", "ml"))
-    scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
-    softmax = softmax_kernel(Br, Bc, dt.name, causal, count)
+    name = prob.dtype_name  # "bfloat16" for uint16 storage
+    softmax = softmax_kernel(Br, Bc, name, causal, count)
     dropout, drop_args = _dropout.launch_args(prob)
-    rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)  # O = (Zs P) V: dropout on chip
     c0, c1, c2 = (counters.array(name) for name in FORWARD_NAMES)
     scale, one = acc.type(prob.scale), acc.type(1)
+    G, grid = prob.G, (shape[FORWARD_NAMES[0]], shape[FORWARD_NAMES[1]], shape[FORWARD_NAMES[2]])
+    if tensor_cores(dt):  # S = scale Q K^T and O = P V on mma.sync; 16-byte loads where the rows allow them
+        sm75 = mma_path() == "sm75"
+        scores = tensor.scores_kernel(d, Br, Bc, name, causal, count, sm75)
+        vec_qk, vec_s, vec_v = rows_aligned(q) and rows_aligned(k), rows_aligned(S), rows_aligned(v)
+        run_scores = lambda: launch(scores, grid[0], NT)(q, k, S, L, ml, Nq, Nk, G, scale, vec_qk, vec_s, c0)  # noqa: E731
+        rowprod = tensor.rowprod_kernel(d, Br, Bc, name, causal, count, sm75, dropout)  # O = (Zs P) V on chip
+        run_rowprod = lambda: launch(rowprod, grid[2], NT)(P, v, O, Nq, Nk, G, one, vec_s, vec_v, c2,  # noqa: E731
+                                                             *drop_args)
+    else:
+        scores = scores_kernel(d, Br, Bc, dt.name, causal, count)
+        rowprod = rowprod_kernel(d, Br, Bc, dt.name, causal, count, dropout)  # O = (Zs P) V: dropout on chip
+        run_scores = lambda: launch(scores, grid[0], NT)(q, k, S, L, ml, Nq, Nk, G, scale, c0)  # noqa: E731
+        run_rowprod = lambda: launch(rowprod, grid[2], NT)(P, v, O, Nq, Nk, G, one, c2, *drop_args)  # noqa: E731
     steps = [
-        (FORWARD_NAMES[0], lambda: launch(scores, shape[FORWARD_NAMES[0]], NT)(q, k, S, L, ml, Nq, Nk, prob.G, scale,
-                                                                               c0)),
-        (FORWARD_NAMES[1], lambda: launch(softmax, shape[FORWARD_NAMES[1]], NT)(S, ml, P, Nq, Nk, c1)),
-        (FORWARD_NAMES[2], lambda: launch(rowprod, shape[FORWARD_NAMES[2]], NT)(P, v, O, Nq, Nk, prob.G, one, c2,
-                                                                         *drop_args)),
+        (FORWARD_NAMES[0], run_scores),
+        (FORWARD_NAMES[1], lambda: launch(softmax, grid[1], NT)(S, ml, P, Nq, Nk, c1)),
+        (FORWARD_NAMES[2], run_rowprod),
     ]
     return steps, out
 
@@ -135,13 +158,18 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
     from ...hbm import Counters
 
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
-    block = resolve_block("standard", prob.d, prob.dtype, block, "forward")
+    dtype = "bfloat16" if prob.dtype_name == "bfloat16" else prob.dtype  # (resolve_block takes NumPy dtypes)
+    block = SPEC.block(prob.d, dtype, "forward", block) if dtype == "bfloat16" else resolve_block(
+        "standard", prob.d, dtype, block, "forward")
     steps, out = _forward_steps(prob, ops, block, Counters(False))
     return steps, {**{name: ops[name].dev for name in ("q", "k", "v")}, **out}
 
 
 def backward(prob, ops, block, counters):
     """The paper's Algorithm 3 with blocks: D, then P and dS (to HBM), then dV, dK, dQ.  Returns dQ, dK, dV."""
+    if prob.dtype_name == "bfloat16":
+        raise TypeError("q: dtype bfloat16 is not supported by standard's backward (its kernels run on CUDA cores "
+                        "in float16, float32 and float64); the forward runs bfloat16")
     Br, Bc = block
     BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
@@ -178,25 +206,49 @@ def compile_all(ccs, dtypes, ds):
     out = []
     I64 = types.int64
     for dtype in dtypes:
+        if dtype == "bfloat16":  # the forward only, from sm_80 (a T4 has no bfloat16 tensor cores)
+            out += _compile_bfloat16_forward([cc for cc in ccs if tuple(cc) >= (8, 0)], ds)
+            continue
         dt = np.dtype(dtype)
         X3, A2, ACC = array_type(dt, 3), array_type(_inputs.acc_dtype(dt), 2), acc_nb_type(dt)
         XI = input_type(dt)  # q, k, v, do: (B, H, N, d), any strides with contiguous rows
         A3 = array_type(_inputs.acc_dtype(dt), 3)
         DROP = _dropout.arg_types(ACC)
         for d in ds:
-            fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward")
-            bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward")
+            cc0 = min(ccs)  # (the compile tier builds for cc 7.5 and 9.0: tensor cores on both)
+            fwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "forward", cc0)
+            bwd = choose_block(d, dt, STATIC_SHARED_LIMIT, "backward", cc0)
             for count in count_variants(dt, d):
                 for causal in (False, True):
                     tag = f"d={d} {dt}{' causal' * causal}{' count' * count}"
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
-                    specs = [
-                        (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
-                         (XI, XI, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                    if tensor_cores(dt, "forward", cc0):  # the products on mma.sync (m16n8k8 on sm_75)
+                        def tc(factory, cc):
+                            return factory(d, *fwd, dt.name, causal, count, mma_path(cc) == "sm75")
+                        B = types.boolean
+                        products = [
+                            (f"scores_tc {f}", lambda cc: tc(tensor.scores_kernel, cc),
+                             (XI, XI, X3, A2, A3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
+                            (f"rowprod_tc {f}", lambda cc: tc(tensor.rowprod_kernel, cc),
+                             (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE, *DROP)),
+                        ]
+                        if d == 64 and not count:  # O = (Zs P) V: its dropout code assembled once per cc
+                            products.append((
+                                f"rowprod_tc {f} dropout",
+                                lambda cc: tensor.rowprod_kernel(d, *fwd, dt.name, causal, False,
+                                                                 mma_path(cc) == "sm75", True),
+                                (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE, *DROP)))
+                    else:
+                        products = [
+                            (f"scores {f}", scores_kernel(d, *fwd, dt.name, causal, count),
+                             (XI, XI, X3, A2, A3, I64, I64, I64, ACC, COUNTER_TYPE)),
+                            (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
+                             (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                        ]
+                    specs = products[:1] + [
                         (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
                          (X3, A3, X3, I64, I64, COUNTER_TYPE)),
-                        (f"rowprod {f}", rowprod_kernel(d, *fwd, dt.name, causal, count),
-                         (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                    ] + products[1:] + [
                         (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
                          (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
                         (f"colprod {b}", colprod_kernel(d, *bwd, dt.name, causal, count),
@@ -214,8 +266,9 @@ def compile_all(ccs, dtypes, ds):
                         ]
                     for label, kernel, sig in specs:
                         for cc in ccs:
-                            out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
-    return out + matmul16.compile_all(ccs, dtypes, ds)
+                            built = kernel(cc) if callable(kernel) and not hasattr(kernel, "py_func") else kernel
+                            out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(built.py_func, sig, cc)))
+    return out + matmul16.compile_all(ccs, tuple(t for t in dtypes if t != "bfloat16"), ds)
 
 
 #: FLOPs per launch (see :func:`flash_numba.kernels._spec.launch_flops`: ``a*d + b`` per score, ``c*d`` per row).
@@ -234,8 +287,37 @@ FLOPS = launch_flops(
     },
 )
 
+def _compile_bfloat16_forward(ccs, ds):
+    """PTX of the bfloat16 forward (tensor-core products, the softmax on uint16 words) for each cc and d."""
+    from ...compile_check import compile_ptx, count_variants
+
+    out = []
+    I64, B = types.int64, types.boolean
+    X3, XI = types.Array(types.uint16, 3, "C"), types.Array(types.uint16, 4, "A")
+    A2, A3, ACC = array_type(np.float32, 2), array_type(np.float32, 3), types.float32
+    for cc in ccs:
+        for d in ds:
+            fwd = choose_block(d, "bfloat16", STATIC_SHARED_LIMIT, "forward", cc)
+            for count in count_variants("bfloat16", d):
+                for causal in (False, True):
+                    tag = f"d={d} bfloat16{' causal' * causal}{' count' * count} Br={fwd[0]} Bc={fwd[1]}"
+                    specs = [
+                        (f"scores_tc {tag}", tensor.scores_kernel(d, *fwd, "bfloat16", causal, count),
+                         (XI, XI, X3, A2, A3, I64, I64, I64, ACC, B, B, COUNTER_TYPE)),
+                        (f"softmax {tag}", softmax_kernel(*fwd, "bfloat16", causal, count),
+                         (X3, A3, X3, I64, I64, COUNTER_TYPE)),
+                        (f"rowprod_tc {tag}", tensor.rowprod_kernel(d, *fwd, "bfloat16", causal, count),
+                         (X3, XI, X3, I64, I64, I64, ACC, B, B, COUNTER_TYPE, *_dropout.arg_types(ACC))),
+                    ]
+                    for label, kernel, sig in specs:
+                        out.append((f"standard {label} sm_{cc[0]}{cc[1]}", compile_ptx(kernel.py_func, sig, cc)))
+    return out
+
+
 SPEC = KernelSpec(
     name="standard", flops=FLOPS, doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
     forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
+    dtypes=("float16", "bfloat16", "float32", "float64"), min_cc={"bfloat16": (8, 0)},
+    compile_groups=((("bfloat16",), (64,)),),
 )

@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda, uint32
 
 from ... import _inputs
-from .. import _dropout
+from .. import _bf16, _dropout
 from .._common import acc_nb_type, add_counts, nan_max, nb_type, rounded_mul
 from .._tile_ops import half_warp_max, half_warp_sum
 from .._tile_ops import NT, fast_kernel, micro_product, tile_loader, tile_store
@@ -139,8 +139,10 @@ def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool)
     (all Nk, or fewer when causal); a row with no visible key (causal) gets P = 0, one whose
     scores are all -inf (m = -inf, l = 0) P = NaN.
     """
-    dtype = np.dtype(dtype_name)
-    ACC, ST = acc_nb_type(dtype), nb_type(dtype)
+    BF16 = dtype_name == "bfloat16"  # stored as uint16 words (the tensor-core forward's S and P)
+    dtype = np.dtype(np.uint16 if BF16 else dtype_name)
+    ACC, ST = acc_nb_type(dtype), (None if BF16 else nb_type(dtype))
+    LOAD, STORE = (_bf16.bf16_to_f32, _bf16.f32_to_bf16) if BF16 else (ACC, ST)  # an S, a P element
     SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
     NEG_INF, _, ZERO = _consts(dtype)
     ONE = ZERO + 1
@@ -174,21 +176,21 @@ def softmax_kernel(Br: int, Bc: int, dtype_name: str, causal: bool, count: bool)
             n_u = uint32(n)
             c = uint32(lane)
             while c + W3 < n_u:  # four loads in flight per thread, then four stores
-                x0 = ACC(s[bh, row, c])
-                x1 = ACC(s[bh, row, c + W])
-                x2 = ACC(s[bh, row, c + W2])
-                x3 = ACC(s[bh, row, c + W3])
-                p[bh, row, c] = ST(math.exp(x0 - m) * inv)
-                p[bh, row, c + W] = ST(math.exp(x1 - m) * inv)
-                p[bh, row, c + W2] = ST(math.exp(x2 - m) * inv)
-                p[bh, row, c + W3] = ST(math.exp(x3 - m) * inv)
+                x0 = LOAD(s[bh, row, c])
+                x1 = LOAD(s[bh, row, c + W])
+                x2 = LOAD(s[bh, row, c + W2])
+                x3 = LOAD(s[bh, row, c + W3])
+                p[bh, row, c] = STORE(math.exp(x0 - m) * inv)
+                p[bh, row, c + W] = STORE(math.exp(x1 - m) * inv)
+                p[bh, row, c + W2] = STORE(math.exp(x2 - m) * inv)
+                p[bh, row, c + W3] = STORE(math.exp(x3 - m) * inv)
                 if COUNT:
                     nr += 4 * SB
                     nw += 4 * SB
                 c += W4
             while c < n_u:
-                x0 = ACC(s[bh, row, c])
-                p[bh, row, c] = ST(math.exp(x0 - m) * inv)
+                x0 = LOAD(s[bh, row, c])
+                p[bh, row, c] = STORE(math.exp(x0 - m) * inv)
                 if COUNT:
                     nr += SB
                     nw += SB

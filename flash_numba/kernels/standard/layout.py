@@ -20,6 +20,55 @@ SOFTMAX_ROWS = NT // 32
 _PREFERENCE = ((64, 32), (64, 16), (32, 32), (32, 16), (16, 32), (16, 16), (8, 16))
 
 
+#: The tensor-core forward (:mod:`.tensor`): Br = 64 query rows (four warps of 16), Bc one of these.
+TC_BR = 64
+TC_BCS = (64, 32, 16)
+#: Elements of padding at the end of each of its shared rows (16 bytes: ldmatrix's 8 rows in 8 bank groups).
+TC_PAD = 8
+
+
+def tensor_cores(dtype, pass_: str = "forward", cc=None) -> bool:
+    """Whether that pass runs its products on tensor cores: the forward in float16 or bfloat16 (``dtype`` a name,
+    or the storage dtype: uint16 for bfloat16) on a GPU of compute capability 7.5 or later (``cc``: that GPU's;
+    default this one's; the simulator stands in for every cc).  float16 below 7.5 (no mma.m16n8k8, no
+    ldmatrix) runs the CUDA-core kernels."""
+    name = dtype if isinstance(dtype, str) else str(np.dtype(dtype))
+    if pass_ != "forward" or name not in ("float16", "bfloat16", "uint16"):
+        return False
+    if cc is None and not SIMULATOR:
+        from ...device import info
+
+        cc = info().compute_capability
+    return cc is None or tuple(cc) >= (7, 5)
+
+
+def padded_d(d: int) -> int:
+    """Head dim rounded up to a multiple of 16 (the k of m16n8k16): the tensor-core tiles' columns."""
+    return -(-d // 16) * 16
+
+
+def tc_shared_bytes(Bc: int, d: int) -> int:
+    """Static shared memory of the larger tensor-core kernel at key block Bc (2-byte elements)."""
+    RS = padded_d(d) + TC_PAD
+    scores = 2 * (TC_BR * RS + Bc * RS + TC_BR * (Bc + TC_PAD))  # Q_i, K_j, the S_ij staging tile
+    rowprod = 2 * (TC_BR * (Bc + TC_PAD) + Bc * RS)  # P_ij, V_j
+    return max(scores, rowprod)
+
+
+def mma_path(cc=None) -> str:
+    """The tensor-core instructions the kernels use, as flash2_tc's (:func:`..flash2_tc.layout.path`, the one
+    switch: ``FLASH_NUMBA_TC_PATH=sm75`` forces the T4's on a later GPU): ``"sm75"`` (m16n8k8) below compute
+    capability 8.0, else ``"sm80"`` (m16n8k16).  ``cc``: that device's (default: this one's; the simulator's
+    is sm_80's path unless forced)."""
+    from ..flash2_tc.layout import path
+
+    if cc is None and not SIMULATOR:
+        from ...device import info
+
+        cc = info().compute_capability
+    return path(cc)
+
+
 def _consts(dtype):
     """-inf, +inf, 0 as scalars of the accumulation dtype (typed: a Python float means float64 math)."""
     f = np.float64 if np.dtype(dtype) == np.float64 else np.float32
@@ -46,6 +95,8 @@ def shared_bytes(Br: int, Bc: int, d: int, dtype, pass_: str = "forward") -> int
     """Static shared memory of the largest kernel of the pass (huge if (Br, Bc) is not a micro-tile shape)."""
     if pass_ not in ("forward", "backward"):
         raise ValueError(f"pass_: expected 'forward' or 'backward', got {pass_!r}")
+    if tensor_cores(dtype, pass_):
+        return tc_shared_bytes(Bc, d) if Br == TC_BR and Bc in TC_BCS else 1 << 40
     if Br % TY or Bc % TX or Br < 1 or Bc < 1:
         return 1 << 40
     g = geometry(Br, Bc, d, dtype)
@@ -61,16 +112,27 @@ def block_limits(d: int, dtype, pass_: str = "forward") -> tuple[int, int]:
 
 def check_block(block, d: int, dtype, pass_: str = "forward") -> None:
     """Refuse, by name, a block that is not a micro-tile shape (api.py calls this first)."""
-    if block is not None:
+    if block is not None and tensor_cores(dtype, pass_):
+        Br, Bc = block
+        if Br != TC_BR or Bc not in TC_BCS:
+            raise ValueError(f"block: standard's float16 and bfloat16 forward runs on tensor cores with Br = {TC_BR} "
+                             f"(four warps of 16 rows) and Bc = 16, 32 or 64, got ({Br}, {Bc})")
+    elif block is not None:
         check_micro_tile_block(block, "standard")
 
 
-def choose_block(d: int, dtype, budget: int, pass_: str = "forward") -> tuple[int, int]:
+def choose_block(d: int, dtype, budget: int, pass_: str = "forward", cc=None) -> tuple[int, int]:
     """The first block of ``_PREFERENCE`` whose kernels fit ``budget`` bytes of shared memory.
 
     The same rule as flash2_fast's forward (register micro-tiles bound the block,
-    not the paper's Bc = ceil(M / 4d)); at d = 64, float32 both pick (64, 32).
+    not the paper's Bc = ceil(M / 4d)); at d = 64, float32 both pick (64, 32).  The float16
+    forward (tensor cores) takes Br = 64 and the largest Bc of :data:`TC_BCS` that fits (``cc``: on a GPU of that
+    compute capability; default this one).
     """
+    if tensor_cores(dtype, pass_, cc):
+        for Bc in TC_BCS:
+            if tc_shared_bytes(Bc, d) <= budget:
+                return TC_BR, Bc
     for Br, Bc in _PREFERENCE:
         if shared_bytes(Br, Bc, d, dtype, pass_) <= budget:
             return Br, Bc
