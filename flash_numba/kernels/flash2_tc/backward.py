@@ -203,3 +203,576 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool):
         return got
 
     return load
+
+
+@lru_cache(maxsize=None)
+def stats_loader(rows: int, count: bool):
+    """Device function ``load(Ls, Ds, lse, D, bh, r0, n, tid) -> elements read``: L_i in log2 units (+inf past
+    n: P = 0 there) and D_i (0 past n), one thread a row."""
+    COUNT = count
+
+    @jit(device=True, forceinline=True)
+    def load(Ls, Ds, lse, D, bh, r0, n, tid):
+        got = 0
+        if tid < rows:
+            Lr = POS_INF
+            Dr = F32_ZERO
+            r = uint32(r0) + uint32(tid)
+            if r < uint32(n):
+                Lr = lse[uint32(bh), r] * float32(LOG2E)
+                Dr = D[uint32(bh), r]
+                if COUNT:
+                    got = 2
+            Ls[tid] = Lr
+            Ds[tid] = Dr
+        return got
+
+    return load
+
+
+def _block_tiles(sizes, dtype_name: str, dynamic: bool):
+    """The kernel's 16-bit tiles in one shared array (:mod:`.._smem`; dynamic above 48 KB)."""
+    return _smem.tiles(tuple(sizes), _tile_type(dtype_name), dynamic)
+
+
+@lru_cache(maxsize=None)
+def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, atomic_dq: bool = False,
+                dropout: bool = False, dynamic: bool = False):
+    """The dK/dV kernel (with ``atomic_dq``: dQ by atomics too) for head dim d (a multiple of 16, <= 128).
+
+    Arguments ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+    do_lay, seed, threshold, inv_keep)``: q, k, v, do flat 16-bit inputs and their layouts
+    (:func:`flash_numba._views.flat_input`); lse, D ``(B*H, Nq)`` float32; dk, dv ``(B*Hkv, Nk, d)``; dq a zeroed
+    ``(B*H, Nq, d)`` float32 accumulator with ``atomic_dq``, else never touched.  A 1-D grid of Tc * B*Hkv
+    blocks: block x runs key tile x // B*Hkv of key/value head x % B*Hkv (the first, longest tiles first).
+    """
+    assert d % 16 == 0 and 16 <= d <= 128
+    to_f32, from_f32, _ = _storage(dtype_name)
+    ld_a, ld_a_t, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
+    Br, Bc = KV_BR, KV_BC
+    DS, PS = stride(d), stride(Bc)
+    SW = Bc // 2  # keys of a warp's S tile (2 x 2 warps over Br x Bc)
+    SN, DN = SW // 8, d // 8  # n8 tiles: of a warp's S, of dK/dV
+    QW = d // 2  # dQ columns of a warp (2 x 2 warps over Br x d)
+    QN = QW // 8
+    CAUSAL, COUNT, ATOMIC_DQ, DROPOUT = causal, count, atomic_dq, dropout
+    SB = 2
+    MUL_RN = rounded_mul("float32")
+    block_tiles = _block_tiles((Bc * DS, Bc * DS, Br * DS, Br * DS, Br * PS, Br * PS), dtype_name, dynamic)
+    load_kv = tile_loader(Bc, d, dtype_name, count)
+    load_q = tile_loader(Br, d, dtype_name, count)
+    load_stats = stats_loader(Br, count)
+    drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
+
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+               do_lay, seed, threshold, inv_keep):
+        Ks, Vs, Qs, dOs, Ps, dSs = block_tiles()  # row-major: K_j, V_j (Bc, DS); Q_i, dO_i (Br, DS); P, dS (Br, PS)
+        Ls = cuda.shared.array(Br, float32)  # L_i in log2 units
+        Ds = cuda.shared.array(Br, float32)
+        s = cuda.local.array((SN, 4), float32)
+        dp = cuda.local.array((SN, 4), float32)
+        dv_acc = cuda.local.array((DN, 4), float32)
+        dk_acc = cuda.local.array((DN, 4), float32)
+        dq_acc = cuda.local.array((QN, 4), float32)
+
+        tid = cuda.threadIdx.x
+        lane = uint32(tid % 32)
+        warp = uint32(tid // 32)
+        g, t = lane >> uint32(2), lane & uint32(3)
+        BHkv = uint32(dk.shape[0])
+        tile = uint32(cuda.blockIdx.x) // BHkv
+        hkv = int64(uint32(cuda.blockIdx.x) - tile * BHkv)
+        c0 = int64(tile) * Bc
+        nr = 0
+        n_atomic = uint32(0)
+        # the warp's tiles: S and dP rows sr.., keys sc..; dK, dV keys kr..; dQ rows sr.., columns qc..
+        sr = (warp & uint32(1)) * uint32(16)
+        sc = (warp >> uint32(1)) * uint32(SW)
+        kr = warp * uint32(16)
+        qc = (warp >> uint32(1)) * uint32(QW)
+
+        n = load_kv(Ks, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, v, v_lay, hkv, c0, Nk, tid)
+        if COUNT:
+            nr += n * SB
+        for j in range(DN):
+            for e in range(4):
+                dv_acc[j, e] = F32_ZERO
+                dk_acc[j, e] = F32_ZERO
+
+        i_first = first_visible_q_block(c0, Br, Nq, Nk, CAUSAL)
+        n_i = (Nq + Br - 1) // Br - i_first
+        for step in range(G * n_i):  # the query blocks of each query head of the group in turn
+            bh, i = group_step(step, n_i, i_first, hkv, G)
+            r0 = i * Br
+            cuda.syncthreads()  # the previous step is done with Qs, dOs, Ps, dSs, Ls, Ds
+            n = load_q(Qs, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, do, do_lay, bh, r0, Nq, tid)
+            n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
+            if COUNT:
+                nr += n * SB + n_stats * 4
+            cuda.syncthreads()
+
+            # S = Q_i K_j^T and dP = dO_i V_j^T: this warp's 16 x SW tile, k = 0, 16, .. (the forward's order)
+            for j in range(SN):
+                for e in range(4):
+                    s[j, e] = F32_ZERO
+                    dp[j, e] = F32_ZERO
+            for kk in range(d // 16):
+                a0, a1, a2, a3 = ld_a(Qs, sr, kk * 16, DS, lane)
+                for nb in range(SN // 2):
+                    b0, b1, b2, b3 = ld_b(Ks, sc + uint32(nb * 16), kk * 16, DS, lane)
+                    s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3])
+                    s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2],
+                        s[2 * nb + 1, 3])
+            for kk in range(d // 16):
+                a0, a1, a2, a3 = ld_a(dOs, sr, kk * 16, DS, lane)
+                for nb in range(SN // 2):
+                    b0, b1, b2, b3 = ld_b(Vs, sc + uint32(nb * 16), kk * 16, DS, lane)
+                    dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3])
+                    dp[2 * nb + 1, 0], dp[2 * nb + 1, 1], dp[2 * nb + 1, 2], dp[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dp[2 * nb + 1, 0], dp[2 * nb + 1, 1], dp[2 * nb + 1, 2],
+                        dp[2 * nb + 1, 3])
+
+            # P = exp2(S scale log2e - L), dS = P (Z dP - D), 0 where masked; Z P and dS to shared memory
+            diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
+            edge = c0 + Bc > Nk or diagonal  # uniform over the block
+            head = drop_head(seed, bh)
+            for h in range(2):
+                rl = sr + g + uint32(8 * h)  # the lane's row of the tile
+                L2 = Ls[rl]
+                Dv = Ds[rl]
+                lim = key_limit(r0 + int64(rl), c0 + int64(sc), Nq, Nk, CAUSAL)  # keys c0 + sc + x, x <= lim
+                rk = drop_row(head, r0 + int64(rl))
+                for j in range(SN):
+                    for e in range(2):
+                        x = uint32(8 * j + e) + 2 * t  # key c0 + sc + x
+                        p = exp2_ieee(MUL_RN(scale_log2, s[j, 2 * h + e]) - L2)
+                        zs = drop(rk, c0 + int64(sc + x), threshold, inv_keep)
+                        ds = p * (zs * dp[j, 2 * h + e] - Dv)
+                        if edge and int64(x) > lim:
+                            p = F32_ZERO
+                            ds = F32_ZERO
+                        at = rl * uint32(PS) + sc + x
+                        Ps[at] = from_f32(p * zs)
+                        dSs[at] = from_f32(ds)
+            cuda.syncthreads()
+
+            # dV_j += (Z P)^T dO_i, dK_j += dS^T Q_i: this warp's 16 keys kr.., all d columns, k = the Br queries
+            for kk in range(Br // 16):
+                a0, a1, a2, a3 = ld_a_t(Ps, kr, kk * 16, PS, lane)
+                for nb in range(DN // 2):
+                    b0, b1, b2, b3 = ld_b_t(dOs, kk * 16, nb * 16, DS, lane)
+                    dv_acc[2 * nb, 0], dv_acc[2 * nb, 1], dv_acc[2 * nb, 2], dv_acc[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dv_acc[2 * nb, 0], dv_acc[2 * nb, 1], dv_acc[2 * nb, 2],
+                        dv_acc[2 * nb, 3])
+                    dv_acc[2 * nb + 1, 0], dv_acc[2 * nb + 1, 1], dv_acc[2 * nb + 1, 2], dv_acc[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dv_acc[2 * nb + 1, 0], dv_acc[2 * nb + 1, 1], dv_acc[2 * nb + 1, 2],
+                        dv_acc[2 * nb + 1, 3])
+                a0, a1, a2, a3 = ld_a_t(dSs, kr, kk * 16, PS, lane)
+                for nb in range(DN // 2):
+                    b0, b1, b2, b3 = ld_b_t(Qs, kk * 16, nb * 16, DS, lane)
+                    dk_acc[2 * nb, 0], dk_acc[2 * nb, 1], dk_acc[2 * nb, 2], dk_acc[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dk_acc[2 * nb, 0], dk_acc[2 * nb, 1], dk_acc[2 * nb, 2],
+                        dk_acc[2 * nb, 3])
+                    dk_acc[2 * nb + 1, 0], dk_acc[2 * nb + 1, 1], dk_acc[2 * nb + 1, 2], dk_acc[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dk_acc[2 * nb + 1, 0], dk_acc[2 * nb + 1, 1], dk_acc[2 * nb + 1, 2],
+                        dk_acc[2 * nb + 1, 3])
+
+            if ATOMIC_DQ:  # dQ_i += dS K_j: this warp's 16 rows sr.., columns qc .. qc + d/2, k = the Bc keys
+                for j in range(QN):
+                    for e in range(4):
+                        dq_acc[j, e] = F32_ZERO
+                for kk in range(Bc // 16):
+                    a0, a1, a2, a3 = ld_a(dSs, sr, kk * 16, PS, lane)
+                    for nb in range(QN // 2):
+                        b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, qc + uint32(nb * 16), DS, lane)
+                        dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
+                            a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
+                            dq_acc[2 * nb, 3])
+                        dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2], \
+                            dq_acc[2 * nb + 1, 3] = mma(a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0],
+                                                        dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
+                                                        dq_acc[2 * nb + 1, 3])
+                for h in range(2):
+                    row = uint32(r0) + sr + g + uint32(8 * h)
+                    if row < uint32(Nq):
+                        for j in range(QN):
+                            for e in range(2):
+                                col = qc + uint32(8 * j + e) + 2 * t
+                                cuda.atomic.add(dq, (uint32(bh), row, col), dq_acc[j, 2 * h + e] * scale)
+                                if COUNT:
+                                    n_atomic += uint32(1)
+
+        # dK_j = scale dS^T Q, dV_j: the lane's rows kr + g (+ 8), columns 8 j + 2 t (+ 1)
+        nw = 0
+        for h in range(2):
+            row = uint32(c0) + kr + g + uint32(8 * h)
+            if row < uint32(Nk):
+                for j in range(DN):
+                    for e in range(2):
+                        col = uint32(8 * j + e) + 2 * t
+                        dk[hkv, row, col] = from_f32(dk_acc[j, 2 * h + e] * scale)
+                        dv[hkv, row, col] = from_f32(dv_acc[j, 2 * h + e])
+                        if COUNT:
+                            nw += 2 * SB
+        if COUNT:
+            add_counts(counter, nr + int64(n_atomic) * 4, int64(n_atomic) * 4 + nw)
+
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+@lru_cache(maxsize=None)
+def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, dropout: bool = False,
+              dynamic: bool = False):
+    """The dQ kernel of the deterministic backward: D_i and dQ_i for one query block of Br = 64 rows.
+
+    Arguments ``(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+    o_lay, seed, threshold, inv_keep)``; D written (for the dK/dV kernel).  A 1-D grid of Tr * B*H blocks, the
+    last (longest, causal) row tiles first.
+    """
+    assert d % 16 == 0 and 16 <= d <= 128
+    to_f32, from_f32, pack = _storage(dtype_name)
+    ld_a, _, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
+    Br, Bc = Q_BR, Q_BC
+    DS = stride(d)
+    KN, DN, KD = Bc // 8, d // 8, d // 16  # n8 tiles of S (16 x Bc a warp), of dQ (16 x d a warp); k16 steps of d
+    CAUSAL, COUNT = causal, count
+    SB = 2
+    MUL_RN = rounded_mul("float32")
+    block_tiles = _block_tiles((Br * DS, Br * DS, Bc * DS, Bc * DS), dtype_name, dynamic)
+    load_q = tile_loader(Br, d, dtype_name, count)
+    load_kv = tile_loader(Bc, d, dtype_name, count)
+    drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
+
+    def kernel(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+               o_lay, seed, threshold, inv_keep):
+        Qs, dOs, Ks, Vs = block_tiles()
+        Ls = cuda.shared.array(Br, float32)
+        Ds = cuda.shared.array(Br, float32)
+        qa = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments (this warp's 16 rows), all of d
+        da = cuda.local.array((KD, 4), uint32)  # dO_i's
+        s = cuda.local.array((KN, 4), float32)
+        dp = cuda.local.array((KN, 4), float32)
+        dq_acc = cuda.local.array((DN, 4), float32)
+
+        tid = cuda.threadIdx.x
+        lane = uint32(tid % 32)
+        warp = uint32(tid // 32)
+        g, t = lane >> uint32(2), lane & uint32(3)
+        r0, bh = last_tile_first(Nq, Br)
+        hkv = kv_head(bh, G)
+        sr = warp * uint32(16)
+        nr = nw = 0
+
+        n = load_q(Qs, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, do, do_lay, bh, r0, Nq, tid)
+        if COUNT:
+            nr += n * SB
+        cuda.syncthreads()
+        # D_i = rowsum(dO_i * O_i), L_i: thread r sums row r0 + r over its columns in order (deterministic)
+        if tid < Br:
+            Dr = F32_ZERO
+            Lr = POS_INF
+            row = uint32(r0) + uint32(tid)
+            if row < uint32(Nq):
+                o0 = head_starts(o_lay, o_lay, bh)[0] + uint64(row * uint32(o_lay[3]))
+                for x in range(d):
+                    Dr += to_f32(dOs[uint32(tid * DS + x)]) * to_f32(o[o0 + uint64(x)])
+                D[uint32(bh), row] = Dr
+                Lr = lse[uint32(bh), row] * float32(LOG2E)
+                if COUNT:
+                    nr += d * SB + 4
+                    nw += 4
+            Ds[tid] = Dr
+            Ls[tid] = Lr
+        for kk in range(KD):
+            qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3] = ld_a(Qs, sr, kk * 16, DS, lane)
+            da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3] = ld_a(dOs, sr, kk * 16, DS, lane)
+        for j in range(DN):
+            for e in range(4):
+                dq_acc[j, e] = F32_ZERO
+        cuda.syncthreads()
+        L2a, L2b = Ls[sr + g], Ls[sr + g + uint32(8)]
+        Da, Db = Ds[sr + g], Ds[sr + g + uint32(8)]
+        head = drop_head(seed, bh)
+        rka = drop_row(head, r0 + int64(sr + g))
+        rkb = drop_row(head, r0 + int64(sr + g + uint32(8)))
+
+        for jb in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
+            c0 = jb * Bc
+            cuda.syncthreads()  # the previous step is done with Ks, Vs
+            n = load_kv(Ks, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, v, v_lay, hkv, c0, Nk, tid)
+            if COUNT:
+                nr += n * SB
+            cuda.syncthreads()
+
+            for j in range(KN):
+                for e in range(4):
+                    s[j, e] = F32_ZERO
+                    dp[j, e] = F32_ZERO
+            for kk in range(KD):  # S = Q_i K_j^T, k = 0, 16, .. (the forward's order)
+                for nb in range(KN // 2):
+                    b0, b1, b2, b3 = ld_b(Ks, nb * 16, kk * 16, DS, lane)
+                    s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3] = mma(
+                        qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3], b0, b1,
+                        s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3])
+                    s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3] = mma(
+                        qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3], b2, b3,
+                        s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3])
+            for kk in range(KD):  # dP = dO_i V_j^T
+                for nb in range(KN // 2):
+                    b0, b1, b2, b3 = ld_b(Vs, nb * 16, kk * 16, DS, lane)
+                    dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3] = mma(
+                        da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3], b0, b1,
+                        dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3])
+                    dp[2 * nb + 1, 0], dp[2 * nb + 1, 1], dp[2 * nb + 1, 2], dp[2 * nb + 1, 3] = mma(
+                        da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3], b2, b3,
+                        dp[2 * nb + 1, 0], dp[2 * nb + 1, 1], dp[2 * nb + 1, 2], dp[2 * nb + 1, 3])
+
+            # dS = P (Z dP - D), in place of S, 0 where masked
+            diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
+            edge = c0 + Bc > Nk or diagonal
+            for h in range(2):
+                rl = sr + g + uint32(8 * h)
+                L2 = L2a if h == 0 else L2b
+                Dv = Da if h == 0 else Db
+                rk = rka if h == 0 else rkb
+                lim = key_limit(r0 + int64(rl), c0, Nq, Nk, CAUSAL)
+                for j in range(KN):
+                    for e in range(2):
+                        x = uint32(8 * j + e) + 2 * t
+                        p = exp2_ieee(MUL_RN(scale_log2, s[j, 2 * h + e]) - L2)
+                        zs = drop(rk, c0 + int64(x), threshold, inv_keep)
+                        ds = p * (zs * dp[j, 2 * h + e] - Dv)
+                        if edge and int64(x) > lim:
+                            ds = F32_ZERO
+                        s[j, 2 * h + e] = ds
+
+            # dQ_i += dS K_j: dS's accumulators, two n8 tiles joined, are the A fragment of a k16 step
+            for kk in range(KN // 2):
+                a0 = pack(s[2 * kk, 0], s[2 * kk, 1])
+                a1 = pack(s[2 * kk, 2], s[2 * kk, 3])
+                a2 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
+                a3 = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+                for nb in range(DN // 2):
+                    b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, nb * 16, DS, lane)
+                    dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
+                        dq_acc[2 * nb, 3])
+                    dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2], dq_acc[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
+                        dq_acc[2 * nb + 1, 3])
+
+        for h in range(2):
+            row = uint32(r0) + sr + g + uint32(8 * h)
+            if row < uint32(Nq):
+                for j in range(DN):
+                    for e in range(2):
+                        col = uint32(8 * j + e) + 2 * t
+                        dq[bh, row, col] = from_f32(dq_acc[j, 2 * h + e] * scale)
+                        if COUNT:
+                            nw += SB
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+@lru_cache(maxsize=None)
+def d_kernel(d: int, dtype_name: str, count: bool):
+    """D = rowsum(dO * O) and the float32 dQ accumulator zeroed, for the atomic backward: one launch.
+
+    Arguments ``(o, do, D, dq_acc, Nq, counter, o_lay, do_lay)``; a 1-D grid of ceil(Nq / 8) * B*H blocks of 128
+    threads, 8 rows a block, 16 lanes a row (columns 16 apart; the row's 16 partial sums added in a fixed order
+    with shuffles: deterministic)."""
+    to_f32, _, _ = _storage(dtype_name)
+    COUNT, SB = count, 2
+    STEPS = -(-d // D_TX)
+
+    def kernel(o, do, D, dq_acc, Nq, counter, o_lay, do_lay):
+        tid = cuda.threadIdx.x
+        r0, bh = last_tile_first(Nq, D_ROWS)
+        row = uint32(r0) + uint32(tid // D_TX)
+        x0 = uint32(tid % D_TX)
+        part = F32_ZERO
+        nr = nw = 0
+        if row < uint32(Nq):
+            o0, d0 = head_starts(o_lay, do_lay, bh)
+            o0 += uint64(row * uint32(o_lay[3]))
+            d0 += uint64(row * uint32(do_lay[3]))
+            for u in range(STEPS):
+                x = x0 + uint32(u * D_TX)
+                if x < uint32(d):
+                    part += to_f32(do[d0 + uint64(x)]) * to_f32(o[o0 + uint64(x)])
+                    dq_acc[bh, row, x] = F32_ZERO
+                    if COUNT:
+                        nr += 2 * SB
+                        nw += 4
+        for m in (8, 4, 2, 1):  # the 16 lanes of the row
+            part += cuda.shfl_xor_sync(0xFFFFFFFF, part, m)
+        if row < uint32(Nq) and x0 == uint32(0):
+            D[bh, row] = part
+            if COUNT:
+                nw += 4
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+@lru_cache(maxsize=None)
+def cast_kernel(dtype_name: str, count: bool):
+    """dq = dq_acc (float32) in the storage type, element by element."""
+    _, from_f32, _ = _storage(dtype_name)
+    COUNT = count
+
+    def kernel(src, dst, n, counter):
+        i = cuda.grid(1)
+        if i < n:
+            dst[i] = from_f32(src[i])
+            if COUNT:
+                cuda.atomic.add(counter, 0, 4)
+                cuda.atomic.add(counter, 1, 2)
+
+    return jit()(kernel)
+
+
+# ---------------------------------------------------------------- launches
+
+
+def _dynamic_bytes(nbytes_tiles: int) -> int:
+    """Bytes of dynamic shared memory of a kernel whose 16-bit tiles take ``nbytes_tiles`` (0: static)."""
+    return nbytes_tiles if _smem.is_dynamic(nbytes_tiles) else 0
+
+
+def kv_tile_bytes(d: int) -> int:
+    """Bytes of the dK/dV kernel's 16-bit tiles (its L_i, D_i are static, 8 Br bytes more)."""
+    return kv_shared_bytes(d) - 8 * KV_BR
+
+
+def q_tile_bytes(d: int) -> int:
+    """Bytes of the dQ kernel's 16-bit tiles."""
+    return q_shared_bytes(d) - 8 * Q_BR
+
+
+def grids(prob) -> dict:
+    """The 1-D grid of each backward launch, by launch name."""
+    n = prob.BH * prob.Nq * prob.d
+    return {BACKWARD_Q_NAME: -(-prob.Nq // Q_BR) * prob.BH, BACKWARD_KV_NAME: -(-prob.Nk // KV_BC) * prob.BHkv,
+            BACKWARD_KVQ_NAME: -(-prob.Nk // KV_BC) * prob.BHkv, D_ZERO_NAME: -(-prob.Nq // D_ROWS) * prob.BH,
+            CAST_DQ_NAME: -(-n // ELEMWISE_THREADS)}
+
+
+def _inputs_of(prob, ops):
+    """(q, k, v, do, layouts, dk, dv, dtype name, args of dropout)."""
+    from ... import _inputs, _views
+
+    (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_views.flat_input(ops[name].dev, name)
+                                                        for name in ("q", "k", "v", "do"))
+    dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
+    dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
+    return q, k, v, do, (q_lay, k_lay, v_lay, do_lay), dk, dv
+
+
+def run_backward(prob, ops, counters, k8: bool):
+    """dQ, dK, dV, deterministic: the dQ kernel (which writes D), then the dK/dV kernel."""
+    from ... import _inputs, _views
+
+    name, count = prob.dtype_name, counters.enabled
+    q, k, v, do, lays, dk, dv = _inputs_of(prob, ops)
+    o, o_lay = _views.flat_input(ops["o"].dev, "o")
+    dropout, drop_args = _dropout.launch_args(prob)
+    grid = grids(prob)
+    scale, scale_log2 = np.float32(prob.scale), np.float32(prob.scale * LOG2E)
+    D = _inputs.empty((prob.BH, prob.Nq), np.float32)
+    dq = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
+    q_dyn = _dynamic_bytes(q_tile_bytes(prob.d))
+    qk = dq_kernel(prob.d, name, prob.causal, count, k8, dropout, bool(q_dyn))
+    _smem.configure(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
+        q, k, v, do, o, ops["lse"].dev, D, dq, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+        counters.array(BACKWARD_Q_NAME), *lays, o_lay, *drop_args)
+    kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
+    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, False, dropout, bool(kv_dyn))
+    _smem.configure(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
+        q, k, v, do, ops["lse"].dev, D, dk, dv, _unused_dq(), prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+        counters.array(BACKWARD_KV_NAME), *lays, *drop_args)
+    return dq, dk, dv
+
+
+def run_backward_atomic(prob, ops, counters, k8: bool):
+    """dQ, dK, dV with dQ by float32 atomics (``deterministic=False``): D and the zeroed accumulator, the dK/dV/dQ
+    kernel, the cast of dQ to the storage type."""
+    from ... import _inputs, _views
+
+    name, count = prob.dtype_name, counters.enabled
+    q, k, v, do, lays, dk, dv = _inputs_of(prob, ops)
+    o, o_lay = _views.flat_input(ops["o"].dev, "o")
+    dropout, drop_args = _dropout.launch_args(prob)
+    grid = grids(prob)
+    scale, scale_log2 = np.float32(prob.scale), np.float32(prob.scale * LOG2E)
+    n = prob.BH * prob.Nq * prob.d
+    D = _inputs.empty((prob.BH, prob.Nq), np.float32)
+    dq_acc = _inputs.empty((prob.BH, prob.Nq, prob.d), np.float32)
+    d_kernel(prob.d, name, count)[grid[D_ZERO_NAME], NT](o, do, D, dq_acc, prob.Nq, counters.array(D_ZERO_NAME),
+                                                         o_lay, lays[3])
+    kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
+    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, True, dropout, bool(kv_dyn))
+    _smem.configure(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
+        q, k, v, do, ops["lse"].dev, D, dk, dv, dq_acc, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+        counters.array(BACKWARD_KVQ_NAME), *lays, *drop_args)
+    dq = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
+    cast_kernel(name, count)[grid[CAST_DQ_NAME], ELEMWISE_THREADS](dq_acc.reshape(n), dq.reshape(n), n,
+                                                                  counters.array(CAST_DQ_NAME))
+    return dq, dk, dv
+
+
+def _unused_dq():
+    """The ``dq`` argument of the deterministic dK/dV kernel, which never touches it (one per context)."""
+    from ... import _launch_plan
+    from ...device import SIMULATOR
+
+    key = 0 if SIMULATOR else id(cuda.current_context())
+    if key not in _UNUSED:
+        _UNUSED[key] = _launch_plan.persistent(cuda.device_array((1, 1, 1), dtype=np.float32))
+    return _UNUSED[key]
+
+
+_UNUSED: dict = {}
+
+
+# ---------------------------------------------------------------- IO model
+
+
+def io_backward(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
+    """Bytes (read, written) of the deterministic backward's launches, by name: what they count."""
+    from ...iomodel.flash2_fast import visited_keys, visited_queries
+
+    s, a = 2, 4
+    keys = visited_keys(Nq, Nk, Q_BR, Q_BC, causal)
+    dq = (BH * ((3 * s * d + a) * Nq + 2 * s * d * keys), BH * (s * d + a) * Nq)
+    return {BACKWARD_Q_NAME: dq, BACKWARD_KV_NAME: _kv_bytes(BH, Nq, Nk, d, causal, G)}
+
+
+def _kv_bytes(BH, Nq, Nk, d, causal, G):
+    """(read, written) of the dK/dV kernel without atomics: K_j, V_j once; Q_i, dO_i, L_i, D_i per visited pair."""
+    from ...iomodel.flash2_fast import visited_queries
+
+    s, a = 2, 4
+    rows = visited_queries(Nq, Nk, KV_BR, KV_BC, causal)
+    BHkv = BH // G
+    return BHkv * 2 * s * d * Nk + BH * (2 * s * d + 2 * a) * rows, BHkv * 2 * s * Nk * d
+
+
+def io_backward_atomic(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
+    """Bytes (read, written) of the atomic backward's launches: one float32 atomic add (a read and a write of 4
+    bytes) per dQ element per visited (key block, query row)."""
+    from ...iomodel.flash2_fast import visited_queries
+
+    s, a = 2, 4
+    n = BH * Nq * d
+    atomics = a * BH * d * visited_queries(Nq, Nk, KV_BR, KV_BC, causal)
+    kv_read, kv_written = _kv_bytes(BH, Nq, Nk, d, causal, G)
+    return {D_ZERO_NAME: (BH * 2 * s * d * Nq, BH * a * Nq + n * a),
+            BACKWARD_KVQ_NAME: (kv_read + atomics, kv_written + atomics),
+            CAST_DQ_NAME: (n * a, n * s)}
