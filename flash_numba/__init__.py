@@ -19,6 +19,7 @@ from .api import (  # noqa: E402
     standard_attention_backward,
     standard_attention_forward,
 )
+from ._inputs import as_bfloat16  # noqa: E402
 from .hbm import HBMCount, KernelBytes  # noqa: E402
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "ForwardResult",
     "HBMCount",
     "KernelBytes",
+    "as_bfloat16",
     "DEFAULT_KERNEL",
     "attention",
     "attention_backward",

@@ -7,9 +7,14 @@ Conventions (the same for every public function):
   shape ``(..., Hkv, Nk, d)``, whose length ``Nk`` may differ from q's ``Nq`` and whose
   head count ``Hkv`` may be any divisor of q's ``Hq`` (grouped-query attention: query
   head h reads key/value head h // G, G = Hq // Hkv; G = Hq is multi-query attention).
-* Storage dtypes float16, float32 or float64, the same for all arrays; kernels
+* Storage dtypes float16, bfloat16, float32 or float64, the same for all arrays; kernels
   accumulate in float32 (float64 for float64 storage).  The log-sum-exp ``lse``
   is float32 (float64 for float64 storage), shape ``lead + (Nq,)``.
+* bfloat16 (kernels that run it, e.g. flash2_tc): a torch.bfloat16 tensor (read through an int16 view:
+  PyTorch's ``__cuda_array_interface__`` refuses bfloat16), an ``ml_dtypes.bfloat16`` NumPy array, or
+  16-bit words wrapped by :func:`as_bfloat16`.  Inside the package it is stored as ``uint16`` words
+  (``Problem.dtype`` uint16, ``Problem.dtype_name`` "bfloat16"); outputs are bfloat16 (torch), uint16
+  words (NumPy; ``ml_dtypes.bfloat16`` when the input was one); lse float32.
 * Host (NumPy) arrays are copied to the device and results come back as NumPy.
   Device arrays (Numba device arrays, or anything with
   ``__cuda_array_interface__``: PyTorch, CuPy) are used in place, zero-copy, and
@@ -40,7 +45,28 @@ from .device import SIMULATOR
 
 MAX_HEAD_DIM = 128
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-_DTYPE_NAMES = "float16, float32 or float64"
+_DTYPE_NAMES = "float16, bfloat16, float32 or float64"
+#: How a bfloat16 array is stored inside the package: its 16-bit words.
+BF16_STORAGE = np.dtype(np.uint16)
+
+
+class Bfloat16Words(np.ndarray):
+    """A NumPy ``uint16`` array that holds bfloat16 words (what :func:`as_bfloat16` returns)."""
+
+
+def as_bfloat16(x) -> Bfloat16Words:
+    """bfloat16 input for NumPy users: ``uint16`` words as they are, or a float array rounded to bfloat16
+    (nearest even); an ``ml_dtypes.bfloat16`` array is viewed as its words."""
+    from .kernels._bf16 import to_bf16_bits
+
+    a = np.asarray(x)
+    if a.dtype.name == "bfloat16" or a.dtype == np.uint16:
+        words = a.view(np.uint16)
+    elif a.dtype.kind == "f":
+        words = to_bf16_bits(a)
+    else:
+        raise TypeError(f"x: expected uint16 words or a float array to round to bfloat16, got dtype {a.dtype}")
+    return words.view(Bfloat16Words)
 
 
 def acc_dtype(dtype) -> np.dtype:
@@ -130,6 +156,7 @@ def _numba_context():
 
 #: NumPy dtypes of the torch dtypes flash_numba supports, by ``str(tensor.dtype)``.
 _TORCH_FLOATS = {f"torch.{np.dtype(t).name}": np.dtype(t) for t in SUPPORTED_DTYPES}
+_TORCH_FLOATS["torch.bfloat16"] = BF16_STORAGE  # read through an int16 view (_views.tensor_input)
 
 
 def _torch_dtype(t) -> np.dtype:
@@ -144,6 +171,8 @@ def _torch_dtype(t) -> np.dtype:
 
 def _check_dtype(arr, name: str) -> np.dtype:
     dt = np.dtype(arr.dtype)
+    if getattr(arr, "bf16", False):
+        return BF16_STORAGE
     if dt not in SUPPORTED_DTYPES:
         raise TypeError(f"{name}: dtype {dt} is not supported; use {_DTYPE_NAMES}")
     return dt
@@ -174,6 +203,13 @@ class Problem:
     G: int = 1  # query heads per key/value head (grouped-query attention); BH // G key/value heads
     dropout_p: float = 0.0  # attention dropout's drop rate (0: none); the api sets it and the seed
     dropout_seed: int = 0  # the keep mask's seed (flash_numba.kernels._dropout)
+    bf16: bool = False  # the arrays are bfloat16 (stored as uint16 words)
+    host_dtype: object = None  # the NumPy dtype host outputs are viewed as (ml_dtypes.bfloat16), or None
+
+    @property
+    def dtype_name(self) -> str:
+        """"float16", "bfloat16", "float32" or "float64": the storage dtype by name."""
+        return "bfloat16" if self.bf16 else self.dtype.name
 
     @property
     def acc(self) -> np.dtype:
@@ -223,6 +259,8 @@ class _Arg:
     shape: tuple  # plain ints: the simulator's device arrays refuse negative indices into .shape
     dtype: object
     torch: bool = False  # arr is a CUDA torch tensor, not converted yet
+    bf16: bool = False  # bfloat16 words (torch.bfloat16, ml_dtypes.bfloat16 or as_bfloat16)
+    host_dtype: object = None  # ml_dtypes.bfloat16 for such an input
 
 
 def _gather(x, name: str) -> _Arg:
@@ -232,9 +270,12 @@ def _gather(x, name: str) -> _Arg:
         # converted once, already reshaped, by _tensor_to_device (host overhead per call).
         if x.requires_grad:
             x = x.detach()  # a tensor that requires grad refuses __cuda_array_interface__
-        return _Arg(x, True, tuple(x.shape), _torch_dtype(x), torch=True)
+        return _Arg(x, True, tuple(x.shape), _torch_dtype(x), torch=True, bf16=str(x.dtype) == "torch.bfloat16")
     arr, on = _as_array(x, name)
-    return _Arg(arr, on, tuple(int(s) for s in arr.shape), arr.dtype)
+    bf16, host_dtype = isinstance(arr, Bfloat16Words), None
+    if not on and arr.dtype.name == "bfloat16":  # ml_dtypes.bfloat16: its words
+        bf16, host_dtype, arr = True, arr.dtype, arr.view(np.uint16)
+    return _Arg(arr, on, tuple(int(s) for s in arr.shape), arr.dtype, bf16=bf16, host_dtype=host_dtype)
 
 
 def _check_gpus(args: dict) -> None:
@@ -294,8 +335,9 @@ def _problem(args: dict, causal: bool, scale, torch_device) -> Problem:
         if name == "lse":
             continue
         dt = _check_dtype(args[name], name)
-        if dt != dtype:
-            raise TypeError(f"{name}: dtype {dt} differs from q's {dtype}; give all arrays one dtype")
+        if dt != dtype or args[name].bf16 != args["q"].bf16:
+            raise TypeError(f"{name}: dtype {_name(args[name])} differs from q's {_name(args['q'])}; "
+                            "give all arrays one dtype")
     for name in ("o", "do"):
         if name in shapes and shapes[name] != qs:
             raise ValueError(f"{name}: shape {shapes[name]} differs from q's {qs}")
@@ -311,7 +353,12 @@ def _problem(args: dict, causal: bool, scale, torch_device) -> Problem:
     BH = int(np.prod(lead)) if lead else 1
     scale = check_scale(scale, d, dtype)
     on_device = args["q"].on_device
-    return Problem(lead, BH, Nq, Nk, d, dtype, on_device, scale, bool(causal), torch_device, G)
+    return Problem(lead, BH, Nq, Nk, d, dtype, on_device, scale, bool(causal), torch_device, G,
+                   bf16=args["q"].bf16, host_dtype=args["q"].host_dtype)
+
+
+def _name(a: _Arg) -> str:
+    return "bfloat16" if a.bf16 else np.dtype(a.dtype).name
 
 
 def _group_size(lead: tuple, kv_lead: tuple) -> int:
@@ -389,7 +436,10 @@ def finish(prob: Problem, dev, shape_tail, lead=None):
         if tuple(int(s) for s in dev.shape) == shape:
             return dev  # (H, N, d) inputs: already the caller's shape, no new Numba array needed
         return dev.reshape(shape)
-    return dev.copy_to_host().reshape(shape)
+    out = dev.copy_to_host().reshape(shape)
+    if prob.host_dtype is not None and out.dtype == BF16_STORAGE:
+        out = out.view(prob.host_dtype)  # bfloat16 words back as the caller's ml_dtypes.bfloat16
+    return out
 
 
 #: Tests set this (or FLASH_NUMBA_POISON=1 in the environment) so that every
@@ -434,11 +484,14 @@ def _torch_buffer(shape, dtype, value):
     import torch
     from numba import cuda
 
-    tdt = getattr(torch, np.dtype(dtype).name)
+    bf16 = np.dtype(dtype) == BF16_STORAGE  # a bfloat16 tensor, seen by the kernels as its words
+    tdt = torch.bfloat16 if bf16 else getattr(torch, np.dtype(dtype).name)
     dev = _TORCH_DEVICE.get()
     t = torch.empty(shape, dtype=tdt, device=dev) if value is None else torch.full(shape, value, dtype=tdt, device=dev)
     _launch_plan.note_buffer(shape, tdt, value, t)  # a call being recorded replays this allocation
-    arr = cuda.as_cuda_array(t, sync=False)  # keeps t alive as its owner; nothing to wait for
+    arr = cuda.as_cuda_array(t.view(torch.int16) if bf16 else t, sync=False)  # keeps t alive; nothing to wait for
+    if bf16:
+        arr = arr.view(BF16_STORAGE)
     # finish() returns t itself (a view in the caller's shape) instead of converting the
     # Numba array back with torch.as_tensor (host overhead per call).
     setattr(arr, _TENSOR_ATTR, t)
@@ -451,8 +504,9 @@ def empty(shape, dtype):
 
     if _TORCH_DEVICE.get() is not None:
         return _torch_buffer(shape, dtype, float("nan") if POISON_OUTPUTS else None)
-    if POISON_OUTPUTS:
-        return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
+    if POISON_OUTPUTS:  # (bfloat16 words: a quiet NaN)
+        nan = np.uint16(0x7FC0) if np.dtype(dtype) == BF16_STORAGE else np.nan
+        return cuda.to_device(np.full(shape, nan, dtype=dtype))
     return cuda.device_array(shape, dtype=dtype)
 
 

@@ -131,7 +131,14 @@ def tensor_input(t):
         t = t.contiguous()  # a last dim with another stride: the one case that is copied
     while t.dim() < 4:
         t = t.unsqueeze(0)  # (N, d) or (H, N, d) -> (B, H, N, d): a view
+    bf16 = str(t.dtype) == "torch.bfloat16"
+    if bf16:  # PyTorch's __cuda_array_interface__ refuses bfloat16: its 16-bit words, as uint16
+        import torch
+
+        t = t.view(torch.int16)
     arr = cuda.as_cuda_array(t)
+    if bf16:
+        arr = arr.view(np.uint16)
     arr.__class__ = KernelArray  # typed 'A' (a subclass that only changes typing, no copy)
     return arr
 

@@ -55,23 +55,28 @@ def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"
     """The ``(Br, Bc)`` a call would use (``None`` for kernels with fixed tiles); ``deterministic``: that option of
     the backward call (the atomic backward may choose its own block).
 
-    Its arguments are checked as the attention functions check theirs: ``d`` an integer in
-    1..128 (NumPy integers accepted), ``dtype`` float16, float32 or float64.
+    Its arguments are checked as the attention functions check theirs: ``d`` an integer (NumPy integers
+    accepted) and ``dtype`` a dtype that the kernel runs (its spec's ``check_supported``: 1..128 and float16,
+    float32 or float64 for today's kernels).
     """
     spec = kernels.get(kernel)
     if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
         raise TypeError(f"d: expected an integer head dim, got {d!r}")
-    if not 1 <= d <= _inputs.MAX_HEAD_DIM:
-        raise ValueError(f"d: head dim d = {d} is not supported; use 1 <= d <= {_inputs.MAX_HEAD_DIM}")
     try:
         dt = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"dtype: {dtype!r} is not a dtype; use float16, float32 or float64") from None
-    if dt not in _inputs.SUPPORTED_DTYPES:
-        raise TypeError(f"dtype: {dt} is not supported; use float16, float32 or float64")
+    spec.check_supported(int(d), dt)  # the kernel's own dtypes and head dims, in its words
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     return spec.block(int(d), dt, pass_, block, deterministic=bool(deterministic))
+
+
+def _check_supported(spec, prob) -> None:
+    """Refuse, in the spec's words, a head dim, dtype or GPU the kernel does not run (the simulator: any cc)."""
+    gpu = None if device.SIMULATOR else device.info()
+    spec.check_supported(prob.d, getattr(prob, "dtype_name", prob.dtype.name), gpu and gpu.compute_capability,
+                         gpu and gpu.name, arg="q")
 
 
 def _check_count(count_hbm) -> bool:
@@ -114,6 +119,7 @@ def _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p,
     spec = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
+    _check_supported(spec, prob)
     seed = _set_dropout(prob, dropout_p, dropout_seed, draw=True)
     blk = spec.block(prob.d, prob.dtype, "forward", block)
     counters = Counters(count_hbm)
@@ -155,6 +161,7 @@ def _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hb
     prob, ops = _inputs.prepare(
         {"q": q, "k": k, "v": v}, causal=causal, scale=scale, extra={"o": o, "lse": lse, "do": do}
     )
+    _check_supported(spec, prob)
     _set_dropout(prob, dropout_p, dropout_seed, draw=False)
     blk = spec.block(prob.d, prob.dtype, "backward", block, deterministic=bool(deterministic))
     run = spec.run_backward(bool(deterministic))  # the atomic backward where the kernel has one

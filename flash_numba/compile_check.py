@@ -43,7 +43,7 @@ CCS = ((7, 5), (9, 0))
 
 #: (dtypes, head dims) handed to each module's ``compile_all``: every dtype at
 #: d = 64, and the other head dims the tests use at float32 (d = 16 for flash2_fast only, in
-#: :data:`EXTRA_GROUPS`: the readable kernels' d = 16 builds left the tier in session 10, when CI
+#: its spec's ``compile_groups``: the readable kernels' d = 16 builds left the tier in session 10, when CI
 #: reached 8 minutes: their blocks come from the same 48 KB rule at every d, and d = 16 holds fewer values per
 #: thread than the d = 64 and 80 builds that stay).  The attention-dropout
 #: variants are built for float32 at d = 64 only (not counting; see
@@ -63,10 +63,6 @@ def count_variants(dtype, d: int) -> tuple[bool, ...]:
     (False, True) or (False,)."""
     return (False, True) if str(dtype) in COUNTED_DTYPES and d in COUNTED_DS else (False,)
 
-
-#: Groups added for one module: flash2_fast chooses its blocks by TD = ceil(d / 16), and d = 96 (TD = 6) has
-#: blocks of its own (the d = 96 forward spilled under its cap unnoticed until session 8 built it).
-EXTRA_GROUPS = {"flash2_fast": ((("float32",), (16, 96)),)}
 
 
 #: numba-cuda 0.30.4 lowers a kernel differently only below cc 6.0 (float64
@@ -244,11 +240,11 @@ class Row:
 
 def compile_module(name: str, ccs=CCS, groups=None) -> list[Row]:
     """Compile every specialisation of ``flash_numba.kernels.<name>`` and assemble it with ptxas (``groups``:
-    :data:`GROUPS` and the module's :data:`EXTRA_GROUPS` by default)."""
+    :data:`GROUPS` and the spec's ``compile_groups`` by default)."""
     from . import kernels
 
-    groups = GROUPS + EXTRA_GROUPS.get(name, ()) if groups is None else groups
     mod = kernels.get(name)
+    groups = GROUPS + tuple(mod.compile_groups) if groups is None else groups
     rows, seen, reports = [], set(), {}
     for dtypes, ds in groups:
         for cc in ccs:

@@ -13,8 +13,9 @@ CUDA tensors stay on the GPU (read in place through ``__cuda_array_interface__``
 through NumPy, so without a GPU they run in Numba's CUDA simulator (tiny sizes only).
 
 What SDPA can do and we cannot is refused with an error that names the argument, never quietly
-handed to another implementation: an ``attn_mask`` tensor, bfloat16 and other
-dtypes than float16/32/64, a value head dim different from the query's, head dims above 128.
+handed to another implementation: an ``attn_mask`` tensor, dtypes other than float16, bfloat16
+(kernels that run it: flash2_tc, the default for it), float32 and float64, a value head dim different from
+the query's, head dims above 128.
 
 Attention dropout (``dropout_p > 0``) is the paper's (:mod:`flash_numba.kernels._dropout`): each call
 draws a 32-bit seed from PyTorch's default CPU generator (so ``torch.manual_seed`` makes it
@@ -59,7 +60,24 @@ __all__ = ["DEFAULT_KERNEL", "MultiheadAttention", "scaled_dot_product_attention
 #: The kernel ``kernel=None`` picks: the package's default, the fastest FlashAttention kernel.
 DEFAULT_KERNEL = api.DEFAULT_KERNEL
 
-_DTYPES = (torch.float16, torch.float32, torch.float64)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _to_numpy(t):
+    """A CPU tensor as NumPy; bfloat16 as its 16-bit words (flash_numba._inputs.as_bfloat16)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        from ._inputs import as_bfloat16
+
+        return as_bfloat16(t.view(torch.int16).numpy().view("uint16"))
+    return t.numpy()
+
+
+def _to_tensor(x, device, bf16: bool):
+    """A result back as a tensor on ``device``; uint16 words of a bfloat16 call as torch.bfloat16."""
+    if bf16 and not isinstance(x, torch.Tensor) and str(getattr(x, "dtype", "")) == "uint16":
+        return torch.from_numpy(x.view("int16")).view(torch.bfloat16).to(device)
+    return torch.as_tensor(x, device=device)
 
 
 def _run_forward(kernel, q, k, v, causal, scale, dropout_p=0.0, dropout_seed=None):
@@ -67,20 +85,21 @@ def _run_forward(kernel, q, k, v, causal, scale, dropout_p=0.0, dropout_seed=Non
     if q.is_cuda:  # read in place; the package returns torch tensors for torch inputs
         args = (q, k, v)
     else:  # CPU: through NumPy (the package copies it to the GPU, or runs the simulator)
-        args = tuple(t.detach().numpy() for t in (q, k, v))
+        args = tuple(_to_numpy(t) for t in (q, k, v))
     res = api.attention_forward(*args, kernel=kernel, causal=causal, scale=scale, dropout_p=dropout_p,
                                 dropout_seed=dropout_seed)
-    return torch.as_tensor(res.o, device=q.device), torch.as_tensor(res.lse, device=q.device)
+    bf16 = q.dtype == torch.bfloat16
+    return _to_tensor(res.o, q.device, bf16), _to_tensor(res.lse, q.device, bf16)
 
 
 def _run_backward(kernel, q, k, v, o, lse, do, causal, scale, dropout_p=0.0, dropout_seed=None):
     """Our backward from the saved O and L: (dq, dk, dv) as tensors on q's device."""
     args = (q, k, v, o, lse, do)
     if not q.is_cuda:
-        args = tuple(t.detach().numpy() for t in args)
+        args = tuple(_to_numpy(t) for t in args)
     res = api.attention_backward(*args, kernel=kernel, causal=causal, scale=scale, dropout_p=dropout_p,
                                  dropout_seed=dropout_seed)
-    return tuple(torch.as_tensor(g, device=q.device) for g in (res.dq, res.dk, res.dv))
+    return tuple(_to_tensor(g, q.device, q.dtype == torch.bfloat16) for g in (res.dq, res.dk, res.dv))
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -118,7 +137,8 @@ def _check_tensors(query, key, value) -> None:
         if t.dim() < 2:
             raise ValueError(f"{name}: expected shape (..., N, E) with at least 2 dims, got {tuple(t.shape)}")
         if t.dtype not in _DTYPES:
-            raise TypeError(f"{name}: dtype {t.dtype} is not supported by flash_numba; use float16, float32 or float64")
+            raise TypeError(f"{name}: dtype {t.dtype} is not supported by flash_numba; "
+                            "use float16, bfloat16, float32 or float64")
         if t.layout != torch.strided:
             raise TypeError(f"{name}: layout {t.layout} is not supported; give a dense (strided) tensor")
     for name, t in (("key", key), ("value", value)):

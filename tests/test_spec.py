@@ -8,6 +8,7 @@ import pytest
 from flash_numba import kernels
 from flash_numba.device import STATIC_SHARED_LIMIT
 from flash_numba.kernels import KernelSpec
+from flash_numba.kernels._spec import DTYPE_NAMES
 
 
 @pytest.mark.parametrize("name", kernels.NAMES)
@@ -83,3 +84,103 @@ def test_a_spec_refuses_half_an_atomic_path():
         dataclasses.replace(flash2, backward_atomic=flash2.backward)
     with pytest.raises(ValueError, match="^pass_: expected 'forward' or 'backward'"):
         flash2.launches("sideways")
+
+
+@pytest.mark.parametrize("name", kernels.NAMES)
+def test_a_spec_says_what_it_runs(name):
+    spec = kernels.get(name)
+    assert spec.dtypes and set(spec.dtypes) <= set(DTYPE_NAMES) and set(spec.min_cc) <= set(spec.dtypes)
+    for dtype in spec.dtypes:
+        assert spec.supports(64, dtype) is None
+    assert spec.supports(129, spec.dtypes[0]) == spec.supports(64, "int32")
+    assert spec.supports(129, spec.dtypes[0]).startswith(f"{name} runs ")
+    assert spec.head_dims_text in spec.supports(129, spec.dtypes[0])
+
+
+def test_the_kernels_of_today_run_three_dtypes_at_every_head_dim_on_every_gpu():
+    for name in ("standard", "flash1", "flash2", "flash2_fast"):
+        spec = kernels.get(name)
+        assert spec.dtypes == ("float16", "float32", "float64") and not spec.min_cc
+        assert all(spec.supports(d, "float16", (5, 0)) is None for d in range(1, 129))
+        assert spec.supports(0, "float32") == spec.supports(129, "float32") == (
+            f"{name} runs float16, float32 and float64 with head dims 1 to 128")
+
+
+NARROW = dict(dtypes=("float32",), head_dims=lambda d: d % 16 == 0 and 16 <= d <= 128,
+              head_dims_text="16 to 128, a multiple of 16", min_cc={"float32": (8, 0)})
+
+
+def test_check_supported_names_the_argument_and_says_what_runs():
+    spec = dataclasses.replace(kernels.get("flash2"), **NARROW)
+    runs = "flash2 runs float32 with head dims 16 to 128, a multiple of 16"
+    assert spec.supports(32, "float32") is None and spec.supports(32, "float32", (9, 0)) is None
+    assert spec.supports(24, "float32") == spec.supports(32, "float16") == runs
+    with pytest.raises(TypeError, match=rf"^dtype: float16 is not supported by flash2; {runs}$"):
+        spec.check_supported(32, np.float16)
+    with pytest.raises(ValueError, match=rf"^d: head dim d = 24 is not supported by flash2; {runs}$"):
+        spec.check_supported(24, "float32")
+    gpu = r"flash2 needs compute capability 8\.0 for float32; this GPU \(Tesla T4\) is 7\.5"
+    with pytest.raises(ValueError, match=rf"^q: dtype float32 is not supported on this GPU; {gpu}$"):
+        spec.check_supported(32, "float32", (7, 5), "Tesla T4", arg="q")
+    with pytest.raises(TypeError, match="dtypes must name some of float16, bfloat16"):
+        dataclasses.replace(spec, dtypes=("int8",))
+
+
+@pytest.fixture
+def narrow_flash2(monkeypatch):
+    """flash2 described as running float32 at multiples of 16 only, from cc 8.0."""
+    spec = dataclasses.replace(kernels.get("flash2"), **NARROW)
+    monkeypatch.setattr(kernels.module("flash2"), "SPEC", spec)
+    return spec
+
+
+def test_the_api_refuses_what_a_spec_does_not_run_in_its_words(narrow_flash2, rng):
+    import flash_numba as fn
+    from flash_numba import api, device
+
+    runs = "flash2 runs float32 with head dims 16 to 128, a multiple of 16"
+    q = rng.standard_normal((1, 4, 24)).astype(np.float32)
+    with pytest.raises(ValueError, match=rf"^q: head dim d = 24 is not supported by flash2; {runs}$"):
+        fn.attention_forward(q, q, q, kernel="flash2")
+    with pytest.raises(ValueError, match=rf"^q: head dim d = 24 is not supported by flash2; {runs}$"):
+        fn.attention_backward(q, q, q, q, q[..., 0], q, kernel="flash2")
+    h = rng.standard_normal((1, 4, 16)).astype(np.float16)
+    with pytest.raises(TypeError, match=rf"^q: dtype float16 is not supported by flash2; {runs}$"):
+        fn.attention_forward(h, h, h, kernel="flash2")
+    with pytest.raises(TypeError, match=rf"^dtype: float16 is not supported by flash2; {runs}$"):
+        fn.resolve_block("flash2", 16, np.float16)
+    with pytest.raises(ValueError, match=rf"^d: head dim d = 8 is not supported by flash2; {runs}$"):
+        fn.resolve_block("flash2", 8, np.float32)
+    assert fn.resolve_block("flash2", 16, np.float32) == kernels.get("flash2").block(16, np.float32, "forward")
+
+    class T4:
+        name, compute_capability = "Tesla T4", (7, 5)
+
+    q16 = rng.standard_normal((1, 4, 16)).astype(np.float32)
+    with pytest.MonkeyPatch.context() as mp:  # a GPU below the spec's cc (the simulator stands in for every cc)
+        mp.setattr(device, "SIMULATOR", False)
+        mp.setattr(device, "info", lambda: T4)
+        with pytest.raises(ValueError, match=r"^q: dtype float32 is not supported on this GPU; flash2 needs "
+                                             r"compute capability 8\.0 for float32; this GPU \(Tesla T4\) is 7\.5$"):
+            api._check_supported(narrow_flash2, fn._inputs.prepare({"q": q16, "k": q16, "v": q16}, causal=False,
+                                                                   scale=None)[0])
+
+
+@pytest.mark.parametrize("name", kernels.NAMES)
+def test_flops_cover_every_launch(name):
+    spec = kernels.get(name)
+    BH, Nq, Nk, d = 2, 40, 33, 16
+    for pass_, deterministic in (("forward", True), ("backward", True), ("backward", False)):
+        full = spec.flops(pass_, BH, Nq, Nk, d, False, deterministic)
+        causal = spec.flops(pass_, BH, Nq, Nk, d, True, deterministic)
+        assert set(spec.launches(pass_, deterministic)) <= set(full) == set(causal)
+        assert all(isinstance(f, int) and f >= 0 for f in full.values())
+        assert 0 < sum(causal.values()) < sum(full.values())
+
+
+def test_visible_pairs_under_the_bottom_right_mask():
+    from flash_numba.kernels._spec import visible_pairs
+
+    for Nq, Nk in ((1, 1), (17, 5), (5, 17), (40, 33), (97, 97)):
+        mask = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + (Nk - Nq)
+        assert visible_pairs(Nq, Nk, True) == mask.sum() and visible_pairs(Nq, Nk, False) == Nq * Nk

@@ -17,7 +17,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("BH, Nq, Nk, d, causal, dtype, block", CASES)
-@pytest.mark.parametrize("kernel", terms.KERNELS)
+@pytest.mark.parametrize("kernel", kernels.NAMES)
 @pytest.mark.parametrize("pass_", ["forward", "backward"])
 def test_terms_add_up_to_the_model_total(kernel, pass_, BH, Nq, Nk, d, causal, dtype, block):
     model = getattr(iomodel, pass_)(kernel, BH, Nq, Nk, d, dtype, causal, block)
@@ -64,7 +64,7 @@ def test_figure_and_rows():
     matplotlib.use("Agg")
     fig, rows = terms.figure(BH=2, Ns=(256, 1024), N_fixed=1024, Ms=(16 * 1024, 48 * 1024))
     assert len(fig.axes) == 2
-    assert {r["kernel"] for r in rows} == set(terms.KERNELS) and {r["axis"] for r in rows} == {"N", "M"}
+    assert {r["kernel"] for r in rows} == set(kernels.NAMES) and {r["axis"] for r in rows} == {"N", "M"}
     for r in rows:
         assert r["total"] == sum(r[t] for t in terms.TERMS)
         want = iomodel.forward(r["kernel"], 2, r["N"], r["N"], 64, np.float32, False, (r["Br"], r["Bc"]))

@@ -23,8 +23,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left  # noqa: E402
 
 import flash_numba.torch as fnt  # noqa: E402
+from flash_numba import kernels  # noqa: E402
 
-KERNELS = ("standard", "flash1", "flash2", "flash2_fast")
+KERNELS = kernels.NAMES
 U64 = 2.0**-53
 
 

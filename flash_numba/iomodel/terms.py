@@ -39,7 +39,6 @@ import numpy as np
 from .._inputs import acc_dtype
 
 TERMS = ("compulsory", "re-reads", "S/P")
-KERNELS = ("standard", "flash1", "flash2", "flash2_fast")
 
 
 def compulsory_bytes(BH, Nq, Nk, d, dtype, pass_: str = "forward", G: int = 1) -> int:
@@ -86,9 +85,12 @@ def block_for(kernel: str, d: int, dtype, M_bytes: int, pass_: str = "forward") 
 
 def rows(BH=32, d=64, dtype=np.float32, Ns=(512, 1024, 2048, 4096, 8192), N_fixed=4096,
          Ms=(12 * 1024, 16 * 1024, 24 * 1024, 32 * 1024, 48 * 1024), M_fixed=48 * 1024,
-         pass_="forward", causal=False, kernels=KERNELS) -> list[dict]:
-    """CSV rows of :func:`figure`: for each kernel, the bytes by term over N (at ``M_fixed``) and over M
-    (at ``N_fixed``), with the block each call would use."""
+         pass_="forward", causal=False, kernels=None) -> list[dict]:
+    """CSV rows of :func:`figure`: for each kernel (default: all of :data:`flash_numba.kernels.NAMES`), the bytes
+    by term over N (at ``M_fixed``) and over M (at ``N_fixed``), with the block each call would use."""
+    from .. import kernels as _kernels
+
+    kernels = _kernels.NAMES if kernels is None else kernels
     out = []
     for axis, points in (("N", Ns), ("M", Ms)):
         for x in points:
@@ -116,8 +118,8 @@ def figure(BH=32, d=64, dtype=np.float32, pass_="forward", causal=False, **kw):
 
     data = rows(BH=BH, d=d, dtype=dtype, pass_=pass_, causal=causal, **kw)
     colors = {"compulsory": "0.6", "re-reads": "C0", "S/P": "C3"}
-    hatches = dict(zip(KERNELS, ("", "//", "..", "xx")))
-    kernels = [k for k in KERNELS if any(r["kernel"] == k for r in data)]
+    kernels = list(dict.fromkeys(r["kernel"] for r in data))
+    hatches = {k: ("", "//", "..", "xx", "\\\\", "oo", "++")[i % 7] for i, k in enumerate(kernels)}
     width = 0.8 / len(kernels)
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     for ax, axis in zip(axes, ("N", "M")):

@@ -14,9 +14,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
+
 from .. import blocks
 
 PASSES = ("forward", "backward")
+
+#: The storage dtypes the package knows, by name, in the order errors list them.
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
 def check_pass(pass_: str) -> None:
@@ -36,6 +41,55 @@ def lazy(module: str, name: str) -> Callable:
 
     call.__name__ = call.__qualname__ = f"{module}.{name}"
     return call
+
+
+def dtype_name(dtype) -> str:
+    """The name of a storage dtype: "float16", "bfloat16", "float32", "float64" (or whatever NumPy calls it)."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return dtype
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+def _words(items) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def visible_pairs(Nq: int, Nk: int, causal: bool) -> int:
+    """(query row, key) pairs a head computes: Nq * Nk, or under the bottom-right causal mask (key j is visible to
+    query i when j <= i + Nk - Nq) the visible ones only."""
+    if not causal:
+        return Nq * Nk
+    return int(np.clip(np.arange(Nq, dtype=np.int64) + (Nk - Nq + 1), 0, Nk).sum())
+
+
+def launch_flops(forward: Mapping[str, tuple], backward: Mapping[str, tuple],
+                 atomic: Mapping[str, tuple] | None = None) -> Callable:
+    """A spec's ``flops`` from the arithmetic of each launch, by its counter name.
+
+    ``(a, b, c)`` means ``a*d + b`` FLOPs per computed score (query row x visible key) and ``c*d`` per query
+    row: ``a`` is 2 per multiply-add of the matrix products over d, ``b`` counts the elementwise operations on
+    a score (scale, max, subtract, exp, add, multiply: one each).  Terms of lower order (a rescale of O per
+    block, flash1's D_i recomputed per key block) are left out; causal attention counts the visible scores
+    only.  ``atomic``: the launches of the ``deterministic=False`` backward (None: the same as ``backward``).
+    The result maps every launch the pass may run to its FLOPs; a pass that runs only some of them (a kernel
+    that picks among backwards by block) is the sum over the launches that ran (the counter names of its
+    :class:`~flash_numba.hbm.HBMCount`).
+    """
+    tables = {("forward", True): dict(forward), ("forward", False): dict(forward),
+              ("backward", True): dict(backward), ("backward", False): dict(backward if atomic is None else atomic)}
+
+    def flops(pass_, BH, Nq, Nk, d, causal=False, deterministic=True) -> dict[str, int]:
+        check_pass(pass_)
+        pairs = visible_pairs(Nq, Nk, causal)
+        return {name: BH * (pairs * (a * d + b) + c * Nq * d)
+                for name, (a, b, c) in tables[pass_, bool(deterministic)].items()}
+
+    return flops
 
 
 @dataclass(frozen=True)
@@ -64,7 +118,14 @@ class KernelSpec:
         choose_atomic_block(d, dtype, budget) -> (Br, Bc)   # optional: the atomic backward's own choice
         check_block(block, d, dtype, pass_) -> None         # optional: shape rules of its own
 
-    ``compile_all(ccs, dtypes, ds)`` returns the compile tier's ``[(label, ptx, ...)]``.
+    What it runs: ``dtypes`` (storage dtypes by name), ``head_dims`` (a test of d; None: 1 <= d <= 128) in the
+    words of ``head_dims_text``, ``min_cc`` (dtype name -> the compute capability it needs);
+    :meth:`supports` says it in a sentence, :meth:`check_supported` raises with it (the API calls it before
+    launching, the test matrix runs each kernel at the dtypes it lists).  ``flops(pass_, BH, Nq, Nk, d,
+    causal, deterministic=True)``: FLOPs of each launch of a pass (:func:`launch_flops` builds it from a table).
+
+    ``compile_all(ccs, dtypes, ds)`` returns the compile tier's ``[(label, ptx, ...)]``; ``compile_groups``
+    adds ``((dtypes, ds), ...)`` groups of its own to :data:`flash_numba.compile_check.GROUPS`.
     ``max_registers`` maps a launch name to its register cap; ``register_rule(launch, cc, d, dtype, dynamic, count)``,
     where given, says where the cap applies (:meth:`register_cap`).  ``dynamic_shared``: the kernel's
     blocks may exceed 48 KB (dynamic shared memory, :mod:`flash_numba.kernels._smem`).
@@ -90,6 +151,12 @@ class KernelSpec:
     max_registers: Mapping[str, int] = field(default_factory=dict)
     register_rule: Callable | None = None
     dynamic_shared: bool = False  # its blocks may use dynamic shared memory: budget blocks.dynamic_budget()
+    dtypes: tuple[str, ...] = ("float16", "float32", "float64")  # storage dtypes it runs, by name
+    head_dims: Callable[[int], bool] | None = None  # None: 1 <= d <= 128
+    head_dims_text: str = "1 to 128"  # the words the errors use for head_dims
+    min_cc: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # dtype name -> minimum cc (absent: any)
+    flops: Callable | None = None  # (pass_, BH, Nq, Nk, d, causal, deterministic=True) -> {launch: FLOPs}
+    compile_groups: tuple = ()  # the compile tier's groups for this kernel beyond compile_check.GROUPS
     doc: str = ""  # what the kernel is: its module's docstring (``spec.__doc__`` returns it)
 
     def __post_init__(self):
@@ -106,8 +173,44 @@ class KernelSpec:
         ):
             raise TypeError(f"{self.name}: backward_atomic, its launches and its IO model go together")
         object.__setattr__(self, "max_registers", MappingProxyType(dict(self.max_registers)))
+        object.__setattr__(self, "min_cc", MappingProxyType(dict(self.min_cc)))
+        unknown = [t for t in (*self.dtypes, *self.min_cc) if t not in DTYPE_NAMES]
+        if unknown or not self.dtypes:
+            raise TypeError(f"{self.name}: dtypes must name some of {', '.join(DTYPE_NAMES)}; got {unknown or '()'}")
         if self.doc:
             object.__setattr__(self, "__doc__", self.doc)
+
+    def _runs_head_dim(self, d) -> bool:
+        return 1 <= d <= 128 if self.head_dims is None else bool(self.head_dims(d))
+
+    def supports(self, d: int, dtype, cc=None, gpu: str | None = None) -> str | None:
+        """None when the kernel runs head dim ``d`` in storage ``dtype`` (a name or a NumPy dtype) on a GPU of
+        compute capability ``cc`` (None: any, as in the simulator); else one sentence saying what it does run,
+        e.g. "flash2 runs float16, float32 and float64 with head dims 1 to 128".  ``gpu``: the GPU's name, for
+        that sentence."""
+        name = dtype_name(dtype)
+        if name not in self.dtypes or not self._runs_head_dim(d):
+            return f"{self.name} runs {_words(self.dtypes)} with head dims {self.head_dims_text}"
+        need = self.min_cc.get(name)
+        if cc is not None and need is not None and tuple(cc) < tuple(need):
+            this = f"this GPU ({gpu})" if gpu else "this GPU"
+            return (f"{self.name} needs compute capability {need[0]}.{need[1]} for {name}; "
+                    f"{this} is {cc[0]}.{cc[1]}")
+        return None
+
+    def check_supported(self, d: int, dtype, cc=None, gpu: str | None = None, arg: str | None = None) -> None:
+        """:meth:`supports` as an error that names the argument (``arg``, e.g. "q" when d and dtype are q's;
+        default "d" or "dtype"): TypeError for the dtype, ValueError for the head dim or the GPU."""
+        why = self.supports(d, dtype, cc, gpu)
+        if why is None:
+            return
+        name = dtype_name(dtype)
+        what = f"{arg}: dtype {name}" if arg else f"dtype: {name}"
+        if name not in self.dtypes:
+            raise TypeError(f"{what} is not supported by {self.name}; {why}")
+        if not self._runs_head_dim(d):
+            raise ValueError(f"{arg or 'd'}: head dim d = {d} is not supported by {self.name}; {why}")
+        raise ValueError(f"{what} is not supported on this GPU; {why}")
 
     @property
     def supports_atomic(self) -> bool:

@@ -67,7 +67,7 @@ from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element
                       input_type, kv_head)
 from ._common import madd_unless_zero, nan_max, rounded_mul
 from . import _dropout
-from ._spec import KernelSpec
+from ._spec import KernelSpec, launch_flops
 from ._tile_ops import load_rows
 from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
@@ -527,8 +527,15 @@ def compile_all(ccs, dtypes, ds):
     return out
 
 
+#: FLOPs per launch (see :func:`flash_numba.kernels._spec.launch_flops`).
+FLOPS = launch_flops(
+    forward={FORWARD_NAMES[0]: (0, 0, 0), FORWARD_NAMES[1]: (4, 5, 0)},  # Q K^T, P V; scale, max, subtract, exp, add
+    # Q K^T, dV, dP, dQ, dK; scale, subtract, exp, subtract, multiply
+    backward={BACKWARD_NAMES[0]: (0, 0, 0), BACKWARD_NAMES[1]: (10, 5, 0)},
+)
+
 SPEC = KernelSpec(
-    name="flash1", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    name="flash1", flops=FLOPS, doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
     forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
     shared_bytes=shared_bytes, block_limits=block_limits,  # the paper's block rule (blocks.choose)
 )

@@ -2,8 +2,9 @@
 
 :func:`counted` runs a kernel's forward and backward with ``count_hbm=True``;
 :func:`model` asks the IO model (:mod:`flash_numba.iomodel`) for the same
-passes without running anything.  :data:`FLOPS` gives the arithmetic of each
-kernel launch, by the name under which it counts its bytes.  Everything here
+passes without running anything.  :func:`flops` gives the arithmetic of each
+kernel launch, by the name under which it counts its bytes (each kernel's spec holds its own:
+``KernelSpec.flops``).  Everything here
 is float32, non-causal, ``N = Nq = Nk``, the default block unless one is given.
 """
 
@@ -16,39 +17,16 @@ from ..api import attention_backward, attention_forward, resolve_block
 
 DTYPE = np.dtype(np.float32)
 
-#: FLOPs of each kernel launch, by its counter name: ``(a, b, c)`` means
-#: ``a*d + b`` FLOPs per score (query row x key) and ``c*d`` per query row.
-#: ``a`` is 2 per multiply-add of the matrix products over d; ``b`` counts the
-#: elementwise operations on a score (scale, max, subtract, exp, add, multiply:
-#: one each).  Terms of lower order (a rescale of O per block, flash1's D_i
-#: recomputed per key block) are left out.  Non-causal attention.
-FLOPS = {
-    # standard forward
-    "S = scale*Q@K^T": (2, 5, 0),  # Q K^T; scale, online max, subtract, exp, add (L = m + log l)
-    "P = softmax(S)": (0, 3, 0),  # subtract m, exp, multiply by 1/l
-    "O = P@V": (2, 0, 0),
-    # standard backward
-    "P, dS = P*(dP-D)": (4, 5, 0),  # Q K^T, dO V^T; scale, subtract, exp, subtract, multiply
-    "dV = P^T@dO": (2, 0, 0),
-    "dQ = scale*dS@K": (2, 0, 0),
-    "dK = scale*dS^T@Q": (2, 0, 0),
-    # flash1
-    "init O, l, m": (0, 0, 0),
-    "Algorithm 1": (4, 5, 0),  # Q K^T, P V; scale, max, subtract, exp, add
-    "init dQ": (0, 0, 0),
-    "Algorithm 4": (10, 5, 0),  # Q K^T, dV, dP, dQ, dK; scale, subtract, exp, subtract, multiply
-    # flash2, flash2_fast
-    "flash2 forward": (4, 5, 0),
-    "flash2_fast forward": (4, 5, 0),
-    "D = rowsum(dO*O)": (0, 0, 2),
-    "dK, dV": (8, 5, 0),  # Q K^T, dV, dP, dK
-    "dQ": (6, 5, 0),  # Q K^T again, dP again, dQ
-    "flash2_fast dK, dV": (8, 5, 0),  # flash2's backward, register-tiled
-    "flash2_fast dQ": (6, 5, 0),
-    "flash2_fast zero dQ copies": (0, 0, 0),  # the split (deterministic) backward
-    "flash2_fast dK, dV, dQ (split)": (10, 5, 0),  # Q K^T, dV, dP, dK, dQ
-    "flash2_fast sum dQ copies": (0, 0, 0),  # (copies - 1) d adds per query row: lower order
-}
+
+def _all_flops(BH: int, N: int, d: int) -> dict:
+    """FLOPs of every launch of every kernel (both passes, both backwards), non-causal, by counter name, from the
+    kernels' ``KernelSpec.flops``."""
+    out = {}
+    for name in kernels.NAMES:
+        spec_flops = kernels.get(name).flops
+        for pass_, deterministic in (("forward", True), ("backward", True), ("backward", False)):
+            out.update(spec_flops(pass_, BH, N, N, d, False, deterministic))
+    return out
 
 
 def block_for(kernel: str, d: int, pass_: str):
@@ -77,15 +55,22 @@ def differences(counted, modelled) -> str:
 
 
 def flops(names, BH: int, N: int, d: int) -> dict:
-    """FLOPs of each launch in ``names`` (counter names, see :data:`FLOPS`) for N = Nq = Nk.
+    """FLOPs of each launch in ``names`` (counter names, from the kernels' ``KernelSpec.flops``) for N = Nq = Nk,
+    non-causal.
 
-    KeyError names a launch that :data:`FLOPS` lacks (the tests check that none does).
+    KeyError names a launch that no spec's table has (the tests check that none lacks one).
     """
-    out = {}
-    for name in names:
-        a, b, c = FLOPS[name]
-        out[name] = BH * (N * N * (a * d + b) + c * N * d)
-    return out
+    every = _all_flops(BH, N, d)
+    return {name: every[name] for name in names}
+
+
+def elementwise(name: str) -> bool:
+    """Whether launch ``name`` runs no matrix product: the FLOPs it adds per unit of d grow with N, not N^2."""
+
+    def per_d(N):
+        return _all_flops(1, N, 2)[name] - _all_flops(1, N, 1)[name]
+
+    return per_d(8) == 2 * per_d(4)
 
 
 def random_inputs(BH: int, N: int, d: int, seed: int = 0):

@@ -98,7 +98,7 @@ from ...compile_check import compile_kernel, count_variants
 from ...device import STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
 from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid_2d, input_type
-from .._spec import KernelSpec
+from .._spec import KernelSpec, launch_flops
 from .backward import _dkdv_kernel, _dq_kernel
 from .forward import _forward_kernel
 from .layout import BACKWARD_NAMES, FORWARD_NAME, NT, block_limits, cdiv, shared_bytes
@@ -189,8 +189,16 @@ def compile_all(ccs, dtypes, ds):
     return out
 
 
+#: The backward's arithmetic per launch (see :func:`flash_numba.kernels._spec.launch_flops`).
+BACKWARD_FLOPS = {
+    BACKWARD_NAMES[0]: (0, 0, 2),  # D = rowsum(dO * O)
+    BACKWARD_NAMES[1]: (8, 5, 0),  # Q K^T, dV, dP, dK
+    BACKWARD_NAMES[2]: (6, 5, 0),  # Q K^T again, dP again, dQ
+}
+FLOPS = launch_flops(forward={FORWARD_NAME: (4, 5, 0)}, backward=BACKWARD_FLOPS)  # forward: Q K^T, P V; 5 on a score
+
 SPEC = KernelSpec(
-    name="flash2", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    name="flash2", flops=FLOPS, doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
     forward_launches=(FORWARD_NAME,), backward_launches=BACKWARD_NAMES,
     shared_bytes=shared_bytes, block_limits=block_limits,  # the paper's block rule (blocks.choose)
 )

@@ -69,7 +69,7 @@ from ...device import SIMULATOR, dynamic_shared_limit
 from .. import _dropout, _rowsum, _smem, _tile_ops, _vec
 from .. import flash2 as _flash2
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, acc_nb_type, array_type, head_grid
-from .._spec import KernelSpec
+from .._spec import KernelSpec, launch_flops
 from .backward import (ELEMWISE_THREADS, ZEROS_PER_THREAD, cast_kernel, dkdv_kernel, dq_kernel, sum_copies_kernel,
                        zero_kernel)
 from . import layout
@@ -381,8 +381,27 @@ def _compile_for_cc(cc, dtypes, ds):
     return out
 
 
+#: FLOPs per launch (see :func:`flash_numba.kernels._spec.launch_flops`); the deterministic backward runs
+#: the two-pass or the split launches (or flash2's, for blocks that are not micro-tile shapes).
+FLOPS = launch_flops(
+    forward={FORWARD_NAME: (4, 5, 0)},
+    backward={
+        # flash2's backward (and its D), for blocks that are not micro-tile shapes
+        **_flash2.BACKWARD_FLOPS,
+        BACKWARD_KV_NAME: (8, 5, 0),  # flash2's backward, register-tiled
+        BACKWARD_Q_NAME: (6, 5, 0),
+        ZERO_DQ_COPIES_NAME: (0, 0, 0),
+        BACKWARD_KVQ_SPLIT_NAME: (10, 5, 0),  # Q K^T, dV, dP, dK, dQ
+        SUM_DQ_NAME: (0, 0, 0),  # (copies - 1) d adds per query row: lower order
+    },
+    atomic={_rowsum.NAME: (0, 0, 2), ZERO_DQ_NAME: (0, 0, 0), BACKWARD_KVQ_NAME: (10, 5, 0), CAST_DQ_NAME: (0, 0, 0)},
+)
+
 SPEC = KernelSpec(
-    name="flash2_fast", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    name="flash2_fast", flops=FLOPS,
+    # d = 96 (TD = 6) has blocks of its own (its forward once spilled under its cap unnoticed), d = 16 the smallest TD
+    compile_groups=((("float32",), (16, 96)),),
+    doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
     backward_atomic=backward_atomic,  # deterministic=False
     forward_launches=(FORWARD_NAME,),
     # two-pass (dQ with D, then dK/dV) or split (D, zeroed copies, dK/dV/dQ, their sum): split_dq_copies picks

@@ -51,7 +51,7 @@ from ... import _inputs
 from ...device import STATIC_SHARED_LIMIT
 from .. import _dropout, _rowsum
 from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_type
-from .._spec import KernelSpec
+from .._spec import KernelSpec, launch_flops
 from .._tile_ops import NT
 from ..matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
 from .backward import colprod_kernel, grad_scores_kernel
@@ -216,8 +216,24 @@ def compile_all(ccs, dtypes, ds):
     return out + matmul16.compile_all(ccs, dtypes, ds)
 
 
+#: FLOPs per launch (see :func:`flash_numba.kernels._spec.launch_flops`: ``a*d + b`` per score, ``c*d`` per row).
+FLOPS = launch_flops(
+    forward={
+        FORWARD_NAMES[0]: (2, 5, 0),  # Q K^T; scale, online max, subtract, exp, add (L = m + log l)
+        FORWARD_NAMES[1]: (0, 3, 0),  # subtract m, exp, multiply by 1/l
+        FORWARD_NAMES[2]: (2, 0, 0),  # P V
+    },
+    backward={
+        _rowsum.NAME: (0, 0, 2),
+        BACKWARD_NAMES[1]: (4, 5, 0),  # Q K^T, dO V^T; scale, subtract, exp, subtract, multiply
+        BACKWARD_NAMES[2]: (2, 0, 0),
+        BACKWARD_NAMES[3]: (2, 0, 0),
+        BACKWARD_NAMES[4]: (2, 0, 0),
+    },
+)
+
 SPEC = KernelSpec(
-    name="standard", doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
+    name="standard", flops=FLOPS, doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
     forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
 )

@@ -24,7 +24,7 @@ confirm the model.  Times and memory need a GPU: without one, or with
 ``--model-only`` (which runs no kernel at all), figures 4 and 5 are skipped
 with a message, figures 1 and 2 have no runtime, and figure 6 places each
 kernel at its roofline bound instead of at its measured speed.  FLOPs (figures
-1, 5 and 6) follow :data:`flash_numba.tools.passes.FLOPS`.
+1, 5 and 6) follow each kernel's ``KernelSpec.flops`` (:func:`flash_numba.tools.passes.flops`).
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def _figure1_markdown(run: Run, rows: list, title: str) -> str:
         "## Why the numbers differ",
         "",
         f"* **FLOP convention.**  Ours: 2 FLOPs per multiply-add of every matrix product plus one per "
-        f"elementwise operation on a score (`FLOPS` in `flash_numba/tools/passes.py`).  The paper does not state "
+        f"elementwise operation on a score (each kernel's `FLOPS`, its spec's `flops`).  The paper does not state "
         f"its convention: the matrix products of standard attention alone (4 N^2 d forward, 8 N^2 d backward, "
         f"per head) come to {matmul_gflops:.0f} GFLOPs here, {matmul_gflops / 66.6:.0f}x its 66.6.  Compare "
         f"ratios instead: the paper's FlashAttention does 75.2 / 66.6 = 1.13x the work of standard attention.",

@@ -127,7 +127,7 @@ def _standard_breakdown(run: Run) -> list:
         left = 0.0
         for r in (r for r in rows if (r["pass"], r["N"]) == (pass_, N)):
             name = r["launch"]
-            elementwise = passes.FLOPS[name][0] == 0  # no matrix product
+            elementwise = passes.elementwise(name)  # no matrix product
             ax.barh(y, r["share"], left=left, color=f"C{names.index(name) % 10}", hatch="//" if elementwise else None,
                     edgecolor="white", label=None if name in labelled else name)
             labelled.add(name)
