@@ -51,7 +51,7 @@ from numba import cuda, float32, int64, uint32, uint64
 
 from ...device import jit
 from .. import _bf16, _dropout, _mma, _smem
-from .._common import add_counts, exp2_ieee, group_step, kv_head, rounded_mul
+from .._common import add_counts, nb_type, exp2_ieee, group_step, kv_head, rounded_mul
 from .._tile_ops import head_starts, last_tile_first
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
@@ -109,11 +109,11 @@ def _storage(dtype_name: str):
     def to_f32(x):
         return float32(x)
 
-    from numba import float16
+    F16 = nb_type(np.float16)
 
     @jit(device=True, forceinline=True)
     def from_f32(x):
-        return float16(x)
+        return F16(x)
 
     return to_f32, from_f32, _mma.pack_f16x2
 
