@@ -179,7 +179,7 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool):
     bh of a flat input (layout ``lay``) into a row-major tile of stride d + 8, 16-bit words copied as they are;
     rows past n zero-filled."""
     S, D_U, COUNT = stride(d), uint32(d), count
-    ZERO = np.uint16(0) if dtype_name == "bfloat16" else np.float16(0)
+    from_f32 = _storage(dtype_name)[1]  # a zero of the tile's type (a float16 constant does not lower)
     PER = rows * d // NT  # every thread the same number of elements (d a multiple of 16, rows of 32, 64)
     assert rows * d % NT == 0
 
@@ -199,7 +199,7 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool):
                 if COUNT:
                     got += 1
             else:
-                tile[at] = ZERO
+                tile[at] = from_f32(F32_ZERO)
         return got
 
     return load
@@ -338,13 +338,13 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
             # P = exp2(S scale log2e - L), dS = P (Z dP - D), 0 where masked; Z P and dS to shared memory
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
-            head = drop_head(seed, bh)
+            head = int64(drop_head(seed, bh))
             for h in range(2):
                 rl = sr + g + uint32(8 * h)  # the lane's row of the tile
                 L2 = Ls[rl]
                 Dv = Ds[rl]
                 lim = key_limit(r0 + int64(rl), c0 + int64(sc), Nq, Nk, CAUSAL)  # keys c0 + sc + x, x <= lim
-                rk = drop_row(head, r0 + int64(rl))
+                rk = int64(drop_row(head, r0 + int64(rl)))
                 for j in range(SN):
                     for e in range(2):
                         x = uint32(8 * j + e) + 2 * t  # key c0 + sc + x
@@ -495,9 +495,9 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
         cuda.syncthreads()
         L2a, L2b = Ls[sr + g], Ls[sr + g + uint32(8)]
         Da, Db = Ds[sr + g], Ds[sr + g + uint32(8)]
-        head = drop_head(seed, bh)
-        rka = drop_row(head, r0 + int64(sr + g))
-        rkb = drop_row(head, r0 + int64(sr + g + uint32(8)))
+        head = int64(drop_head(seed, bh))
+        rka = int64(drop_row(head, r0 + int64(sr + g)))
+        rkb = int64(drop_row(head, r0 + int64(sr + g + uint32(8))))
 
         for jb in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
             c0 = jb * Bc
@@ -776,3 +776,56 @@ def io_backward_atomic(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
     return {D_ZERO_NAME: (BH * 2 * s * d * Nq, BH * a * Nq + n * a),
             BACKWARD_KVQ_NAME: (kv_read + atomics, kv_written + atomics),
             CAST_DQ_NAME: (n * a, n * s)}
+
+
+# ---------------------------------------------------------------- the compile tier
+
+
+def compile_backward(ccs, dtypes, ds, count_variants=(False, True)):
+    """The compile tier's :class:`~flash_numba.compile_check.Compiled` list of the backward kernels: for each cc,
+    dtype (float16 everywhere, bfloat16 from sm_80; the m16n8k8 path below sm_80, as the forward's switch picks),
+    head dim, causal or not, counting or not; dropout for d = 64 float16, not counting."""
+    from numba import types
+
+    from ...compile_check import compile_kernel
+    from .._common import COUNTER_TYPE, LAYOUT_TYPE
+
+    I64, F32 = types.int64, types.float32
+    A2, A3 = types.Array(F32, 2, "C"), types.Array(F32, 3, "C")
+    DROP = _dropout.arg_types(F32)
+    out = []
+    for cc in ccs:
+        k8 = tuple(cc) < (8, 0)
+        for dtype in dtypes:
+            if dtype == "bfloat16" and k8:
+                continue
+            T = types.uint16 if dtype == "bfloat16" else types.float16
+            X1, X3 = types.Array(T, 1, "C"), types.Array(T, 3, "C")
+            kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, F32, F32, COUNTER_TYPE,
+                      LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP)
+            q_sig = (X1, X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, F32, F32, COUNTER_TYPE,
+                     LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP)
+            for d in ds:
+                kv_dyn, q_dyn = bool(_dynamic_bytes(kv_tile_bytes(d))), bool(_dynamic_bytes(q_tile_bytes(d)))
+                for count in count_variants:
+                    for causal in (False, True):
+                        for drop in ((False, True) if (dtype, d, count) == ("float16", 64, False) else (False,)):
+                            tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
+                                   f"{' m16n8k8' * k8}")
+                            out += [
+                                compile_kernel(f"{BACKWARD_Q_NAME} {tag}{' dynamic' * q_dyn}",
+                                               dq_kernel(d, dtype, causal, count, k8, drop, q_dyn), q_sig, cc),
+                                compile_kernel(f"{BACKWARD_KV_NAME} {tag}{' dynamic' * kv_dyn}",
+                                               dkdv_kernel(d, dtype, causal, count, k8, False, drop, kv_dyn),
+                                               kv_sig, cc),
+                                compile_kernel(f"{BACKWARD_KVQ_NAME} {tag}{' dynamic' * kv_dyn}",
+                                               dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn),
+                                               kv_sig, cc)]
+                if d == ds[0]:
+                    for count in count_variants:
+                        tag = f"{dtype}{' count' * count}"
+                        out += [compile_kernel(f"{D_ZERO_NAME} d={d} {tag}", d_kernel(d, dtype, count),
+                                               (X1, X1, A2, A3, I64, COUNTER_TYPE, LAYOUT_TYPE, LAYOUT_TYPE), cc),
+                                compile_kernel(f"{CAST_DQ_NAME} {tag}", cast_kernel(dtype, count),
+                                               (types.Array(F32, 1, "C"), X1, I64, COUNTER_TYPE), cc)]
+    return out
