@@ -11,6 +11,8 @@
 ``flash2_fast``    flash2's algorithm register-tiled for speed (micro-tiles, transposed
                    shared tiles, 16-byte loads, base-2 softmax); backward also with
                    atomic dQ (``deterministic=False``).  Package ``flash2_fast/``.
+``flash2_tc``      FlashAttention-2's forward on tensor cores (mma.sync, float16 and
+                   bfloat16): P stays in registers between S = Q K^T and P V.
 =================  =====================================================================
 
 Each module describes itself with a :class:`~flash_numba.kernels._spec.KernelSpec`
@@ -29,7 +31,7 @@ import importlib
 
 from ._spec import KernelSpec
 
-NAMES = ("standard", "flash1", "flash2", "flash2_fast")
+NAMES = ("standard", "flash1", "flash2", "flash2_fast", "flash2_tc")
 
 __all__ = ["NAMES", "KernelSpec", "get", "module"]
 

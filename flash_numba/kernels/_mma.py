@@ -20,6 +20,14 @@ element with the lower column / k index)::
     pack_bf16x2(lo, hi) -> uint32                           # two float32 rounded to bfloat16 (nearest even); sm_80+
     unpack_f16x2(u) -> UniTuple(float32, 2)                 # (lo, hi)
     unpack_bf16x2(u) -> UniTuple(float32, 2)                # (lo, hi)
+    copy_16(smem, s_index, gmem, g_index)                   # 16 bytes global -> shared (ld.global.v4, st.shared.v4)
+    zero_16(smem, s_index)                                  # 16 zero bytes into shared
+    cp_async_16(smem, s_index, gmem, g_index)               # sm_80+: cp.async.cg.shared.global, 16 bytes
+    cp_async_commit() ; cp_async_wait_all()                 # sm_80+: commit_group; wait_group 0
+
+(Additions beyond INTERFACES.md: ``unpack_*``, ``copy_16``, ``zero_16``; ``cp_async_wait(n)`` is
+``cp_async_wait_all()``: wait for every committed group.)  The 16-byte functions take element indices of
+16-bit arrays; both must be multiples of 8 (16-byte aligned addresses).
 
 ``smem`` is a 1-D shared array of 16-bit elements (float16 or uint16); ``index`` the element index where
 this lane's 8-element (16-byte) row starts: it must be a multiple of 8 (16-byte aligned).
@@ -80,46 +88,59 @@ def _halves(words, kind):
     return f(lo), f(hi)
 
 
+@lru_cache(maxsize=None)
+def _maps(k: int):
+    """Index maps of the fragments: for every (lane, register, half) the row and column it holds in A (16 x k),
+    B (k x 8) and C (16 x 8); the PTX ISA's tables, vectorised."""
+    lane = np.arange(WARP)[:, None, None]
+    g, t = lane >> 2, lane % 4
+    half = np.arange(2)[None, None, :]
+    ra = np.arange(k // 4)[None, :, None]
+    a_rows = np.broadcast_to(g + 8 * (ra % 2), (WARP, k // 4, 2))
+    a_cols = 2 * t + 8 * (ra // 2) + half
+    rb = np.arange(k // 8)[None, :, None]
+    b_rows = 2 * t + 8 * rb + half
+    b_cols = np.broadcast_to(g, (WARP, k // 8, 2))
+    rc = np.arange(4)[None, :]
+    lane2 = np.arange(WARP)[:, None]
+    c_rows = (lane2 >> 2) + 8 * (rc // 2)
+    c_cols = 2 * (lane2 % 4) + rc % 2
+    return a_rows, a_cols, b_rows, b_cols, c_rows, c_cols
+
+
+def _split(words, kind):
+    lo, hi = _halves(words, kind)
+    return np.stack([lo, hi], axis=-1)
+
+
 def fragment_a(a_regs, kind, k) -> np.ndarray:
     """The 16 x k matrix A that 32 lanes' A registers ``a_regs`` (32, k // 4) hold (float64)."""
+    a_rows, a_cols = _maps(k)[:2]
     A = np.full((16, k), np.nan)
-    for lane in range(WARP):
-        g, t = lane >> 2, lane % 4
-        for r in range(k // 4):
-            row = g + 8 * (r % 2)
-            col = 2 * t + 8 * (r // 2)
-            lo, hi = _halves(a_regs[lane][r], kind)
-            A[row, col], A[row, col + 1] = lo, hi
+    A[a_rows, a_cols] = _split(np.asarray(a_regs, dtype=np.uint32).reshape(WARP, k // 4), kind)
     return A
 
 
 def fragment_b(b_regs, kind, k) -> np.ndarray:
     """The k x 8 matrix B that 32 lanes' B registers ``b_regs`` (32, k // 8) hold (float64)."""
+    b_rows, b_cols = _maps(k)[2:4]
     B = np.full((k, 8), np.nan)
-    for lane in range(WARP):
-        g, t = lane >> 2, lane % 4
-        for r in range(k // 8):
-            lo, hi = _halves(b_regs[lane][r], kind)
-            B[2 * t + 8 * r, g], B[2 * t + 8 * r + 1, g] = lo, hi
+    B[b_rows, b_cols] = _split(np.asarray(b_regs, dtype=np.uint32).reshape(WARP, k // 8), kind)
     return B
 
 
 def fragment_c(c_regs) -> np.ndarray:
     """The 16 x 8 float32 matrix C (or D) that 32 lanes' accumulators ``c_regs`` (32, 4) hold."""
+    c_rows, c_cols = _maps(8)[4:]
     C = np.full((16, 8), np.nan, dtype=np.float32)
-    for lane in range(WARP):
-        g, t = lane >> 2, lane % 4
-        C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1] = c_regs[lane]
+    C[c_rows, c_cols] = np.asarray(c_regs, dtype=np.float32).reshape(WARP, 4)
     return C
 
 
 def lanes_of_c(C) -> np.ndarray:
     """The (32, 4) accumulator registers that hold the 16 x 8 matrix ``C``: the inverse of :func:`fragment_c`."""
-    out = np.empty((WARP, 4), dtype=np.float32)
-    for lane in range(WARP):
-        g, t = lane >> 2, lane % 4
-        out[lane] = C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]
-    return out
+    c_rows, c_cols = _maps(8)[4:]
+    return np.asarray(C, dtype=np.float32)[c_rows, c_cols]
 
 
 def warp_mma(shape: str, a_regs, b_regs, c_regs) -> np.ndarray:
@@ -168,8 +189,9 @@ def pack_host(lo, hi, kind: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- the simulator's stand-ins
-def _warp_posts(value):
-    """Post this lane's ``value``; return (the 32 lanes' values of this warp, this lane).  Every lane must call."""
+def _warp_posts(value, compute=None):
+    """Post this lane's ``value``; return (the 32 lanes' values of this warp, this lane), or with ``compute``,
+    (``compute(posts)`` computed once for the warp, this lane).  Every lane of the warp must call."""
     from .._simwarp import current_thread
 
     me = current_thread()
@@ -178,24 +200,37 @@ def _warp_posts(value):
     store[tid] = value
     me.syncthreads()
     base = tid - tid % WARP
-    try:
-        posts = [store[base + lane] for lane in range(WARP)]
-    except KeyError:
-        raise RuntimeError("mma/ldmatrix stand-in: needs a full warp of 32 threads (the block's size is not a "
-                           "multiple of 32)") from None
+    generation = getattr(me, "_flash_numba_mma_calls", 0)
+    me._flash_numba_mma_calls = generation + 1
+    key = ("result", base, generation)
+    if compute is not None and key in store:
+        out = store[key]
+    else:
+        try:
+            out = [store[base + lane] for lane in range(WARP)]
+        except KeyError:
+            raise RuntimeError("mma/ldmatrix stand-in: needs a full warp of 32 threads (the block's size is not "
+                               "a multiple of 32)") from None
+        if compute is not None:
+            out = store[key] = compute(out)
     me.syncthreads()
-    return posts, tid % WARP
+    if compute is not None and tid == base:  # every lane has read it
+        store.pop(key, None)
+    return out, tid % WARP
 
 
 def _mma_standin(shape):
     na, nb, _, _ = SHAPES[shape]
 
+    def compute(posts):
+        a = np.array([p[:na] for p in posts], dtype=np.uint32)
+        b = np.array([p[na:na + nb] for p in posts], dtype=np.uint32)
+        c = np.array([p[na + nb:] for p in posts], dtype=np.float32)
+        return warp_mma(shape, a, b, c)
+
     def run(*regs):
-        posts, lane = _warp_posts(regs)
-        a = [p[:na] for p in posts]
-        b = [p[na:na + nb] for p in posts]
-        c = [p[na + nb:] for p in posts]
-        d = warp_mma(shape, a, b, c)[lane]
+        d, lane = _warp_posts(regs, compute)
+        d = d[lane]
         return np.float32(d[0]), np.float32(d[1]), np.float32(d[2]), np.float32(d[3])
 
     run.__name__ = f"mma_{shape}"
@@ -243,6 +278,20 @@ def _unpack_standin(kind):
 
     run.__name__ = f"unpack_{kind}x2"
     return run
+
+
+def copy_16_standin(smem, s_index, gmem, g_index):
+    for e in range(8):
+        smem[s_index + e] = gmem[g_index + e]
+
+
+def zero_16_standin(smem, s_index):
+    for e in range(8):
+        smem[s_index + e] = 0
+
+
+def _nothing():
+    return None
 
 
 # ---------------------------------------------------------------- the GPU: inline PTX
@@ -363,6 +412,88 @@ def _unpack_intrinsic(kind: str):
 
     return unpack
 
+
+def _pointer(builder, arr_type, context, arr, index, addrspace):
+    """The address of ``arr[index]`` as an integer of state space ``addrspace`` (3 shared: 32 bits; 1 global: 64)."""
+    from llvmlite import ir
+    from numba.cuda.np.arrayobj import make_array
+
+    i64 = ir.IntType(64)
+    a = make_array(arr_type)(context, builder, arr)
+    index = builder.zext(index, i64) if index.type.width < 64 else index
+    generic = builder.bitcast(builder.gep(a.data, [index], inbounds=True), ir.IntType(8).as_pointer())
+    spaced = builder.addrspacecast(generic, ir.PointerType(ir.IntType(8), addrspace))
+    return builder.ptrtoint(spaced, ir.IntType(32) if addrspace == 3 else i64)
+
+
+@lru_cache(maxsize=None)
+def _copy_intrinsics():
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+
+    def asm(builder, text, constraints, argtys, args):
+        fnty = ir.FunctionType(ir.VoidType(), argtys)
+        builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), args)
+
+    @intrinsic
+    def copy_16(typingctx, smem, s_index, gmem, g_index):
+        def codegen(context, builder, sig, args):
+            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
+            src = _pointer(builder, sig.args[2], context, args[2], args[3], 1)
+            asm(builder, "{ .reg .b32 a, b, c, d;\n ld.global.v4.b32 {a, b, c, d}, [$1];\n"
+                         " st.shared.v4.b32 [$0], {a, b, c, d}; }", "r,l,~{memory}", [i32, i64], [dst, src])
+            return context.get_dummy_value()
+
+        return types.void(smem, types.uint32, gmem, types.uint64), codegen
+
+    @intrinsic
+    def zero_16(typingctx, smem, s_index):
+        def codegen(context, builder, sig, args):
+            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
+            asm(builder, "{ .reg .b32 z;\n mov.b32 z, 0;\n st.shared.v4.b32 [$0], {z, z, z, z}; }", "r,~{memory}",
+                [i32], [dst])
+            return context.get_dummy_value()
+
+        return types.void(smem, types.uint32), codegen
+
+    @intrinsic
+    def cp_async_16(typingctx, smem, s_index, gmem, g_index):
+        def codegen(context, builder, sig, args):
+            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
+            src = _pointer(builder, sig.args[2], context, args[2], args[3], 1)
+            asm(builder, "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", [i32, i64], [dst, src])
+            return context.get_dummy_value()
+
+        return types.void(smem, types.uint32, gmem, types.uint64), codegen
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        def codegen(context, builder, sig, args):
+            asm(builder, "cp.async.commit_group;", "~{memory}", [], [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    @intrinsic
+    def cp_async_wait_all(typingctx):
+        def codegen(context, builder, sig, args):
+            asm(builder, "cp.async.wait_group 0;", "~{memory}", [], [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    return copy_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all
+
+
+if SIMULATOR:
+    copy_16 = cp_async_16 = copy_16_standin
+    zero_16 = zero_16_standin
+    cp_async_commit = cp_async_wait_all = _nothing
+else:
+    copy_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all = _copy_intrinsics()
 
 if SIMULATOR:
     mma_m16n8k16_f16 = _mma_standin("m16n8k16_f16")
