@@ -81,8 +81,7 @@ def main():
     rows = []
     cases = ([(1, 2, 97, 97, 64, "float16", False)] if sanitize else
              [(1, 4, 97, 97, 64, "float16", False), (1, 4, 1000, 1000, 64, "float16", True),
-              (1, 2, 4099, 4099, 64, "bfloat16", True), (1, 2, 1000, 1000, 128, "float16", False),
-              (1, 2, 4099, 4099, 128, "float16", True), (1, 2, 1000, 1000, 128, "bfloat16", False)])
+              (1, 2, 4099, 4099, 128, "bfloat16", True), (1, 2, 1000, 1000, 128, "float16", False)])
     for Bn, H, Nq, Nk, d, dt, causal in cases:
         q, k, v, do = (torch.randn(Bn, H, n, d, device="cuda", generator=gen, dtype=TDT[dt]) for n in (Nq, Nk, Nk, Nq))
         scale = d ** -0.5
@@ -113,7 +112,7 @@ def main():
         return
     times = []
     for d in (64, 128):
-        for dt in ("float16", "bfloat16"):
+        for dt in (("float16", "bfloat16") if d == 64 else ("float16",)):
             q, k, v, do = (torch.randn(1, 32, 4096, d, device="cuda", generator=gen, dtype=TDT[dt]) for _ in range(4))
             scale = d ** -0.5
             o, lse = forward_torch(q, k, v, False, scale)

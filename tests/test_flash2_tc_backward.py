@@ -1,0 +1,89 @@
+"""flash2_tc's backward in the simulator (the mma stand-ins): dq, dk, dv against float64 by Dao-AILab's rule,
+both backward paths, both instruction paths, float16 and bfloat16, causal, Nq != Nk, GQA, dropout; the
+deterministic path bit for bit over repeated calls; counted bytes equal to the IO model.
+
+Tiny sizes: the simulator runs every thread as Python (one case takes 10-60 s on the CI machine)."""
+
+import numpy as np
+import pytest
+
+import flash_numba as fn
+from flash_numba import iomodel, reference
+from flash_numba.kernels import _bf16
+from flash_numba.kernels.flash2_tc import layout
+
+pytestmark = pytest.mark.skipif(not fn.device.SIMULATOR, reason="simulator sizes")
+
+
+def _inputs(rng, lead, Nq, Nk, d, dtype, kv_lead=None):
+    kv_lead = lead if kv_lead is None else kv_lead
+    x = [rng.standard_normal(shape + (n, d)) for shape, n in ((lead, Nq), (kv_lead, Nk), (kv_lead, Nk), (lead, Nq))]
+    if dtype == "bfloat16":
+        words = [_bf16.to_bf16_bits(a) for a in x]
+        return [fn.as_bfloat16(w) for w in words], [_bf16.from_bf16_bits(w).astype(np.float64) for w in words]
+    half = [a.astype(np.float16) for a in x]
+    return half, [a.astype(np.float64) for a in half]
+
+
+def _as_f64(x, dtype):
+    x = np.asarray(x)
+    return _bf16.from_bf16_bits(x.view(np.uint16)).astype(np.float64) if dtype == "bfloat16" else x.astype(np.float64)
+
+
+def _plain(q, k, v, do, causal, dtype, dropout=None):
+    """A plain attention backward rounded to the storage type after every step (the same-precision yardstick)."""
+    rnd = (lambda a: _bf16.from_bf16_bits(_bf16.to_bf16_bits(a)).astype(np.float64)) if dtype == "bfloat16" \
+        else (lambda a: a.astype(np.float16).astype(np.float64))
+    G = q.shape[-3] // k.shape[-3] if q.ndim > 2 else 1
+    if G > 1:
+        k, v = (np.repeat(a, G, axis=-3) for a in (k, v))
+    scale = q.shape[-1] ** -0.5
+    s = rnd(scale * q @ np.swapaxes(k, -1, -2))
+    Nq, Nk = s.shape[-2:]
+    if causal:
+        s = np.where(np.arange(Nk)[None, :] > np.arange(Nq)[:, None] + Nk - Nq, -np.inf, s)
+    m = np.max(s, -1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(s - m)
+    p = rnd(e / np.maximum(e.sum(-1, keepdims=True), 1e-300))
+    pd = p if dropout is None else rnd(p * dropout)
+    o = rnd(pd @ v)
+    dv = rnd(np.swapaxes(pd, -1, -2) @ do)
+    dp = rnd(do @ np.swapaxes(v, -1, -2))
+    if dropout is not None:
+        dp = dp * dropout
+    ds = rnd(p * (dp - rnd((do * o).sum(-1, keepdims=True))))
+    dq, dk = rnd(scale * ds @ k), rnd(scale * np.swapaxes(ds, -1, -2) @ q)
+    if G > 1:
+        dk, dv = (a.reshape(a.shape[:-3] + (a.shape[-3] // G, G) + a.shape[-2:]).sum(-3) for a in (dk, dv))
+    return dq, dk, dv
+
+
+def _check(rng, lead, Nq, Nk, d, causal, dtype, deterministic, kv_lead=None, dropout_p=0.0, repeat=False):
+    (q, k, v, do), (q64, k64, v64, do64) = _inputs(rng, lead, Nq, Nk, d, dtype, kv_lead)
+    fwd = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_tc", dropout_p=dropout_p)
+    res = fn.flash_attention_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, kernel="flash2_tc",
+                                      deterministic=deterministic, count_hbm=True, dropout_p=dropout_p,
+                                      dropout_seed=fwd.dropout_seed if dropout_p else None)
+    assert res.kernel == "flash2_tc"
+    keep = None
+    if dropout_p:
+        from flash_numba.kernels import _dropout
+        H = q64.shape[-3] if q64.ndim > 2 else 1
+        keep = _dropout.keep_mask(fwd.dropout_seed, np.arange(H), Nq, Nk, dropout_p) / (1 - dropout_p)
+        keep = keep.reshape(q64.shape[:-2] + (Nq, Nk))
+    want = reference.attention_backward(q64, k64, v64, do64, causal=causal, dropout_mask=keep) if dropout_p else \
+        reference.attention_backward(q64, k64, v64, do64, causal=causal)
+    plain = _plain(q64, k64, v64, do64, causal, dtype, keep)
+    for name, got, w, p in zip(("dq", "dk", "dv"), (res.dq, res.dk, res.dv), want, plain):
+        g = _as_f64(got, dtype)
+        assert not np.isnan(g).any(), f"{name}: an element was never written"
+        ours, base = np.abs(g - w).max(), np.abs(p - w).max()
+        assert ours <= 2 * base + 1e-3 * np.abs(w).max() + 1e-6, (name, ours, base)
+    model = iomodel.predict("flash2_tc", "backward", *_shape(q64, k64), dtype, causal, deterministic=deterministic)
+    assert res.hbm.per_kernel == model.per_kernel
+    if repeat:
+        again = fn.flash_attention_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, kernel="flash2_tc",
+                                            deterministic=True)
+        for a, b in zip((res.dq, res.dk, res.dv), (again.dq, again.dk, again.dv)):
+            assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
