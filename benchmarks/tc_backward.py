@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from flash_numba import _inputs, hbm
-from flash_numba.kernels.flash2_tc import backward as B
+import flash_numba.kernels.flash2_tc.backward  # noqa: F401  (the package's function `backward` shadows the module)
+import sys as _sys
+B = _sys.modules["flash_numba.kernels.flash2_tc.backward"]
 
 TDT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

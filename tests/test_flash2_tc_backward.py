@@ -61,29 +61,53 @@ def _plain(q, k, v, do, causal, dtype, dropout=None):
 
 def _check(rng, lead, Nq, Nk, d, causal, dtype, deterministic, kv_lead=None, dropout_p=0.0, repeat=False):
     (q, k, v, do), (q64, k64, v64, do64) = _inputs(rng, lead, Nq, Nk, d, dtype, kv_lead)
-    fwd = fn.flash_attention_forward(q, k, v, causal=causal, kernel="flash2_tc", dropout_p=dropout_p)
-    res = fn.flash_attention_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, kernel="flash2_tc",
+    fwd = fn.attention_forward(q, k, v, causal=causal, kernel="flash2_tc", dropout_p=dropout_p)
+    res = fn.attention_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, kernel="flash2_tc",
                                       deterministic=deterministic, count_hbm=True, dropout_p=dropout_p,
                                       dropout_seed=fwd.dropout_seed if dropout_p else None)
     assert res.kernel == "flash2_tc"
     keep = None
+    seed = fwd.dropout_seed if dropout_p else None
     if dropout_p:
         from flash_numba.kernels import _dropout
-        H = q64.shape[-3] if q64.ndim > 2 else 1
-        keep = _dropout.keep_mask(fwd.dropout_seed, np.arange(H), Nq, Nk, dropout_p) / (1 - dropout_p)
-        keep = keep.reshape(q64.shape[:-2] + (Nq, Nk))
-    want = reference.attention_backward(q64, k64, v64, do64, causal=causal, dropout_mask=keep) if dropout_p else \
-        reference.attention_backward(q64, k64, v64, do64, causal=causal)
+        BH = int(np.prod(q64.shape[:-2]))
+        keep = (_dropout.keep_mask(seed, np.arange(BH), Nq, Nk, dropout_p) / (1 - dropout_p)).reshape(
+            q64.shape[:-2] + (Nq, Nk))
+    o64, lse64 = reference.attention_forward(q64, k64, v64, causal=causal, dropout_p=dropout_p, dropout_seed=seed)
+    want = reference.attention_backward(q64, k64, v64, o64, lse64, do64, causal=causal, dropout_p=dropout_p,
+                                        dropout_seed=seed)
     plain = _plain(q64, k64, v64, do64, causal, dtype, keep)
     for name, got, w, p in zip(("dq", "dk", "dv"), (res.dq, res.dk, res.dv), want, plain):
         g = _as_f64(got, dtype)
         assert not np.isnan(g).any(), f"{name}: an element was never written"
         ours, base = np.abs(g - w).max(), np.abs(p - w).max()
         assert ours <= 2 * base + 1e-3 * np.abs(w).max() + 1e-6, (name, ours, base)
-    model = iomodel.predict("flash2_tc", "backward", *_shape(q64, k64), dtype, causal, deterministic=deterministic)
+    BH = int(np.prod(q64.shape[:-2]))
+    G = BH // int(np.prod(k64.shape[:-2]))
+    model = iomodel.backward("flash2_tc", BH, Nq, Nk, d, np.uint16 if dtype == "bfloat16" else np.float16, causal,
+                             deterministic=deterministic, G=G)
     assert res.hbm.per_kernel == model.per_kernel
     if repeat:
-        again = fn.flash_attention_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, kernel="flash2_tc",
+        again = fn.attention_backward(q, k, v, fwd.o, fwd.lse, do, causal=causal, kernel="flash2_tc",
                                             deterministic=True)
         for a, b in zip((res.dq, res.dk, res.dv), (again.dq, again.dk, again.dv)):
             assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+@pytest.mark.parametrize("Nq, Nk, d, causal, dtype, deterministic", [
+    (17, 17, 16, False, "float16", True),
+    (33, 20, 32, True, "float16", False),  # Nq > Nk: rows that see no key
+    (1, 33, 16, True, "bfloat16", True),
+    (20, 33, 16, False, "bfloat16", False),
+])
+def test_gradients_dao_rule_and_counted_bytes(rng, Nq, Nk, d, causal, dtype, deterministic):
+    _check(rng, (1,), Nq, Nk, d, causal, dtype, deterministic, repeat=deterministic and Nq == 17)
+
+
+def test_gqa_and_dropout(rng):
+    _check(rng, (4,), 17, 17, 16, True, "float16", True, kv_lead=(2,), dropout_p=0.25)
+
+
+def test_sm75_path(rng, monkeypatch):
+    monkeypatch.setattr(layout, "FORCE_PATH", "sm75")
+    _check(rng, (1,), 17, 17, 16, True, "float16", False)
