@@ -174,6 +174,21 @@ def fragments(dtype_name: str, k8: bool):
 
 
 @lru_cache(maxsize=None)
+def fragments_single(dtype_name: str):
+    """``ld_b_t1(tile, k0, n0, S, lane)``: the B fragments (b0, b1) of one n8 tile (n0..n0+7) over k0..k0+15 from B
+    stored row-major (rows k), as ``ld_b_t`` returns them for its first tile; lanes 16-31 give the addresses of
+    lanes 0-15 again (registers 2 and 3 repeat 0 and 1), so no column past n0 + 7 is read."""
+    ldx4_t, SEVEN, EIGHT = _mma.ldmatrix_x4_trans, uint32(7), uint32(8)
+
+    @jit(device=True, forceinline=True)
+    def ld_b_t1(tile, k0, n0, S, lane):
+        m = lane >> uint32(3)
+        return ldx4_t(tile, (uint32(k0) + (lane & SEVEN) + (m & uint32(1)) * EIGHT) * uint32(S) + uint32(n0))
+
+    return ld_b_t1
+
+
+@lru_cache(maxsize=None)
 def tile_loader(rows: int, d: int, dtype_name: str, count: bool):
     """Device function ``load(tile, x, lay, bh, r0, n, tid) -> elements read``: rows r0 .. r0 + rows - 1 of head
     bh of a flat input (layout ``lay``) into a row-major tile of stride d + 8, 16-bit words copied as they are;
@@ -255,6 +270,8 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     SN, DN = SW // 8, d // 8  # n8 tiles: of a warp's S, of dK/dV
     QW = d // 2  # dQ columns of a warp (2 x 2 warps over Br x d)
     QN = QW // 8
+    QN_ODD = QN % 2 == 1  # d = 16, 48, 80, 112
+    ld_b_t1 = fragments_single(dtype_name)
     CAUSAL, COUNT, ATOMIC_DQ, DROPOUT = causal, count, atomic_dq, dropout
     SB = 2
     MUL_RN = rounded_mul("float32")
@@ -395,6 +412,11 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
                             dq_acc[2 * nb + 1, 3] = mma(a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0],
                                                         dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
                                                         dq_acc[2 * nb + 1, 3])
+                    if QN_ODD:  # d/2 = 8 (2 u + 1) columns: the last n8 tile alone (its two matrices loaded twice)
+                        b0, b1, b2, b3 = ld_b_t1(Ks, kk * 16, qc + uint32(QW - 8), DS, lane)
+                        dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2], dq_acc[QN - 1, 3] = mma(
+                            a0, a1, a2, a3, b0, b1, dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2],
+                            dq_acc[QN - 1, 3])
                 for h in range(2):
                     row = uint32(r0) + sr + g + uint32(8 * h)
                     if row < uint32(Nq):
