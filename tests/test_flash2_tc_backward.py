@@ -100,6 +100,9 @@ def _check(rng, lead, Nq, Nk, d, causal, dtype, deterministic, kv_lead=None, dro
     (33, 20, 32, True, "float16", False),  # Nq > Nk: rows that see no key
     (1, 33, 16, True, "bfloat16", True),
     (20, 33, 16, False, "bfloat16", False),
+    (17, 40, 48, True, "float16", False),  # d/2 an odd number of n8 tiles: the atomic dQ's last tile alone
+    (17, 40, 80, True, "float16", False),  # 32 keys a dK/dV block, an odd number of dK/dV tiles a warp
+    (33, 17, 96, False, "bfloat16", True),
 ])
 def test_gradients_dao_rule_and_counted_bytes(rng, Nq, Nk, d, causal, dtype, deterministic):
     _check(rng, (1,), Nq, Nk, d, causal, dtype, deterministic, repeat=deterministic and Nq == 17)

@@ -100,25 +100,22 @@ def _bf16(dtype) -> bool:
     return dtype == "bfloat16" if isinstance(dtype, str) else np.dtype(dtype) == BF16_STORAGE
 
 
-#: The backward's block as the spec reports it: the dK/dV kernel's (Br query rows a step, Bc keys a block); its
-#: dQ kernel runs 64 x 64 (:mod:`.backward`).
-BACKWARD_BLOCK = (_bwd.KV_BR, _bwd.KV_BC)
-
-
-def _fixed(pass_):
-    return (Br, Bc) if pass_ == "forward" else BACKWARD_BLOCK
+def _fixed(pass_, d):
+    """The forward's block, or the backward's as the spec reports it: the dK/dV kernel's (Br query rows a step,
+    Bc keys a block, :func:`.backward.kv_block`); its dQ kernel runs 64 x 64 (:mod:`.backward`)."""
+    return (Br, Bc) if pass_ == "forward" else _bwd.kv_block(d)
 
 
 def choose_block(d, dtype, budget, pass_="forward"):
-    return _fixed(pass_)
+    return _fixed(pass_, d)
 
 
 def choose_atomic_block(d, dtype, budget):
-    return BACKWARD_BLOCK
+    return _fixed("backward", d)
 
 
 def block_limits(d, dtype, pass_):
-    return _fixed(pass_)
+    return _fixed(pass_, d)
 
 
 def shared_bytes(Br_, Bc_, d, dtype, pass_):
@@ -128,7 +125,7 @@ def shared_bytes(Br_, Bc_, d, dtype, pass_):
 
 
 def check_block(block, d, dtype, pass_):
-    fixed = _fixed(pass_)
+    fixed = _fixed(pass_, d)
     if block is not None and tuple(block) != fixed:
         raise ValueError(f"block: flash2_tc's {pass_} runs Br = {fixed[0]}, Bc = {fixed[1]} (fixed tiles of 4 warps); "
                          f"pass block=None or {fixed}")

@@ -60,8 +60,10 @@ from ..causal import visible_kv_blocks_dev as visible_kv_blocks
 
 NT = 128  # threads a block: 4 warps
 NW = NT // 32
-#: dK/dV kernel: keys a block (16 a warp), queries a step
-KV_BC, KV_BR = 64, 32
+#: dK/dV kernel: queries a step; keys a block: 64 (16 a warp) up to d = 64, else 32 (16 keys x d/2 columns of dK
+#: and dV a warp: 64 accumulators a lane at d = 128, where 64 keys x d took 128 and spilled)
+KV_BR = 32
+KV_BC_SMALL_D, KV_BC_LARGE_D = 64, 32
 #: dQ kernel: queries a block (16 a warp), keys a step
 Q_BR, Q_BC = 64, 64
 #: elements of the D / cast kernels a block
@@ -88,9 +90,15 @@ def stride(width: int) -> int:
     return width + 8
 
 
+def kv_block(d: int) -> tuple[int, int]:
+    """(Br, Bc) of the dK/dV kernel at head dim d."""
+    return KV_BR, (KV_BC_SMALL_D if d <= 64 else KV_BC_LARGE_D)
+
+
 def kv_shared_bytes(d: int) -> int:
     """Shared memory of the dK/dV kernel: K_j, V_j, Q_i, dO_i, P, dS tiles (2 bytes) and L_i, D_i (float32)."""
-    return 2 * (2 * KV_BC * stride(d) + 2 * KV_BR * stride(d) + 2 * KV_BR * stride(KV_BC)) + 8 * KV_BR
+    Br, Bc = kv_block(d)
+    return 2 * (2 * Bc * stride(d) + 2 * Br * stride(d) + 2 * Br * stride(Bc)) + 8 * Br
 
 
 def q_shared_bytes(d: int) -> int:
@@ -264,10 +272,13 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     assert d % 16 == 0 and 16 <= d <= 128
     to_f32, from_f32, _ = _storage(dtype_name)
     ld_a, ld_a_t, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
-    Br, Bc = KV_BR, KV_BC
+    Br, Bc = kv_block(d)
     DS, PS = stride(d), stride(Bc)
     SW = Bc // 2  # keys of a warp's S tile (2 x 2 warps over Br x Bc)
-    SN, DN = SW // 8, d // 8  # n8 tiles: of a warp's S, of dK/dV
+    WK = Bc // 16  # warps along the keys of dK/dV (4 or 2); NW // WK along their columns
+    DW = d // (NW // WK)  # dK/dV columns of a warp
+    SN, DN = SW // 8, DW // 8  # n8 tiles: of a warp's S, of dK/dV
+    DN_ODD = DN % 2 == 1
     QW = d // 2  # dQ columns of a warp (2 x 2 warps over Br x d)
     QN = QW // 8
     QN_ODD = QN % 2 == 1  # d = 16, 48, 80, 112
@@ -305,7 +316,8 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
         # the warp's tiles: S and dP rows sr.., keys sc..; dK, dV keys kr..; dQ rows sr.., columns qc..
         sr = (warp & uint32(1)) * uint32(16)
         sc = (warp >> uint32(1)) * uint32(SW)
-        kr = warp * uint32(16)
+        kr = (warp % uint32(WK)) * uint32(16)
+        kc = (warp // uint32(WK)) * uint32(DW)
         qc = (warp >> uint32(1)) * uint32(QW)
 
         n = load_kv(Ks, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, v, v_lay, hkv, c0, Nk, tid)
@@ -380,22 +392,32 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
             for kk in range(Br // 16):
                 a0, a1, a2, a3 = ld_a_t(Ps, kr, kk * 16, PS, lane)
                 for nb in range(DN // 2):
-                    b0, b1, b2, b3 = ld_b_t(dOs, kk * 16, nb * 16, DS, lane)
+                    b0, b1, b2, b3 = ld_b_t(dOs, kk * 16, kc + uint32(nb * 16), DS, lane)
                     dv_acc[2 * nb, 0], dv_acc[2 * nb, 1], dv_acc[2 * nb, 2], dv_acc[2 * nb, 3] = mma(
                         a0, a1, a2, a3, b0, b1, dv_acc[2 * nb, 0], dv_acc[2 * nb, 1], dv_acc[2 * nb, 2],
                         dv_acc[2 * nb, 3])
                     dv_acc[2 * nb + 1, 0], dv_acc[2 * nb + 1, 1], dv_acc[2 * nb + 1, 2], dv_acc[2 * nb + 1, 3] = mma(
                         a0, a1, a2, a3, b2, b3, dv_acc[2 * nb + 1, 0], dv_acc[2 * nb + 1, 1], dv_acc[2 * nb + 1, 2],
                         dv_acc[2 * nb + 1, 3])
+                if DN_ODD:
+                    b0, b1, b2, b3 = ld_b_t1(dOs, kk * 16, kc + uint32(DW - 8), DS, lane)
+                    dv_acc[DN - 1, 0], dv_acc[DN - 1, 1], dv_acc[DN - 1, 2], dv_acc[DN - 1, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dv_acc[DN - 1, 0], dv_acc[DN - 1, 1], dv_acc[DN - 1, 2],
+                        dv_acc[DN - 1, 3])
                 a0, a1, a2, a3 = ld_a_t(dSs, kr, kk * 16, PS, lane)
                 for nb in range(DN // 2):
-                    b0, b1, b2, b3 = ld_b_t(Qs, kk * 16, nb * 16, DS, lane)
+                    b0, b1, b2, b3 = ld_b_t(Qs, kk * 16, kc + uint32(nb * 16), DS, lane)
                     dk_acc[2 * nb, 0], dk_acc[2 * nb, 1], dk_acc[2 * nb, 2], dk_acc[2 * nb, 3] = mma(
                         a0, a1, a2, a3, b0, b1, dk_acc[2 * nb, 0], dk_acc[2 * nb, 1], dk_acc[2 * nb, 2],
                         dk_acc[2 * nb, 3])
                     dk_acc[2 * nb + 1, 0], dk_acc[2 * nb + 1, 1], dk_acc[2 * nb + 1, 2], dk_acc[2 * nb + 1, 3] = mma(
                         a0, a1, a2, a3, b2, b3, dk_acc[2 * nb + 1, 0], dk_acc[2 * nb + 1, 1], dk_acc[2 * nb + 1, 2],
                         dk_acc[2 * nb + 1, 3])
+                if DN_ODD:
+                    b0, b1, b2, b3 = ld_b_t1(Qs, kk * 16, kc + uint32(DW - 8), DS, lane)
+                    dk_acc[DN - 1, 0], dk_acc[DN - 1, 1], dk_acc[DN - 1, 2], dk_acc[DN - 1, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dk_acc[DN - 1, 0], dk_acc[DN - 1, 1], dk_acc[DN - 1, 2],
+                        dk_acc[DN - 1, 3])
 
             if ATOMIC_DQ:  # dQ_i += dS K_j: this warp's 16 rows sr.., columns qc .. qc + d/2, k = the Bc keys
                 for j in range(QN):
@@ -427,14 +449,14 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
                                 if COUNT:
                                     n_atomic += uint32(1)
 
-        # dK_j = scale dS^T Q, dV_j: the lane's rows kr + g (+ 8), columns 8 j + 2 t (+ 1)
+        # dK_j = scale dS^T Q, dV_j: the lane's rows kr + g (+ 8), columns kc + 8 j + 2 t (+ 1)
         nw = 0
         for h in range(2):
             row = uint32(c0) + kr + g + uint32(8 * h)
             if row < uint32(Nk):
                 for j in range(DN):
                     for e in range(2):
-                        col = uint32(8 * j + e) + 2 * t
+                        col = kc + uint32(8 * j + e) + 2 * t
                         dk[hkv, row, col] = from_f32(dk_acc[j, 2 * h + e] * scale)
                         dv[hkv, row, col] = from_f32(dv_acc[j, 2 * h + e])
                         if COUNT:
@@ -670,7 +692,7 @@ def _dynamic_bytes(nbytes_tiles: int) -> int:
 
 def kv_tile_bytes(d: int) -> int:
     """Bytes of the dK/dV kernel's 16-bit tiles (its L_i, D_i are static, 8 Br bytes more)."""
-    return kv_shared_bytes(d) - 8 * KV_BR
+    return kv_shared_bytes(d) - 8 * kv_block(d)[0]
 
 
 def q_tile_bytes(d: int) -> int:
@@ -681,8 +703,9 @@ def q_tile_bytes(d: int) -> int:
 def grids(prob) -> dict:
     """The 1-D grid of each backward launch, by launch name."""
     n = prob.BH * prob.Nq * prob.d
-    return {BACKWARD_Q_NAME: -(-prob.Nq // Q_BR) * prob.BH, BACKWARD_KV_NAME: -(-prob.Nk // KV_BC) * prob.BHkv,
-            BACKWARD_KVQ_NAME: -(-prob.Nk // KV_BC) * prob.BHkv, D_ZERO_NAME: -(-prob.Nq // D_ROWS) * prob.BH,
+    Bc = kv_block(prob.d)[1]
+    return {BACKWARD_Q_NAME: -(-prob.Nq // Q_BR) * prob.BH, BACKWARD_KV_NAME: -(-prob.Nk // Bc) * prob.BHkv,
+            BACKWARD_KVQ_NAME: -(-prob.Nk // Bc) * prob.BHkv, D_ZERO_NAME: -(-prob.Nq // D_ROWS) * prob.BH,
             CAST_DQ_NAME: -(-n // ELEMWISE_THREADS)}
 
 
@@ -781,7 +804,7 @@ def _kv_bytes(BH, Nq, Nk, d, causal, G):
     from ...iomodel.flash2_fast import visited_queries
 
     s, a = 2, 4
-    rows = visited_queries(Nq, Nk, KV_BR, KV_BC, causal)
+    rows = visited_queries(Nq, Nk, *kv_block(d), causal)
     BHkv = BH // G
     return BHkv * 2 * s * d * Nk + BH * (2 * s * d + 2 * a) * rows, BHkv * 2 * s * Nk * d
 
@@ -793,7 +816,7 @@ def io_backward_atomic(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
 
     s, a = 2, 4
     n = BH * Nq * d
-    atomics = a * BH * d * visited_queries(Nq, Nk, KV_BR, KV_BC, causal)
+    atomics = a * BH * d * visited_queries(Nq, Nk, *kv_block(d), causal)
     kv_read, kv_written = _kv_bytes(BH, Nq, Nk, d, causal, G)
     return {D_ZERO_NAME: (BH * 2 * s * d * Nq, BH * a * Nq + n * a),
             BACKWARD_KVQ_NAME: (kv_read + atomics, kv_written + atomics),
