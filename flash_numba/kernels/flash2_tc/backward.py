@@ -102,8 +102,8 @@ def kv_shared_bytes(d: int) -> int:
 
 
 def q_shared_bytes(d: int) -> int:
-    """Shared memory of the dQ kernel: Q_i, dO_i, K_j, V_j tiles and L_i, D_i."""
-    return 2 * (2 * Q_BR * stride(d) + 2 * Q_BC * stride(d)) + 8 * Q_BR
+    """Shared memory of the dQ kernel: two tiles (Q_i and dO_i, then K_j and V_j in turn) and L_i, D_i."""
+    return 2 * 2 * Q_BR * stride(d) + 8 * Q_BR
 
 
 def _storage(dtype_name: str):
@@ -485,14 +485,17 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
     CAUSAL, COUNT = causal, count
     SB = 2
     MUL_RN = rounded_mul("float32")
-    block_tiles = _block_tiles((Br * DS, Br * DS, Bc * DS, Bc * DS), dtype_name, dynamic)
+    assert Br == Bc  # Q_i, dO_i and then K_j, V_j in the same two tiles
+    block_tiles = _block_tiles((Br * DS, Br * DS), dtype_name, dynamic)
     load_q = tile_loader(Br, d, dtype_name, count)
     load_kv = tile_loader(Bc, d, dtype_name, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
 
     def kernel(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
                o_lay, seed, threshold, inv_keep):
-        Qs, dOs, Ks, Vs = block_tiles()
+        # Q_i, dO_i until they are in registers (A fragments), then K_j, V_j in the same memory
+        Qs, dOs = block_tiles()
+        Ks, Vs = Qs, dOs
         Ls = cuda.shared.array(Br, float32)
         Ds = cuda.shared.array(Br, float32)
         qa = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments (this warp's 16 rows), all of d
@@ -545,7 +548,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
 
         for jb in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
             c0 = jb * Bc
-            cuda.syncthreads()  # the previous step is done with Ks, Vs
+            cuda.syncthreads()  # the previous step is done with Ks, Vs (the first: with Qs, dOs)
             n = load_kv(Ks, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, v, v_lay, hkv, c0, Nk, tid)
             if COUNT:
                 nr += n * SB
