@@ -115,3 +115,28 @@ def test_gqa_and_dropout(rng):
 def test_sm75_path(rng, monkeypatch):
     monkeypatch.setattr(layout, "FORCE_PATH", "sm75")
     _check(rng, (1,), 17, 17, 16, True, "float16", False)
+
+
+def test_dropout_atomic(rng):
+    _check(rng, (2,), 20, 17, 32, False, "bfloat16", False, dropout_p=0.2)
+
+
+def test_strided_views_give_the_same_bits(rng):
+    """q, k, v as views of one packed (B, N, 3, H, d) buffer and o, dO transposed (B, N, H, d): read in place, the
+    gradients bit for bit those of contiguous inputs (the same kernels on the same values)."""
+    from numba import cuda
+    from test_strides import packed, transposed
+
+    q, k, v, do = (rng.standard_normal((2, 2, 17, 32)).astype(np.float16) for _ in range(4))
+    fwd = fn.attention_forward(q, k, v, causal=True, kernel="flash2_tc")
+    o = np.asarray(fwd.o)
+    want = fn.attention_backward(q, k, v, o, fwd.lse, do, causal=True, kernel="flash2_tc")
+    dq_, dk_, dv_ = packed(q, k, v)
+    for deterministic in (True, False):
+        got = fn.attention_backward(dq_, dk_, dv_, transposed(o), cuda.to_device(fwd.lse), transposed(do), causal=True,
+                                    kernel="flash2_tc", deterministic=deterministic, count_hbm=True)
+        assert got.hbm.per_kernel == iomodel.backward("flash2_tc", 4, 17, 17, 32, np.float16, True,
+                                                      deterministic=deterministic).per_kernel
+        if deterministic:
+            for a, b in zip((want.dq, want.dk, want.dv), (got.dq, got.dk, got.dv)):
+                assert np.array_equal(np.asarray(a), b.copy_to_host())

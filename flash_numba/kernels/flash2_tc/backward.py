@@ -19,15 +19,18 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
 
 **Two kernels walk the pairs** (both 128 threads, 4 warps):
 
-* ``dkdv_kernel``: a block owns Bc = 64 keys (16 a warp for dK_j, dV_j, which stay in registers as mma
-  accumulators) and walks over the query blocks of Br = 32 rows that see them (GQA: of each of the G query
-  heads of its key/value head in turn).  S and dP are computed in 2 x 2 warp tiles of 16 queries x 32 keys;
+* ``dkdv_kernel``: a block owns Bc keys and walks over the query blocks of Br = 32 rows that see them (GQA:
+  of each of the G query heads of its key/value head in turn); dK_j, dV_j stay in registers as mma
+  accumulators, a warp's 16 keys x d columns (Bc = 64, up to d = 64) or 16 keys x d/2 columns (Bc = 32 above:
+  at d = 128, 64 keys x d took 128 accumulators a lane and ptxas spilled).  S and dP are computed in 2 x 2
+  warp tiles of 16 queries x Bc/2 keys;
   P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x keys), from
   where ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i
   (FA2 keeps them in shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by a
   plain ``ldmatrix``, B = K_j by ``ldmatrix.trans``) and adds it into a float32 dQ with atomics.
 * ``dq_kernel`` (deterministic backward): a block owns Br = 64 query rows (16 a warp), computes D_i
-  itself from the dO_i it loads and O_i, keeps Q_i and dO_i as A fragments in registers and dQ_i as
+  itself from the dO_i it loads and O_i, keeps Q_i and dO_i as A fragments in registers (their shared tiles
+  then hold K_j and V_j: 35 KB at d = 128, within a T4's 48 KB of static shared memory) and dQ_i as
   accumulators, and walks over the visible key blocks of Bc = 64: S and dP as in the forward, dS in the
   accumulator registers, rounded and packed in place as the A operand of dS K_j (the C layout of two
   n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
@@ -831,8 +834,8 @@ def io_backward_atomic(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
 
 def compile_backward(ccs, dtypes, ds, count_variants=(False, True)):
     """The compile tier's :class:`~flash_numba.compile_check.Compiled` list of the backward kernels: for each cc,
-    dtype (float16 everywhere, bfloat16 from sm_80; the m16n8k8 path below sm_80, as the forward's switch picks),
-    head dim, causal or not, counting or not; dropout for d = 64 float16, not counting."""
+    dtype (float16 everywhere, bfloat16 from sm_80; the m16n8k8 path below sm_80, as the forward's switch picks)
+    and head dim, causal or not, and a counting build (not causal); with dropout at the first head dim of ``ds``."""
     from numba import types
 
     from ...compile_check import compile_kernel
@@ -856,8 +859,8 @@ def compile_backward(ccs, dtypes, ds, count_variants=(False, True)):
             for d in ds:
                 kv_dyn, q_dyn = bool(_dynamic_bytes(kv_tile_bytes(d))), bool(_dynamic_bytes(q_tile_bytes(d)))
                 for count in count_variants:
-                    for causal in (False, True):
-                        for drop in ((False, True) if (dtype, d, count) == ("float16", 64, False) else (False,)):
+                    for causal in ((False,) if count else (False, True)):  # counting: one build checks its code
+                        for drop in ((False, True) if d == ds[0] and not count else (False,)):
                             tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
                                    f"{' m16n8k8' * k8}")
                             out += [
