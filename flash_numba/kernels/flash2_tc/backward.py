@@ -31,9 +31,9 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
 * ``dq_kernel`` (deterministic backward): a block owns Br = 64 query rows (16 a warp), computes D_i
   itself from the dO_i it loads and O_i, keeps Q_i and dO_i as A fragments in registers (their shared tiles
   then hold K_j and V_j: 35 KB at d = 128, within a T4's 48 KB of static shared memory) and dQ_i as
-  accumulators, and walks over the visible key blocks of Bc = 64: S and dP as in the forward, dS in the
-  accumulator registers, rounded and packed in place as the A operand of dS K_j (the C layout of two
-  n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
+  accumulators, and walks over the visible key blocks of Bc = 64 keys (32 above d = 64): S and dP as in the
+  forward, dS in the accumulator registers, rounded and packed in place as the A operand of dS K_j (the C
+  layout of two n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
   without atomics: each output element summed by one warp in a fixed order, bitwise reproducible.
 
 The atomic backward: ``d_kernel`` (D = rowsum(dO * O) and the float32 dQ accumulator zeroed, one launch),
@@ -67,8 +67,10 @@ NW = NT // 32
 #: and dV a warp: 64 accumulators a lane at d = 128, where 64 keys x d took 128 and spilled)
 KV_BR = 32
 KV_BC_SMALL_D, KV_BC_LARGE_D = 64, 32
-#: dQ kernel: queries a block (16 a warp), keys a step
-Q_BR, Q_BC = 64, 64
+#: dQ kernel: queries a block (16 a warp); keys a step: 64 up to d = 64, else 32 (S and dP 16 accumulators a lane
+#: each instead of 32: at d = 128 on the m16n8k8 path 64 keys spilled)
+Q_BR = 64
+Q_BC_SMALL_D, Q_BC_LARGE_D = 64, 32
 #: elements of the D / cast kernels a block
 ELEMWISE_THREADS = 256
 #: D kernel: rows a block (TX lanes a row)
@@ -102,6 +104,11 @@ def kv_shared_bytes(d: int) -> int:
     """Shared memory of the dK/dV kernel: K_j, V_j, Q_i, dO_i, P, dS tiles (2 bytes) and L_i, D_i (float32)."""
     Br, Bc = kv_block(d)
     return 2 * (2 * Bc * stride(d) + 2 * Br * stride(d) + 2 * Br * stride(Bc)) + 8 * Br
+
+
+def q_block(d: int) -> tuple[int, int]:
+    """(Br, Bc) of the dQ kernel at head dim d."""
+    return Q_BR, (Q_BC_SMALL_D if d <= 64 else Q_BC_LARGE_D)
 
 
 def q_shared_bytes(d: int) -> int:
@@ -286,7 +293,7 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     QN = QW // 8
     QN_ODD = QN % 2 == 1  # d = 16, 48, 80, 112
     ld_b_t1 = fragments_single(dtype_name)
-    CAUSAL, COUNT, ATOMIC_DQ, DROPOUT = causal, count, atomic_dq, dropout
+    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
     SB = 2
     MUL_RN = rounded_mul("float32")
     block_tiles = _block_tiles((Bc * DS, Bc * DS, Br * DS, Br * DS, Br * PS, Br * PS), dtype_name, dynamic)
@@ -482,13 +489,13 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
     assert d % 16 == 0 and 16 <= d <= 128
     to_f32, from_f32, pack = _storage(dtype_name)
     ld_a, _, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
-    Br, Bc = Q_BR, Q_BC
+    Br, Bc = q_block(d)
     DS = stride(d)
     KN, DN, KD = Bc // 8, d // 8, d // 16  # n8 tiles of S (16 x Bc a warp), of dQ (16 x d a warp); k16 steps of d
     CAUSAL, COUNT = causal, count
     SB = 2
     MUL_RN = rounded_mul("float32")
-    assert Br == Bc  # Q_i, dO_i and then K_j, V_j in the same two tiles
+    assert Bc <= Br  # Q_i, dO_i and then K_j, V_j in the same two tiles
     block_tiles = _block_tiles((Br * DS, Br * DS), dtype_name, dynamic)
     load_q = tile_loader(Br, d, dtype_name, count)
     load_kv = tile_loader(Bc, d, dtype_name, count)
@@ -797,10 +804,10 @@ _UNUSED: dict = {}
 
 def io_backward(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
     """Bytes (read, written) of the deterministic backward's launches, by name: what they count."""
-    from ...iomodel.flash2_fast import visited_keys, visited_queries
+    from ...iomodel.flash2_fast import visited_keys
 
     s, a = 2, 4
-    keys = visited_keys(Nq, Nk, Q_BR, Q_BC, causal)
+    keys = visited_keys(Nq, Nk, *q_block(d), causal)
     dq = (BH * ((3 * s * d + a) * Nq + 2 * s * d * keys), BH * (s * d + a) * Nq)
     return {BACKWARD_Q_NAME: dq, BACKWARD_KV_NAME: _kv_bytes(BH, Nq, Nk, d, causal, G)}
 
