@@ -168,7 +168,8 @@ def compile_all(ccs, dtypes, ds):
 #: (8 d), the atomic one all five products (10 d); D = rowsum(dO * O) 2 d a row
 FLOPS = launch_flops(forward={FORWARD_NAME: (4, 5, 0)},
                      backward={_bwd.BACKWARD_Q_NAME: (6, 5, 2), _bwd.BACKWARD_KV_NAME: (8, 5, 0)},
-                     atomic={_bwd.D_ZERO_NAME: (0, 0, 2), _bwd.BACKWARD_KVQ_NAME: (10, 5, 0)})
+                     atomic={_bwd.D_ZERO_NAME: (0, 0, 2), _bwd.BACKWARD_KVQ_NAME: (10, 5, 0),
+                             _bwd.CAST_DQ_NAME: (0, 0, 0)})
 _flops = FLOPS
 
 

@@ -806,17 +806,18 @@ def io_backward(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
     """Bytes (read, written) of the deterministic backward's launches, by name: what they count."""
     from ...iomodel.flash2_fast import visited_keys
 
-    s, a = 2, 4
+    s, a = np.dtype(dtype).itemsize, 4
     keys = visited_keys(Nq, Nk, *q_block(d), causal)
     dq = (BH * ((3 * s * d + a) * Nq + 2 * s * d * keys), BH * (s * d + a) * Nq)
-    return {BACKWARD_Q_NAME: dq, BACKWARD_KV_NAME: _kv_bytes(BH, Nq, Nk, d, causal, G)}
+    return {BACKWARD_Q_NAME: dq, BACKWARD_KV_NAME: _kv_bytes(BH, Nq, Nk, d, s, causal, G)}
 
 
-def _kv_bytes(BH, Nq, Nk, d, causal, G):
-    """(read, written) of the dK/dV kernel without atomics: K_j, V_j once; Q_i, dO_i, L_i, D_i per visited pair."""
+def _kv_bytes(BH, Nq, Nk, d, s, causal, G):
+    """(read, written) of the dK/dV kernel without atomics: K_j, V_j once; Q_i, dO_i, L_i, D_i per visited pair
+    (``s`` bytes an element of the storage, 4 of L and D)."""
     from ...iomodel.flash2_fast import visited_queries
 
-    s, a = 2, 4
+    a = 4
     rows = visited_queries(Nq, Nk, *kv_block(d), causal)
     BHkv = BH // G
     return BHkv * 2 * s * d * Nk + BH * (2 * s * d + 2 * a) * rows, BHkv * 2 * s * Nk * d
@@ -827,10 +828,10 @@ def io_backward_atomic(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
     bytes) per dQ element per visited (key block, query row)."""
     from ...iomodel.flash2_fast import visited_queries
 
-    s, a = 2, 4
+    s, a = np.dtype(dtype).itemsize, 4
     n = BH * Nq * d
     atomics = a * BH * d * visited_queries(Nq, Nk, *kv_block(d), causal)
-    kv_read, kv_written = _kv_bytes(BH, Nq, Nk, d, causal, G)
+    kv_read, kv_written = _kv_bytes(BH, Nq, Nk, d, s, causal, G)
     return {D_ZERO_NAME: (BH * 2 * s * d * Nq, BH * a * Nq + n * a),
             BACKWARD_KVQ_NAME: (kv_read + atomics, kv_written + atomics),
             CAST_DQ_NAME: (n * a, n * s)}
