@@ -169,6 +169,22 @@ def _torch_dtype(t) -> np.dtype:
     return dt if dt is not None else np.dtype(t.__cuda_array_interface__["typestr"])
 
 
+def dtype_name_of(x) -> str | None:
+    """The dtype name of an argument as given ("float16", "bfloat16", ...), before any check; None if it has none."""
+    if isinstance(x, Bfloat16Words):
+        return "bfloat16"
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return None
+    text = str(dt)
+    if text.startswith("torch."):
+        return text[len("torch."):]
+    try:
+        return np.dtype(dt).name  # (ml_dtypes.bfloat16 is "bfloat16")
+    except TypeError:
+        return None
+
+
 def _check_dtype(arr, name: str) -> np.dtype:
     dt = np.dtype(arr.dtype)
     if getattr(arr, "bf16", False):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from . import _inputs, _launch_plan, device, kernels
 from .hbm import Counters, HBMCount
 from .kernels import _dropout, _smem
 from .kernels.flash2_fast import layout as _fast_layout
+from .kernels.flash2_tc import layout as _tc_layout
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
 # launch's state in module globals): calls from several Python threads take turns.
@@ -100,10 +102,12 @@ def _plan_key(pass_, kernel, tensors, count_hbm, dropout_p, dropout_seed, *optio
     if count_hbm is not False or dropout_seed is not None or type(dropout_p) is not float or dropout_p != 0.0:
         return None
     return _launch_plan.key(pass_, kernel, tensors, (*options, _inputs.POISON_OUTPUTS, _smem.DYNAMIC_ABOVE,
-                                                     _fast_layout.FORCE_DQ_COPIES))  # the tests' switches
+                                                     _fast_layout.FORCE_DQ_COPIES,  # the tests' switches
+                                                     _tc_layout.FORCE_PATH, os.environ.get("FLASH_NUMBA_TC_PATH")))
 
 
 def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None) -> ForwardResult:
+    kernel = _pick_kernel(kernel, q)
     plan_key = _plan_key("forward", kernel, (q, k, v), count_hbm, dropout_p, dropout_seed, causal, scale, block)
     plan = _launch_plan.lookup(plan_key)
     if plan:
@@ -138,6 +142,7 @@ def _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p,
 
 def _backward(kernel, q, k, v, o, lse, do, causal, scale, block, count_hbm, deterministic=True, dropout_p=0.0,
               dropout_seed=None) -> BackwardResult:
+    kernel = _pick_kernel(kernel, q)
     tensors = (q, k, v, o, lse, do)
     plan_key = _plan_key("backward", kernel, tensors, count_hbm, dropout_p, dropout_seed, causal, scale, block,
                          deterministic)
@@ -179,12 +184,56 @@ def _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hb
     )
 
 
-#: The kernel a call runs when none is named: the fastest FlashAttention kernel (the lessons name
-#: the readable ones, flash1 and flash2, explicitly).
+#: The kernel a call runs when none is named and the tensor-core kernel does not run it: the fastest
+#: FlashAttention kernel on CUDA cores (the lessons name the readable ones, flash1 and flash2, explicitly).
 DEFAULT_KERNEL = "flash2_fast"
+#: The default for float16 and bfloat16 wherever it runs (:func:`default_kernel`).
+TENSOR_CORE_KERNEL = "flash2_tc"
+
+
+def default_kernel(dtype_name: str, d: int, cc=None, gpu: str | None = None) -> str:
+    """The kernel a call with ``kernel=None`` runs: flash2_tc for float16 and bfloat16 where it runs (its spec:
+    head dims 16..128 in multiples of 16, cc >= 7.5 for float16, >= 8.0 for bfloat16; ``cc=None``: the
+    simulator, which stands in for every GPU), else flash2_fast; bfloat16 where flash2_tc cannot run it is an
+    error that says why (flash2_fast has no bfloat16)."""
+    tc = kernels.get(TENSOR_CORE_KERNEL)
+    if dtype_name in tc.dtypes:
+        why = tc.supports(d, dtype_name, cc, gpu)
+        if why is None:
+            return TENSOR_CORE_KERNEL
+        if dtype_name not in kernels.get(DEFAULT_KERNEL).dtypes:
+            tc.check_supported(d, dtype_name, cc, gpu, arg="q")
+    return DEFAULT_KERNEL
+
+
+def _pick_kernel(kernel, q) -> str:
+    """``kernel``, or for None the default for q's dtype and head dim on this device (:func:`default_kernel`)."""
+    if kernel is not None:
+        return kernel
+    name, shape = _inputs.dtype_name_of(q), tuple(int(s) for s in getattr(q, "shape", ()))
+    if name is None or not shape:
+        return DEFAULT_KERNEL  # not an array: the checks of the call say what is wrong
+    gpu = None if device.SIMULATOR else device.info()
+    return default_kernel(name, shape[-1], gpu and gpu.compute_capability, gpu and gpu.name)
+
+
+def default_kernels_text(cc=None, gpu: str | None = None) -> list[str]:
+    """One line per dtype: the kernel ``kernel=None`` runs it with here (``flash-numba info``)."""
+    tc = kernels.get(TENSOR_CORE_KERNEL)
+    lines = []
+    for name in ("float16", "bfloat16", "float32", "float64"):
+        if name in tc.dtypes and tc.supports(64, name, cc, gpu) is None:
+            fallback = DEFAULT_KERNEL if name in kernels.get(DEFAULT_KERNEL).dtypes else "refused"
+            lines.append(f"  {name:<9} {TENSOR_CORE_KERNEL} (head dims {tc.head_dims_text}; other head dims: "
+                         f"{fallback})")
+        elif name in tc.dtypes and name not in kernels.get(DEFAULT_KERNEL).dtypes:
+            lines.append(f"  {name:<9} refused: {tc.supports(64, name, cc, gpu)}")
+        else:
+            lines.append(f"  {name:<9} {DEFAULT_KERNEL}")
+    return lines
 
 def attention_forward(
-    q, k, v, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False, dropout_p=0.0,
+    q, k, v, *, kernel=None, causal=False, scale=None, block=None, count_hbm=False, dropout_p=0.0,
     dropout_seed=None,
 ) -> ForwardResult:
     """softmax(scale q k^T) v, and L = logsumexp of each row, with the kernel named ``kernel``.
@@ -193,6 +242,8 @@ def attention_forward(
     Grouped-query (and multi-query) attention: k and v may have fewer heads, Hkv,
     than q's Hq when Hkv divides Hq (q (B, Hq, Nq, d), k and v (B, Hkv, Nk, d));
     query head h then attends with key/value head h // (Hq // Hkv).
+    ``kernel=None`` picks :func:`default_kernel` (flash2_tc for float16 and bfloat16 where it runs, else
+    flash2_fast; ``result.kernel`` names what ran).
     ``kernel`` is one of :data:`flash_numba.kernels.NAMES`: ``"standard"`` (S and P
     through HBM, the paper's baseline) or a FlashAttention kernel.  ``causal``
     masks key j for query i when j > i + (Nk - Nq) (bottom-right aligned, as
@@ -216,7 +267,7 @@ def attention_forward(
 
 
 def attention_backward(
-    q, k, v, o, lse, do, *, kernel=DEFAULT_KERNEL, causal=False, scale=None, block=None, count_hbm=False,
+    q, k, v, o, lse, do, *, kernel=None, causal=False, scale=None, block=None, count_hbm=False,
     deterministic=True, dropout_p=0.0, dropout_seed=None,
 ) -> BackwardResult:
     """dq, dk, dv of :func:`attention_forward`, given its ``o``, ``lse`` and the output gradient ``do``.
@@ -258,7 +309,7 @@ def _flash_only(kernel):
 
 
 def flash_attention_forward(
-    q, k, v, *, causal=False, scale=None, kernel=DEFAULT_KERNEL, block=None, count_hbm=False
+    q, k, v, *, causal=False, scale=None, kernel=None, block=None, count_hbm=False
 ) -> ForwardResult:
     """:func:`attention_forward` restricted to the FlashAttention kernels (S and P never stored)."""
     _flash_only(kernel)
@@ -266,7 +317,7 @@ def flash_attention_forward(
 
 
 def flash_attention_backward(
-    q, k, v, o, lse, do, *, causal=False, scale=None, kernel=DEFAULT_KERNEL, block=None, count_hbm=False,
+    q, k, v, o, lse, do, *, causal=False, scale=None, kernel=None, block=None, count_hbm=False,
     deterministic=True,
 ) -> BackwardResult:
     """:func:`attention_backward` restricted to the FlashAttention kernels."""
@@ -275,6 +326,6 @@ def flash_attention_backward(
                               count_hbm=count_hbm, deterministic=deterministic)
 
 
-def attention(q, k, v, *, causal=False, scale=None, kernel=DEFAULT_KERNEL):
+def attention(q, k, v, *, causal=False, scale=None, kernel=None):
     """softmax(scale * q k^T) v; returns O only (see :func:`attention_forward`)."""
     return attention_forward(q, k, v, kernel=kernel, causal=causal, scale=scale).o

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import device, kernels
+from . import api, device, kernels
 from .api import attention_forward, resolve_block
 from .hbm import HBMCount
 from .tools.argcheck import Parser, non_negative
@@ -62,14 +62,14 @@ def _block_table(mods: dict) -> list[str]:
         if not mod.uses_blocks:
             continue
         for pass_ in ("forward", "backward"):
-            for dtype in DTYPES:
+            for dtype in (t for t in DTYPES if t in mod.dtypes):  # the dtypes the kernel runs (its spec)
                 cells = []
                 for d in INFO_DS:
                     try:
                         Br, Bc = resolve_block(name, d, dtype, pass_=pass_)
                         cells.append(f"({Br}, {Bc})")
                     except ValueError:
-                        cells.append("none fits")
+                        cells.append("none fits" if mod.supports(d, dtype) is None else "-")
                 lines.append(f"{name:<{w}}  {pass_:<8}  {dtype:<8}" + "".join(f"  {c:>9}" for c in cells))
     return lines
 
@@ -77,7 +77,10 @@ def _block_table(mods: dict) -> list[str]:
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the mode line, the device's numbers and the block sizes of each kernel."""
     mods = {name: kernels.get(name) for name in kernels.NAMES}
-    lines = [device.describe(), *_device_lines(), *_block_table(mods)]
+    gpu = None if device.SIMULATOR else device.info()
+    lines = [device.describe(), *_device_lines(), *_block_table(mods),
+             "default kernel by dtype (kernel=None) on this " + ("GPU:" if gpu else "simulator (every cc):"),
+             *api.default_kernels_text(gpu and gpu.compute_capability, gpu and gpu.name)]
     print("\n".join(lines))
     return 0
 
@@ -141,6 +144,8 @@ def cmd_tour(args: argparse.Namespace) -> int:
 
     rows = []
     for name in kernels.NAMES:
+        if kernels.get(name).supports(d, args.dtype) is not None:  # e.g. flash2_tc in float32: not this tour's
+            continue
         res = call(name, q, k, v, True)
         ms = None
         if not device.SIMULATOR:  # time the plain kernels on device arrays: no copies, no counting

@@ -57,7 +57,7 @@ from ._inputs import MAX_HEAD_DIM
 
 __all__ = ["DEFAULT_KERNEL", "MultiheadAttention", "scaled_dot_product_attention"]
 
-#: The kernel ``kernel=None`` picks: the package's default, the fastest FlashAttention kernel.
+#: The kernel ``kernel=None`` picks where the tensor-core kernel does not run (float32, float64, other head dims).
 DEFAULT_KERNEL = api.DEFAULT_KERNEL
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -212,12 +212,12 @@ def scaled_dot_product_attention(
     ``torch.nn.attention.bias`` causal bias (``causal_lower_right`` is our kernels' native mask),
     nothing else. ``dropout_p`` in [0, 1): attention dropout as in the FlashAttention paper (see
     the module docstring; pass 0 in evaluation). ``scale`` defaults to 1/sqrt(E). ``kernel`` picks
-    ``"standard"``, ``"flash1"``, ``"flash2"`` or ``"flash2_fast"``; None means
-    :data:`DEFAULT_KERNEL`. Unsupported arguments raise (TypeError, ValueError or
+    ``"standard"``, ``"flash1"``, ``"flash2"``, ``"flash2_fast"`` or ``"flash2_tc"``; None means the package's
+    default for the dtype and head dim (:func:`flash_numba.api.default_kernel`: flash2_tc for float16 and
+    bfloat16 where it runs, else :data:`DEFAULT_KERNEL`). Unsupported arguments raise (TypeError, ValueError or
     NotImplementedError, the message starting with the argument's name).
     """
-    kernel = DEFAULT_KERNEL if kernel is None else kernel
-    if kernel not in kernels.NAMES:
+    if kernel is not None and kernel not in kernels.NAMES:  # None: the package's default for the dtype and d
         raise ValueError(f"kernel: unknown kernel {kernel!r}; choose one of {', '.join(kernels.NAMES)} or None")
     _check_tensors(query, key, value)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:

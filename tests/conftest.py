@@ -41,6 +41,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: "compile" not in item.keywords)  # stable: the compile tests first, in order
 
 
+def skip_unless_runs(kernel: str, d: int, dtype) -> None:
+    """Skip a test written for every kernel where ``kernel`` does not run its head dim or dtype (its spec says
+    so: the tensor-core kernel runs float16 and bfloat16 at multiples of 16): that kernel's own test file
+    checks the same properties in its own dtypes and head dims (tests/test_<kernel>.py)."""
+    from flash_numba import kernels
+
+    why = kernels.get(kernel).supports(d, dtype)
+    if why is not None:
+        pytest.skip(f"{why}; tests/test_{kernel}.py covers it")
+
+
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
     monkeypatch.setattr(_inputs, "POISON_OUTPUTS", True)

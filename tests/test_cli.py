@@ -36,7 +36,7 @@ def test_tour_in_the_simulator(capsys):
     assert out.splitlines()[0] == device.describe()
     assert "(B, H, N, d) = (1, 1, 40, 16), float32, causal=True" in out
     rows = table_rows(out)
-    assert list(rows) == list(kernels.NAMES)
+    assert list(rows) == [n for n in kernels.NAMES if "float32" in kernels.get(n).dtypes]  # the tour's dtype
     for r in rows.values():
         assert float(r["err_o"]) <= 1e-5 and float(r["err_lse"]) <= 1e-5
         assert _int(r["read"]) + _int(r["written"]) == _int(r["total"]) > 0
@@ -99,7 +99,7 @@ def test_tour_on_a_gpu(capsys):
     out = capsys.readouterr().out
     assert "(B, H, N, d) = (2, 4, 1024, 64)" in out
     rows = table_rows(out)
-    assert list(rows) == list(kernels.NAMES)
+    assert list(rows) == [n for n in kernels.NAMES if "float32" in kernels.get(n).dtypes]
     assert all(float(r["ms"]) > 0 for r in rows.values())
 
 

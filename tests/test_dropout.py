@@ -20,6 +20,7 @@ from flash_numba.kernels import _dropout
 
 from test_flash2 import err64
 from test_gqa import make, runs
+from conftest import skip_unless_runs
 
 SEEDS = (0, 1, 12345, 2**32 - 1)
 
@@ -86,6 +87,7 @@ def test_kernels_match_reference_with_the_same_mask(rng, kernel, causal, p):
     each, a partial last one): O and L, then dQ, dK, dV (every backward of the kernel) within the
     bounds of runs without dropout; the counted bytes equal the IO model (no mask in HBM)."""
     lead, Hkv, Nq, Nk, d, seed = (1, 2), 1, 17, 20, 8, 2024
+    skip_unless_runs(kernel, d, np.float64)
     q, k, v, do = make(rng, lead, Hkv, Nq, Nk, d, np.float64)
     BH, G, block = 2, 2, (16, 16)
     f = fn.attention_forward(q, k, v, kernel=kernel, causal=causal, block=block, count_hbm=True, dropout_p=p,
@@ -122,6 +124,7 @@ def test_dropout_changes_o_and_the_backward_needs_the_same_seed(rng):
 def test_p_zero_is_attention_without_dropout_bitwise(rng, kernel):
     """dropout_p=0 (with or without a seed) runs the kernels without dropout: bitwise the same results,
     and no seed in the result."""
+    skip_unless_runs(kernel, 8, np.float32)
     q, k, v, do = make(rng, (1, 1), 1, 9, 9, 8, np.float32)
     plain = fn.attention_forward(q, k, v, kernel=kernel, causal=True)
     zero = fn.attention_forward(q, k, v, kernel=kernel, causal=True, dropout_p=0.0, dropout_seed=3)

@@ -15,6 +15,7 @@ from flash_numba import iomodel, kernels, reference
 from flash_numba.iomodel import terms
 
 from test_flash2 import err64
+from conftest import skip_unless_runs
 
 # (lead of q, heads of k and v, Nq, Nk, d): G = 2, and multi-query (G = Hq) with a single query row
 SHAPES = [((2, 2), 1, 17, 17, 8), ((1, 4), 1, 1, 17, 16)]  # batch 2 with G = 2: kv head b*Hkv + h // G
@@ -41,6 +42,7 @@ def runs(kernel):
 @pytest.mark.parametrize("kernel", kernels.NAMES)
 def test_matches_reference_and_io_model(rng, kernel, lead, Hkv, Nq, Nk, d, causal):
     """float64: the same 1e-13 / 1e-12 bounds as without groups (tests/test_flash2.py); counts == model."""
+    skip_unless_runs(kernel, d, np.float64)
     q, k, v, do = make(rng, lead, Hkv, Nq, Nk, d, np.float64)
     BH, G = int(np.prod(lead)), lead[-1] // Hkv
     f = fn.attention_forward(q, k, v, kernel=kernel, causal=causal, block=BLOCK, count_hbm=True)
@@ -66,6 +68,7 @@ def test_float16_equals_repeated_kv(rng, kernel):
     in float32), the repeated call rounds every head's term: |diff| <= u16 (|sum| + sum |term|) with
     u16 = 2^-11, plus float32 rounding of the sum (2^-24 per term, far below)."""
     lead, Hkv, N, d, G = (1, 2), 1, 17, 8, 2
+    skip_unless_runs(kernel, d, np.float16)
     q, k, v, do = make(rng, lead, Hkv, N, N, d, np.float16)
     kr, vr = (np.repeat(x, G, axis=-3) for x in (k, v))  # (1, 2, N, d)
     f = fn.attention_forward(q, k, v, kernel=kernel, causal=True)

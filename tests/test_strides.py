@@ -23,6 +23,7 @@ from flash_numba.device import SIMULATOR
 
 from test_flash2 import err64
 from test_gqa import runs
+from conftest import skip_unless_runs
 
 BLOCK = (16, 16)  # every kernel takes it; Tr = Tc = 2 at N = 17
 
@@ -88,6 +89,7 @@ def check(kernel, q, k, v, do, dev_q, dev_k, dev_v, dev_do, causal, relayout):
 @pytest.mark.parametrize("kernel", kernels.NAMES)
 def test_views_match_reference(rng, kernel, layout, causal, B, H):
     """(B, H, N, d) = (B, H, 17, 8), float64, q, k, v, o and dO all strided views."""
+    skip_unless_runs(kernel, 8, np.float64)
     q, k, v, do = (rng.standard_normal((B, H, 17, 8)) for _ in range(4))
     if layout == "transposed":
         dev_q, dev_k, dev_v, dev_do = (transposed(x) for x in (q, k, v, do))
@@ -102,6 +104,7 @@ def test_views_match_reference(rng, kernel, layout, causal, B, H):
 @pytest.mark.parametrize("kernel", kernels.NAMES)
 def test_grouped_query_strided_kv(rng, kernel):
     """GQA (Hq = 4, Hkv = 2) with k, v slices of one packed kv buffer, q transposed; Nq = 1, Nk = 17, d = 16."""
+    skip_unless_runs(kernel, 16, np.float64)
     q, do = (rng.standard_normal((1, 4, 1, 16)) for _ in range(2))
     k, v = (rng.standard_normal((1, 2, 17, 16)) for _ in range(2))
     dev_k, dev_v = packed(k, v)

@@ -46,7 +46,6 @@ if SIMULATOR:
         return np.uint32(u).view(np.float32)
 else:
     def _bitcast(src, dst):
-        from numba.cuda import types
         from numba.cuda.extending import intrinsic
 
         @intrinsic

@@ -49,7 +49,7 @@ from . import layout
 from .forward import forward_kernel
 from .layout import FORWARD_NAME, LOG2E, NT, Bc, Br
 
-__all__ = ["SPEC", "forward", "backward", "compile_all", "forward_kernel", "layout"]
+__all__ = ["SPEC", "grids", "forward", "backward", "compile_all", "forward_kernel", "layout"]
 
 BF16_STORAGE = np.dtype(np.uint16)
 
@@ -67,6 +67,14 @@ def instruction_path(dtype_name: str) -> str:
     return p
 
 
+def grids(prob, block) -> dict:
+    """The 1-D launch grid of each launch, by launch name: the forward's Tr * B*H blocks, and flash2_fast's
+    backward launches (what the backward runs for now)."""
+    out = dict(_fast.grids(prob, block)) if not _bf16(prob.dtype) else {}
+    out[FORWARD_NAME] = head_grid(-(-prob.Nq // Br), prob.BH)
+    return out
+
+
 def forward(prob, ops, block, counters):
     """O and L: one launch, a 1-D grid of Tr * B*H blocks (the last row tile first), 128 threads (4 warps)."""
     name = prob.dtype_name
@@ -77,8 +85,7 @@ def forward(prob, ops, block, counters):
     kernel = forward_kernel(prob.d, name, path, prob.causal, counters.enabled, dropout, aligned)
     o = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     lse = _inputs.empty((prob.BH, prob.Nq), np.float32)
-    grid = head_grid(-(-prob.Nq // Br), prob.BH)
-    _smem.configure(kernel, grid, NT, 0)(
+    _smem.configure(kernel, grids(prob, block)[FORWARD_NAME], NT, 0)(
         q, k, v, o, lse, prob.Nq, prob.Nk, prob.G, np.float32(prob.scale * LOG2E), counters.array(FORWARD_NAME),
         q_lay, k_lay, v_lay, *drop_args)
     return o, lse
@@ -152,7 +159,8 @@ def compile_all(ccs, dtypes, ds):
             paths = ("sm75",) if tuple(cc) < (8, 0) else (("sm80", "sm75") if name == "float16" else ("sm80",))
             for d in (d for d in ds if layout.runs_head_dim(d)):
                 variants = [(causal, count, aligned, False) for causal, count, aligned in
-                            itertools.product((False, True), (False, True), (True, False)) if not (count and not aligned)]
+                            itertools.product((False, True), (False, True), (True, False))
+                            if not (count and not aligned)]
                 if d == 64:
                     variants.append((False, False, True, True))
                 for path, (causal, count, aligned, drop) in itertools.product(paths, variants):

@@ -41,7 +41,7 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, uint32, uint64
+from numba import cuda, float32, types, uint32, uint64
 
 from ...device import jit
 from .. import _dropout, _mma
@@ -74,17 +74,19 @@ def mma16(dtype_name: str, path: str):
 
 
 @lru_cache(maxsize=None)
-def tile_loader(d: int, count: bool, aligned: bool):
+def tile_loader(d: int, count: bool, aligned: bool, asynchronous: bool = False):
     """``load(sm, at, x, x0, sN, r0, n, tid) -> bytes read``: rows r0 .. r0 + Bc - 1 of a head of the flat input x
     (row 0 at flat index x0, row stride sN) into sm[at + r * DS + c] for r < Bc, c < d; rows r >= n zero-filled.
 
-    16 bytes a thread at a time (d / 8 threads a row, Bc * d / 8 chunks over 128 threads): one ld.global.v4 and
-    one st.shared.v4 each where every row starts on 16 bytes (``aligned``), else 8 element copies."""
+    16 bytes a thread at a time (d / 8 threads a row, Bc * d / 8 chunks over 128 threads) where every row starts
+    on 16 bytes (``aligned``): ``asynchronous`` (sm_80+), one cp.async each, which returns at once (the data
+    lands in shared memory by ``cp_async_wait_all``); else one ld.global.v4 and one st.shared.v4.  Unaligned:
+    8 element copies."""
     DS = d + PAD
     CHUNKS_ROW = d // 8
     ROUNDS = Bc * CHUNKS_ROW // NT  # d / 16: whole rounds, d a multiple of 16
     COUNT, ALIGNED = count, aligned
-    copy_16, zero_16 = _mma.copy_16, _mma.zero_16
+    copy_16, zero_16 = (_mma.cp_async_16 if asynchronous else _mma.copy_16), _mma.zero_16
     CR, DS_U, NT_U = uint32(CHUNKS_ROW), uint32(DS), uint32(NT)
 
     @jit(device=True, forceinline=True)
@@ -127,7 +129,7 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
     pack = _mma.pack_bf16x2 if BF16 else _mma.pack_f16x2
     mma = mma16(dtype_name, path)
     ldsm, ldsm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
-    STORE = np.uint16 if BF16 else np.float16  # shared memory holds the 16-bit inputs as they are
+    STORE = types.uint16 if BF16 else types.float16  # shared memory holds the 16-bit inputs as they are
     SMEM = smem_elements(d)
     DS = d + PAD
     KSTEPS = d // 16  # k16 steps of S = Q K^T; also the Q fragments: 4 registers each
@@ -135,9 +137,12 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
     DTILES = d // 8  # n8 tiles of O_i (head dim)
     PSTEPS = Bc // 16  # k16 steps of P V (keys)
     V_AT = Bc * DS
+    Q_REGS, S_REGS, O_REGS = 4 * KSTEPS, 4 * NTILES, 4 * DTILES  # local array sizes: constants
     COUNT, CAUSAL, DROPOUT = count, causal, dropout
     ITEM = 2
-    load = tile_loader(d, count, aligned)
+    ASYNC = path == "sm80"  # cp.async: K_{j+1} and V_j load while the warps compute (the sm_75 path: in turn)
+    load_async = tile_loader(d, count, aligned, ASYNC)
+    commit, wait_all = _mma.cp_async_commit, _mma.cp_async_wait_all
     NEG_INF, ZERO, ONE, LN2_F = float32(-np.inf), float32(0), float32(1), float32(LN2)
     NAN = float32(np.nan)
     MUL_RN = rounded_mul("float32")
@@ -146,11 +151,11 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
 
     def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed, threshold, inv_keep):
         sm = cuda.shared.array(SMEM, STORE)  # K_j | V_j, row stride DS (Q_i passes through K_j's rows first)
-        qf = cuda.local.array(4 * KSTEPS, uint32)  # Q_i's A fragments: 4 registers a k16 step
-        s = cuda.local.array(4 * NTILES, float32)  # S_ij (then P_ij): 4 accumulators an n8 tile
-        acc = cuda.local.array(4 * DTILES, float32)  # O_i: 4 accumulators an n8 tile of d
-        m = cuda.local.array(2, float32)  # m_i of rows g and g + 8
-        l = cuda.local.array(2, float32)  # l_i (this lane's part)
+        qf = cuda.local.array(Q_REGS, types.uint32)  # Q_i's A fragments: 4 registers a k16 step
+        s = cuda.local.array(S_REGS, types.float32)  # S_ij (then P_ij): 4 accumulators an n8 tile
+        acc = cuda.local.array(O_REGS, types.float32)  # O_i: 4 accumulators an n8 tile of d
+        m = cuda.local.array(2, types.float32)  # m_i of rows g and g + 8
+        l = cuda.local.array(2, types.float32)  # l_i (this lane's part)
 
         tid = cuda.threadIdx.x
         warp, lane = uint32(tid) >> uint32(5), uint32(tid) & uint32(31)
@@ -161,11 +166,16 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
         k0, v0 = head_starts(k_lay, v_lay, hkv)
         nr = nw = 0
 
-        # Q_i -> shared (K_j's rows) -> registers, once: A fragments of rows 16 warp + (lane % 16),
+        # Q_i -> shared (V_j's rows) -> registers, once, while K_0 loads: A fragments of rows 16 warp + (lane % 16),
         # columns 16 kk + 8 (lane / 16): ldmatrix.x4's matrices 0..3 are a0..a3 (module docstring)
-        nr += load(sm, 0, q, q0, q_lay[3], row0, Nq - row0, tid)
+        n_blocks = visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)
+        nr += load_async(sm, V_AT, q, q0, q_lay[3], row0, Nq - row0, tid)
+        if n_blocks > 0:
+            nr += load_async(sm, 0, k, k0, k_lay[3], 0, Nk, tid)  # K_0
+        commit()
+        wait_all()
         cuda.syncthreads()
-        a_row = (warp * uint32(16) + (lane & uint32(15))) * DS_U + (lane >> uint32(4)) * uint32(8)
+        a_row = uint32(V_AT) + (warp * uint32(16) + (lane & uint32(15))) * DS_U + (lane >> uint32(4)) * uint32(8)
         for kk in range(KSTEPS):
             qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3] = ldsm(sm, a_row + uint32(16 * kk))
         for r in range(2):
@@ -177,19 +187,23 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
         # ldmatrix row addresses of this lane: K_j (no transpose): key 16 np + (lane % 8) + 8 (lane / 16),
         # column 16 kk + 8 ((lane / 8) % 2) -> b0, b1 of n8 tile 2 np and b0, b1 of tile 2 np + 1;
         # V_j (transposed): key 16 kk + (lane % 8) + 8 ((lane / 8) % 2), column 16 dp + 8 (lane / 16)
-        k_row = ((lane & uint32(7)) + ((lane >> uint32(4)) << uint32(3))) * DS_U + ((lane >> uint32(3)) & uint32(1)) * uint32(8)
+        k_row = ((lane & uint32(7)) + ((lane >> uint32(4)) << uint32(3))) * DS_U \
+            + ((lane >> uint32(3)) & uint32(1)) * uint32(8)
         v_row = uint32(V_AT) + ((lane & uint32(7)) + (((lane >> uint32(3)) & uint32(1)) << uint32(3))) * DS_U \
             + (lane >> uint32(4)) * uint32(8)
         row_g = row0 + int(warp) * 16 + int(g)  # this lane's two rows: row_g and row_g + 8
         head = drop_head(seed, bh)  # dropout's hashes of this lane's two rows (0 without dropout)
         rk0, rk1 = drop_row(head, row_g), drop_row(head, row_g + 8)
 
-        for j in range(visible_kv_blocks(row0, Br, Bc, Nq, Nk, CAUSAL)):
+        # The pipeline (one buffer each for K_j and V_j): K_{j+1} loads during softmax and P V of block j,
+        # V_j during S_ij = Q_i K_j^T.  A barrier after each wait: every thread's copies have landed, and
+        # every warp is done with the buffer the next copy overwrites (the first: with Q_i in V_j's rows).
+        for j in range(n_blocks):
             col0 = j * Bc
-            cuda.syncthreads()  # every warp is done with the previous K_j, V_j (and with Q_i's rows)
-            nr += load(sm, 0, k, k0, k_lay[3], col0, Nk - col0, tid)
-            nr += load(sm, V_AT, v, v0, v_lay[3], col0, Nk - col0, tid)
-            cuda.syncthreads()
+            wait_all()
+            cuda.syncthreads()  # K_j has landed; every warp is done with V_{j-1}
+            nr += load_async(sm, V_AT, v, v0, v_lay[3], col0, Nk - col0, tid)  # V_j, while S_ij is computed
+            commit()
 
             # S_ij = Q_i K_j^T: n8 tiles in pairs (one ldmatrix.x4 = B fragments of two tiles), k16 steps inside
             for x in range(4 * NTILES):
@@ -204,6 +218,12 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
                     s[n1], s[n1 + 1], s[n1 + 2], s[n1 + 3] = mma(
                         qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3], b2, b3,
                         s[n1], s[n1 + 1], s[n1 + 2], s[n1 + 3])
+
+            wait_all()
+            cuda.syncthreads()  # V_j has landed; every warp is done with K_j
+            if j + 1 < n_blocks:  # K_{j+1}, while the softmax and P V of block j run
+                nr += load_async(sm, 0, k, k0, k_lay[3], col0 + Bc, Nk - col0 - Bc, tid)
+                commit()
 
             # scale (log2(e) folded in; rounded, never fused: a backward recomputes it bit for bit)
             for x in range(4 * NTILES):

@@ -7,8 +7,8 @@ Shared memory holds K_j and V_j row-major, each row padded by 8 elements (16 byt
     is 4 banks more than a multiple of 128 bytes (d a multiple of 16): 8 rows on 8 different 16-byte bank
     groups, no conflict (without the pad, rows 128 bytes apart all hit the same 4 banks: 8-way).
 
-    sm[0 : Bc*DS]        K_j (Bc x d)   (before the loop: Q_i, loaded once into registers from here)
-    sm[Bc*DS : 2*Bc*DS]  V_j (Bc x d)
+    sm[0 : Bc*DS]        K_j (Bc x d)
+    sm[Bc*DS : 2*Bc*DS]  V_j (Bc x d)   (before the loop: Q_i, loaded once into registers from here)
 
 2 x 64 x 136 x 2 bytes = 34,816 bytes at d = 128: static shared memory, within a T4's 48 KB.
 
