@@ -68,9 +68,9 @@ def instruction_path(dtype_name: str) -> str:
 
 
 def grids(prob, block) -> dict:
-    """The 1-D launch grid of each launch, by launch name: the forward's Tr * B*H blocks, and flash2_fast's
-    backward launches (what the backward runs for now)."""
-    out = dict(_fast.grids(prob, block)) if not _bf16(prob.dtype) else {}
+    """The 1-D launch grid of each launch, by launch name: the forward's Tr * B*H blocks and the backward's
+    (:func:`.backward.grids`)."""
+    out = dict(_bwd.grids(prob))
     out[FORWARD_NAME] = head_grid(-(-prob.Nq // Br), prob.BH)
     return out
 

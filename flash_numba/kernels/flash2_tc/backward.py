@@ -54,7 +54,7 @@ from numba import cuda, float32, int64, uint32, uint64
 
 from ...device import jit
 from .. import _bf16, _dropout, _mma, _smem
-from .._common import add_counts, nb_type, exp2_ieee, group_step, kv_head, rounded_mul
+from .._common import add_counts, head_grid, nb_type, exp2_ieee, group_step, kv_head, rounded_mul
 from .._tile_ops import head_starts, last_tile_first
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
@@ -717,9 +717,9 @@ def grids(prob) -> dict:
     """The 1-D grid of each backward launch, by launch name."""
     n = prob.BH * prob.Nq * prob.d
     Bc = kv_block(prob.d)[1]
-    return {BACKWARD_Q_NAME: -(-prob.Nq // Q_BR) * prob.BH, BACKWARD_KV_NAME: -(-prob.Nk // Bc) * prob.BHkv,
-            BACKWARD_KVQ_NAME: -(-prob.Nk // Bc) * prob.BHkv, D_ZERO_NAME: -(-prob.Nq // D_ROWS) * prob.BH,
-            CAST_DQ_NAME: -(-n // ELEMWISE_THREADS)}
+    kv = head_grid(-(-prob.Nk // Bc), prob.BHkv)
+    return {BACKWARD_Q_NAME: head_grid(-(-prob.Nq // Q_BR), prob.BH), BACKWARD_KV_NAME: kv, BACKWARD_KVQ_NAME: kv,
+            D_ZERO_NAME: head_grid(-(-prob.Nq // D_ROWS), prob.BH), CAST_DQ_NAME: head_grid(-(-n // ELEMWISE_THREADS), 1)}
 
 
 def _inputs_of(prob, ops):
