@@ -719,7 +719,8 @@ def grids(prob) -> dict:
     Bc = kv_block(prob.d)[1]
     kv = head_grid(-(-prob.Nk // Bc), prob.BHkv)
     return {BACKWARD_Q_NAME: head_grid(-(-prob.Nq // Q_BR), prob.BH), BACKWARD_KV_NAME: kv, BACKWARD_KVQ_NAME: kv,
-            D_ZERO_NAME: head_grid(-(-prob.Nq // D_ROWS), prob.BH), CAST_DQ_NAME: head_grid(-(-n // ELEMWISE_THREADS), 1)}
+            D_ZERO_NAME: head_grid(-(-prob.Nq // D_ROWS), prob.BH),
+            CAST_DQ_NAME: head_grid(-(-n // ELEMWISE_THREADS), 1)}
 
 
 def _inputs_of(prob, ops):
