@@ -3,9 +3,8 @@ bitwise determinism over 20 calls, and times at B*H = 32, N = 4096.  Writes CSV 
 
     python benchmarks/tc_backward.py OUTDIR [--sanitize]
 
-L and O come from PyTorch's flash forward (``_scaled_dot_product_flash_attention``, natural-log logsumexp), so
-the backward runs on its own (flash2_tc's forward is built on another branch).  ``--sanitize``: one small
-case of each backward path only (for compute-sanitizer).
+O and L from flash2_tc's forward; every call through the public API (host time included, as a user sees it).
+``--sanitize``: one small case of each backward path only (for compute-sanitizer).
 """
 
 from __future__ import annotations
@@ -18,10 +17,7 @@ import time
 import numpy as np
 import torch
 
-from flash_numba import _inputs, hbm
-import flash_numba.kernels.flash2_tc.backward  # noqa: F401  (the package's function `backward` shadows the module)
-import sys as _sys
-B = _sys.modules["flash_numba.kernels.flash2_tc.backward"]
+import flash_numba as fn
 
 TDT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -31,22 +27,17 @@ def forward_torch(q, k, v, causal, scale):
     return out[0], out[1].contiguous()
 
 
-def ours_raw(q, k, v, o, lse, do, causal, scale, atomic):
-    prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale,
-                                extra={"o": o, "lse": lse, "do": do})
-    run = B.run_backward_atomic if atomic else B.run_backward
-    return run(prob, ops, hbm.Counters(False), False)
+def ours_forward(q, k, v, causal, scale):
+    f = fn.attention_forward(q, k, v, kernel="flash2_tc", causal=causal, scale=scale)
+    return f.o, f.lse
 
 
 def ours(q, k, v, o, lse, do, causal, scale, atomic):
-    """The gradients as torch tensors shaped like q, k, v (through the host: bfloat16 words as int16)."""
-    res = []
-    for x, like in zip(ours_raw(q, k, v, o, lse, do, causal, scale, atomic), (q, k, v)):
-        h = x.copy_to_host()
-        t = torch.from_numpy(h.view(np.int16)).view(torch.bfloat16) if like.dtype == torch.bfloat16 \
-            else torch.from_numpy(h)
-        res.append(t.cuda().reshape(like.shape))
-    return tuple(res)
+    """dq, dk, dv (torch tensors) of flash2_tc's backward through the public API."""
+    b = fn.attention_backward(q, k, v, o, lse, do, kernel="flash2_tc", causal=causal, scale=scale,
+                              deterministic=not atomic)
+    assert b.kernel == "flash2_tc", b.kernel
+    return b.dq, b.dk, b.dv
 
 
 def reference(q, k, v, do, causal, scale):
@@ -87,7 +78,7 @@ def main():
     for Bn, H, Nq, Nk, d, dt, causal in cases:
         q, k, v, do = (torch.randn(Bn, H, n, d, device="cuda", generator=gen, dtype=TDT[dt]) for n in (Nq, Nk, Nk, Nq))
         scale = d ** -0.5
-        o, lse = forward_torch(q, k, v, causal, scale)
+        o, lse = ours_forward(q, k, v, causal, scale)
         ref = reference(q, k, v, do, causal, scale)
         same = torch_same(q, k, v, do, causal, scale)
         for atomic in (False, True):
@@ -117,11 +108,14 @@ def main():
         for dt in (("float16", "bfloat16") if d == 64 else ("float16",)):
             q, k, v, do = (torch.randn(1, 32, 4096, d, device="cuda", generator=gen, dtype=TDT[dt]) for _ in range(4))
             scale = d ** -0.5
-            o, lse = forward_torch(q, k, v, False, scale)
+            o, lse = ours_forward(q, k, v, False, scale)
             row = dict(d=d, dtype=dt)
+            row["ours_fwd"] = cuda_time(lambda: ours_forward(q, k, v, False, scale))
             for atomic in (False, True):
                 row["ours_bwd_atomic" if atomic else "ours_bwd_det"] = cuda_time(
-                    lambda: ours_raw(q, k, v, o, lse, do, False, scale, atomic))
+                    lambda: ours(q, k, v, o, lse, do, False, scale, atomic))
+                row["ours_fwd_bwd_atomic" if atomic else "ours_fwd_bwd_det"] = cuda_time(
+                    lambda: ours(q, k, v, *ours_forward(q, k, v, False, scale), do, False, scale, atomic))
             row["torch_flash_fwd"] = cuda_time(lambda: forward_torch(q, k, v, False, scale))
             qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
 
@@ -139,7 +133,8 @@ def main():
         w.writerows(times)
     print("\nworst ratio to PyTorch's same-precision error:", max(r["ratio"] for r in rows))
     for r in times:
-        print(f"d={r['d']} {r['dtype']}: bwd det {r['ours_bwd_det']:.3f} ms, atomic {r['ours_bwd_atomic']:.3f} ms; "
+        print(f"d={r['d']} {r['dtype']}: fwd+bwd det {r['ours_fwd_bwd_det']:.3f} ms, atomic "
+              f"{r['ours_fwd_bwd_atomic']:.3f} ms (bwd {r['ours_bwd_det']:.3f} / {r['ours_bwd_atomic']:.3f}); "
               f"torch flash fwd {r['torch_flash_fwd']:.3f}, fwd+bwd {r['torch_flash_fwd_bwd']:.3f}, "
               f"efficient fwd+bwd {r['torch_efficient_fwd_bwd']:.3f}")
 
