@@ -2,7 +2,8 @@
 both backward paths, both instruction paths, float16 and bfloat16, causal, Nq != Nk, GQA, dropout; the
 deterministic path bit for bit over repeated calls; counted bytes equal to the IO model.
 
-Tiny sizes: the simulator runs every thread as Python (one case takes 10-60 s on the CI machine)."""
+Tiny sizes run everywhere (the simulator runs every thread as Python: the file takes about 80 s on the CI
+machine); real sizes (N = 97 .. 4099, d = 64 and 128) and 20 repeated calls only on a GPU."""
 
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ from flash_numba import iomodel, reference
 from flash_numba.kernels import _bf16
 from flash_numba.kernels.flash2_tc import layout
 
-pytestmark = pytest.mark.skipif(not fn.device.SIMULATOR, reason="simulator sizes")
+ON_GPU = not fn.device.SIMULATOR
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="real sizes: GPU only")
 
 
 def _inputs(rng, lead, Nq, Nk, d, dtype, kv_lead=None):
@@ -140,3 +142,25 @@ def test_strided_views_give_the_same_bits(rng):
         if deterministic:
             for a, b in zip((want.dq, want.dk, want.dv), (got.dq, got.dk, got.dv)):
                 assert np.array_equal(np.asarray(a), b.copy_to_host())
+
+
+@gpu_only
+@pytest.mark.parametrize("N, d, causal, dtype", [(97, 64, False, "float16"), (1000, 64, True, "bfloat16"),
+                                                 (1000, 128, False, "float16"), (4099, 128, True, "float16"),
+                                                 (4099, 64, False, "bfloat16")])
+def test_gpu_real_sizes(rng, N, d, causal, dtype):
+    """Both backward paths at real sizes against float64 (Dao-AILab's rule), counted bytes == model, and the
+    deterministic path bit for bit over repeated calls."""
+    for deterministic in (True, False):
+        _check(rng, (1,), N, N, d, causal, dtype, deterministic, repeat=deterministic)
+
+
+@gpu_only
+def test_gpu_deterministic_over_20_calls(rng):
+    (q, k, v, do), _ = _inputs(rng, (2, 4), 1000, 1000, 64, "float16")
+    f = fn.attention_forward(q, k, v, kernel="flash2_tc", causal=True)
+    first = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel="flash2_tc", causal=True)
+    for _ in range(19):
+        again = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel="flash2_tc", causal=True)
+        for a, b in zip((first.dq, first.dk, first.dv), (again.dq, again.dk, again.dv)):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
