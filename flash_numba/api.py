@@ -64,11 +64,12 @@ def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"
     spec = kernels.get(kernel)
     if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
         raise TypeError(f"d: expected an integer head dim, got {d!r}")
+    bf16 = isinstance(dtype, str) and dtype == "bfloat16"
     try:
-        dt = np.dtype(dtype)
+        dt = _inputs.BF16_STORAGE if bf16 else np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype: {dtype!r} is not a dtype; use float16, float32 or float64") from None
-    spec.check_supported(int(d), dt)  # the kernel's own dtypes and head dims, in its words
+        raise TypeError(f"dtype: {dtype!r} is not a dtype; use float16, bfloat16, float32 or float64") from None
+    spec.check_supported(int(d), "bfloat16" if bf16 else dt)  # the kernel's own dtypes and head dims, in its words
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     return spec.block(int(d), dt, pass_, block, deterministic=bool(deterministic))

@@ -115,13 +115,24 @@ def _masked_matmul(A, B, vis):
     return out
 
 
+def as_float64(x) -> np.ndarray:
+    """``x`` as float64; bfloat16 inputs (``flash_numba.as_bfloat16`` words, ``ml_dtypes.bfloat16``) by value,
+    not as the integers of their words."""
+    from ._inputs import Bfloat16Words
+    from .kernels._bf16 import from_bf16_bits
+
+    if isinstance(x, Bfloat16Words) or getattr(getattr(x, "dtype", None), "name", "") == "bfloat16":
+        return from_bf16_bits(np.asarray(x).view(np.uint16)).astype(np.float64)
+    return np.asarray(x, dtype=np.float64)
+
+
 def _qkv(q, k, v, scale):
     """Check shapes, convert to float64, resolve the scale; returns ``(q, k, v, scale, G)``.
 
     Grouped-query attention: k and v may have Hkv heads where q has Hq = G * Hkv; they come
     back repeated over each group, (..., Hq, Nk, d), query head h seeing key/value head h // G.
     """
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    q, k, v = (as_float64(x) for x in (q, k, v))
     if q.ndim not in (2, 3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"q, k, v: expected (N, d), (H, N, d) or (B, H, N, d), got {q.shape}, {k.shape}, {v.shape}")
     G = 1

@@ -253,3 +253,35 @@ def test_gpu_torch_tensors_default_kernel(rng, dtype_name):
             for x in (o, q, k, v)]
     q64, k64, v64 = (as_float64(x, dtype_name) for x in host[1:])
     check_dao(*last_rows(host[0], q64), k64, v64, True, 1, dtype_name)
+
+
+def test_non_finite_inputs(rng):
+    """docs/RELIABILITY.md's rule where it holds for tensor cores: a NaN row of q gives that row NaN and no
+    other; +Inf in v at a key every row sees gives +Inf in that column; rows the causal mask hides get O = 0
+    and L = -inf even when v holds Inf (and a NaN in k at a key they cannot see)."""
+    (q, k, v), _ = inputs(rng, (1,), 20, 9, 16, 1, "float16")  # causal, Nq > Nk: rows 0..10 see no key
+    q[0, 15] = np.nan
+    v[0, 0, 3] = np.inf  # key 0: every visible row sees it
+    k[0, 8] = np.nan  # key 8: only the last row sees it
+    res = fn.attention_forward(q, k, v, kernel="flash2_tc", causal=True)
+    o, lse = res.o.astype(np.float64), res.lse
+    assert np.all(o[0, :11] == 0) and np.all(np.isneginf(lse[0, :11]))
+    assert np.isnan(o[0, 15]).all() and np.isnan(lse[0, 15])
+    assert np.isnan(o[0, 19]).all()  # the row that sees key 8
+    rest = [r for r in range(11, 19) if r != 15]
+    assert np.all(o[0, rest, 3] == np.inf)
+    assert np.isfinite(np.delete(o[0, rest], 3, axis=-1)).all() and np.isfinite(lse[0, rest]).all()
+
+
+def test_resolve_block_takes_bfloat16_by_name():
+    assert fn.resolve_block("flash2_tc", 64, "bfloat16") == (64, 64)
+    with pytest.raises(TypeError, match="flash2_fast runs float16, float32 and float64"):
+        fn.resolve_block("flash2_fast", 64, "bfloat16")
+
+
+def test_reference_reads_bfloat16_words_by_value(rng):
+    x = rng.standard_normal((5, 16)).astype(np.float32)
+    words = fn.as_bfloat16(x)
+    o, _ = reference.attention_forward(words, words, words)
+    x64 = round_to_bf16(x).astype(np.float64)
+    np.testing.assert_array_equal(o, reference.attention_forward(x64, x64, x64)[0])

@@ -121,7 +121,7 @@ CASES = [
     # FlashAttention: kernel and block
     ("kernel-unknown", FLASH, ValueError, r"^kernel: unknown kernel 'flash3'", {"kernel": "flash3"}),
     ("kernel-case", FLASH, ValueError, r"^kernel: unknown kernel", {"kernel": "FLASH2"}),
-    ("kernel-None", FLASH, ValueError, r"^kernel: unknown kernel None", {"kernel": None}),
+    ("kernel-int", FLASH, ValueError, r"^kernel: unknown kernel 2", {"kernel": 2}),  # (None: the default kernel)
     ("kernel-standard", FLASH, ValueError, r"^kernel: 'standard' is not a FlashAttention", {"kernel": "standard"}),
     ("block-int", FLASH, TypeError, r"^block: expected a pair", {"block": 8}),
     ("block-1", FLASH, TypeError, r"^block: expected a pair", {"block": (8,)}),

@@ -21,13 +21,15 @@ element with the lower column / k index)::
     unpack_f16x2(u) -> UniTuple(float32, 2)                 # (lo, hi)
     unpack_bf16x2(u) -> UniTuple(float32, 2)                # (lo, hi)
     copy_16(smem, s_index, gmem, g_index)                   # 16 bytes global -> shared (ld.global.v4, st.shared.v4)
+    load_16(gmem, g_index) -> UniTuple(uint32, 4)           # 16 bytes from global memory (ld.global.v4)
+    store_16(smem, s_index, w0, w1, w2, w3)                 # 16 bytes into shared memory (st.shared.v4)
     zero_16(smem, s_index)                                  # 16 zero bytes into shared
     cp_async_16(smem, s_index, gmem, g_index)               # sm_80+: cp.async.cg.shared.global, 16 bytes
     cp_async_commit() ; cp_async_wait_all()                 # sm_80+: commit_group; wait_group 0
 
-(Additions beyond INTERFACES.md: ``unpack_*``, ``copy_16``, ``zero_16``; ``cp_async_wait(n)`` is
-``cp_async_wait_all()``: wait for every committed group.)  The 16-byte functions take element indices of
-16-bit arrays; both must be multiples of 8 (16-byte aligned addresses).
+(Additions beyond INTERFACES.md: ``unpack_*``, ``copy_16``, ``load_16``, ``store_16``, ``zero_16``;
+``cp_async_wait(n)`` is ``cp_async_wait_all()``: wait for every committed group.)  The 16-byte functions
+take element indices of 16-bit arrays; both must be multiples of 8 (16-byte aligned addresses).
 
 ``smem`` is a 1-D shared array of 16-bit elements (float16 or uint16); ``index`` the element index where
 this lane's 8-element (16-byte) row starts: it must be a multiple of 8 (16-byte aligned).
@@ -151,7 +153,8 @@ def warp_mma(shape: str, a_regs, b_regs, c_regs) -> np.ndarray:
     A = fragment_a(np.asarray(a_regs, dtype=np.uint32).reshape(WARP, na), kind, k)
     B = fragment_b(np.asarray(b_regs, dtype=np.uint32).reshape(WARP, nb), kind, k)
     C = fragment_c(np.asarray(c_regs, dtype=np.float32).reshape(WARP, 4)).astype(np.float64)
-    return lanes_of_c((A @ B + C).astype(np.float32))
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf and NaN propagate as on the tensor core
+        return lanes_of_c((A @ B + C).astype(np.float32))
 
 
 def _pair(lo_bits, hi_bits) -> np.uint32:
@@ -283,6 +286,23 @@ def _unpack_standin(kind):
 def copy_16_standin(smem, s_index, gmem, g_index):
     for e in range(8):
         smem[s_index + e] = gmem[g_index + e]
+
+
+def _words_of(arr, index):
+    return [_pair(_bits_of(arr, index + 2 * w), _bits_of(arr, index + 2 * w + 1)) for w in range(4)]
+
+
+def load_16_standin(gmem, g_index):
+    w = _words_of(gmem, int(g_index))
+    return w[0], w[1], w[2], w[3]
+
+
+def store_16_standin(smem, s_index, w0, w1, w2, w3):
+    """The 8 halves of four words into smem (float16 or uint16), lower half first."""
+    halves = np.array([int(w0), int(w1), int(w2), int(w3)], dtype=np.uint32).view(np.uint16)
+    values = halves.view(np.float16) if np.asarray(smem[s_index]).dtype == np.float16 else halves
+    for e in range(8):
+        smem[s_index + e] = values[e]
 
 
 def zero_16_standin(smem, s_index):
@@ -450,6 +470,30 @@ def _copy_intrinsics():
         return types.void(smem, types.uint32, gmem, types.uint64), codegen
 
     @intrinsic
+    def load_16(typingctx, gmem, g_index):
+        result = types.UniTuple(types.uint32, 4)
+
+        def codegen(context, builder, sig, args):
+            src = _pointer(builder, sig.args[0], context, args[0], args[1], 1)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i64])
+            # a plain load of read-only inputs: not volatile, so loads can be issued together
+            out = builder.call(ir.InlineAsm(fnty, "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+                                            side_effect=False), [src])
+            return context.make_tuple(builder, result, [builder.extract_value(out, i) for i in range(4)])
+
+        return result(gmem, types.uint64), codegen
+
+    @intrinsic
+    def store_16(typingctx, smem, s_index, w0, w1, w2, w3):
+        def codegen(context, builder, sig, args):
+            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
+            asm(builder, "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}", [i32] * 5,
+                [dst, *args[2:]])
+            return context.get_dummy_value()
+
+        return types.void(smem, types.uint32, types.uint32, types.uint32, types.uint32, types.uint32), codegen
+
+    @intrinsic
     def zero_16(typingctx, smem, s_index):
         def codegen(context, builder, sig, args):
             dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
@@ -485,15 +529,16 @@ def _copy_intrinsics():
 
         return types.void(), codegen
 
-    return copy_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all
+    return copy_16, load_16, store_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all
 
 
 if SIMULATOR:
     copy_16 = cp_async_16 = copy_16_standin
+    load_16, store_16 = load_16_standin, store_16_standin
     zero_16 = zero_16_standin
     cp_async_commit = cp_async_wait_all = _nothing
 else:
-    copy_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all = _copy_intrinsics()
+    copy_16, load_16, store_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all = _copy_intrinsics()
 
 if SIMULATOR:
     mma_m16n8k16_f16 = _mma_standin("m16n8k16_f16")

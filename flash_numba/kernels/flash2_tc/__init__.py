@@ -192,7 +192,7 @@ SPEC = KernelSpec(
     backward_launches=(_bwd.BACKWARD_Q_NAME, _bwd.BACKWARD_KV_NAME),
     atomic_backward_launches=(_bwd.D_ZERO_NAME, _bwd.BACKWARD_KVQ_NAME, _bwd.CAST_DQ_NAME),
     compile_all=compile_all,
-    compile_groups=((("float16", "bfloat16"), (16, 128)), (("bfloat16",), (64,))),
+    compile_groups=((("float16", "bfloat16"), (128,)), (("bfloat16",), (64,))),  # and GROUPS: float16 at d = 64
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
     choose_atomic_block=choose_atomic_block, register_rule=register_cap, dynamic_shared=True,
     dtypes=("float16", "bfloat16"), head_dims=_head_dims, head_dims_text=layout.HEAD_DIMS_TEXT,
