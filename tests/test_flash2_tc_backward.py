@@ -164,3 +164,27 @@ def test_gpu_deterministic_over_20_calls(rng):
         again = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel="flash2_tc", causal=True)
         for a, b in zip((first.dq, first.dk, first.dv), (again.dq, again.dk, again.dv)):
             assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_unaligned_rows_take_element_loads(rng, monkeypatch):
+    """q starting 2 bytes past a 16-byte boundary: no 16-byte loads (the launcher sees it), the same bits."""
+    from numba import cuda
+
+    from flash_numba.kernels import _vec
+
+    q, k, v, do = (rng.standard_normal((1, 2, 17, 16)).astype(np.float16) for _ in range(4))
+    fwd = fn.attention_forward(q, k, v, kernel="flash2_tc")
+    o = np.asarray(fwd.o)
+    want = fn.attention_backward(q, k, v, o, fwd.lse, do, kernel="flash2_tc")
+    buf = cuda.to_device(np.concatenate([np.zeros(1, np.float16), q.ravel()]))
+    q_off = buf[1:].reshape(q.shape)
+    seen = []
+    real = _vec.aligned16
+    monkeypatch.setattr(_vec, "aligned16", lambda x, lay: seen.append(real(x, lay)) or seen[-1])
+    dev = [cuda.to_device(x) for x in (k, v, o, fwd.lse, do)]
+    for deterministic in (True, False):
+        got = fn.attention_backward(q_off, dev[0], dev[1], dev[2], dev[3], dev[4], kernel="flash2_tc",
+                                    deterministic=deterministic)
+        for a, b in zip((want.dq, want.dk, want.dv), (got.dq, got.dk, got.dv)):
+            assert np.array_equal(np.asarray(a), b.copy_to_host())
+    assert seen and not seen[0]  # q's rows: not on 16 bytes

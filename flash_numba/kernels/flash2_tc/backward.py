@@ -53,7 +53,7 @@ import numpy as np
 from numba import cuda, float32, int64, uint32, uint64
 
 from ...device import jit
-from .. import _bf16, _dropout, _mma, _smem
+from .. import _bf16, _dropout, _mma, _smem, _vec
 from .._common import add_counts, head_grid, nb_type, exp2_ieee, group_step, kv_head, rounded_mul
 from .._tile_ops import head_starts, last_tile_first
 from ..causal import crosses_diagonal_dev as crosses_diagonal
@@ -207,14 +207,50 @@ def fragments_single(dtype_name: str):
 
 
 @lru_cache(maxsize=None)
-def tile_loader(rows: int, d: int, dtype_name: str, count: bool):
+def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool = False):
     """Device function ``load(tile, x, lay, bh, r0, n, tid) -> elements read``: rows r0 .. r0 + rows - 1 of head
     bh of a flat input (layout ``lay``) into a row-major tile of stride d + 8, 16-bit words copied as they are;
-    rows past n zero-filled."""
+    rows past n zero-filled.
+
+    ``aligned`` (every row of x starts on 16 bytes, :func:`.._vec.aligned16`): 16 bytes a thread at a time, all
+    of a thread's ``ld.global.v4`` first, then its ``st.shared.v4`` (as the forward's sm_75 loader); else one
+    element a thread at a time (consecutive threads, consecutive elements)."""
     S, D_U, COUNT = stride(d), uint32(d), count
     from_f32 = _storage(dtype_name)[1]  # a zero of the tile's type (a float16 constant does not lower)
     PER = rows * d // NT  # every thread the same number of elements (d a multiple of 16, rows of 32, 64)
     assert rows * d % NT == 0
+    CHUNKS, CR = rows * d // 8, uint32(d // 8)  # 16-byte chunks of the tile, of a row
+    ROUNDS = -(-CHUNKS // NT)
+    WHOLE = CHUNKS % NT == 0  # every thread a chunk every round
+    load_16, store_16, zero_16 = _mma.load_16, _mma.store_16, _mma.zero_16
+
+    if aligned:
+        @jit(device=True, forceinline=True)
+        def load_vectors(tile, x, lay, bh, r0, n, tid):
+            start = head_starts(lay, lay, bh)[0]
+            rs = uint32(lay[3])
+            w = cuda.local.array(4 * ROUNDS, uint32)
+            got = 0
+            for i in range(ROUNDS):  # every load first ...
+                c = uint32(tid) + uint32(i * NT)
+                r = c // CR
+                if (WHOLE or c < uint32(CHUNKS)) and uint32(r0) + r < uint32(n):
+                    w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3] = load_16(
+                        x, start + uint64((uint32(r0) + r) * rs + (c - r * CR) * uint32(8)))
+                    if COUNT:
+                        got += 8
+            for i in range(ROUNDS):  # ... then the stores
+                c = uint32(tid) + uint32(i * NT)
+                r = c // CR
+                if WHOLE or c < uint32(CHUNKS):
+                    at = r * uint32(S) + (c - r * CR) * uint32(8)
+                    if uint32(r0) + r < uint32(n):
+                        store_16(tile, at, w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3])
+                    else:
+                        zero_16(tile, at)
+            return got
+
+        return load_vectors
 
     @jit(device=True, forceinline=True)
     def load(tile, x, lay, bh, r0, n, tid):
@@ -270,7 +306,7 @@ def _block_tiles(sizes, dtype_name: str, dynamic: bool):
 
 @lru_cache(maxsize=None)
 def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, atomic_dq: bool = False,
-                dropout: bool = False, dynamic: bool = False):
+                dropout: bool = False, dynamic: bool = False, aligned: bool = False):
     """The dK/dV kernel (with ``atomic_dq``: dQ by atomics too) for head dim d (a multiple of 16, <= 128).
 
     Arguments ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
@@ -297,8 +333,8 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     SB = 2
     MUL_RN = rounded_mul("float32")
     block_tiles = _block_tiles((Bc * DS, Bc * DS, Br * DS, Br * DS, Br * PS, Br * PS), dtype_name, dynamic)
-    load_kv = tile_loader(Bc, d, dtype_name, count)
-    load_q = tile_loader(Br, d, dtype_name, count)
+    load_kv = tile_loader(Bc, d, dtype_name, count, aligned)
+    load_q = tile_loader(Br, d, dtype_name, count, aligned)
     load_stats = stats_loader(Br, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
 
@@ -479,7 +515,7 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
 
 @lru_cache(maxsize=None)
 def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, dropout: bool = False,
-              dynamic: bool = False):
+              dynamic: bool = False, aligned: bool = False):
     """The dQ kernel of the deterministic backward: D_i and dQ_i for one query block of Br = 64 rows.
 
     Arguments ``(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
@@ -497,8 +533,8 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
     MUL_RN = rounded_mul("float32")
     assert Bc <= Br  # Q_i, dO_i and then K_j, V_j in the same two tiles
     block_tiles = _block_tiles((Br * DS, Br * DS), dtype_name, dynamic)
-    load_q = tile_loader(Br, d, dtype_name, count)
-    load_kv = tile_loader(Bc, d, dtype_name, count)
+    load_q = tile_loader(Br, d, dtype_name, count, aligned)
+    load_kv = tile_loader(Bc, d, dtype_name, count, aligned)
     drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
 
     def kernel(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
@@ -724,14 +760,16 @@ def grids(prob) -> dict:
 
 
 def _inputs_of(prob, ops):
-    """(q, k, v, do, layouts, dk, dv, dtype name, args of dropout)."""
+    """(q, k, v, do, their layouts, dk, dv, aligned): q, k, v, do flat; ``aligned``: every row of them starts on
+    16 bytes (the kernels' 16-byte tile loads)."""
     from ... import _inputs, _views
 
     (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_views.flat_input(ops[name].dev, name)
                                                         for name in ("q", "k", "v", "do"))
     dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
     dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
-    return q, k, v, do, (q_lay, k_lay, v_lay, do_lay), dk, dv
+    aligned = all(_vec.aligned16(x, lay) for x, lay in ((q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay)))
+    return q, k, v, do, (q_lay, k_lay, v_lay, do_lay), dk, dv, aligned
 
 
 def run_backward(prob, ops, counters, k8: bool):
@@ -739,7 +777,7 @@ def run_backward(prob, ops, counters, k8: bool):
     from ... import _inputs, _views
 
     name, count = prob.dtype_name, counters.enabled
-    q, k, v, do, lays, dk, dv = _inputs_of(prob, ops)
+    q, k, v, do, lays, dk, dv, aligned = _inputs_of(prob, ops)
     o, o_lay = _views.flat_input(ops["o"].dev, "o")
     dropout, drop_args = _dropout.launch_args(prob)
     grid = grids(prob)
@@ -747,12 +785,12 @@ def run_backward(prob, ops, counters, k8: bool):
     D = _inputs.empty((prob.BH, prob.Nq), np.float32)
     dq = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
     q_dyn = _dynamic_bytes(q_tile_bytes(prob.d))
-    qk = dq_kernel(prob.d, name, prob.causal, count, k8, dropout, bool(q_dyn))
+    qk = dq_kernel(prob.d, name, prob.causal, count, k8, dropout, bool(q_dyn), aligned)
     _smem.configure(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
         q, k, v, do, o, ops["lse"].dev, D, dq, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
         counters.array(BACKWARD_Q_NAME), *lays, o_lay, *drop_args)
     kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
-    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, False, dropout, bool(kv_dyn))
+    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, False, dropout, bool(kv_dyn), aligned)
     _smem.configure(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
         q, k, v, do, ops["lse"].dev, D, dk, dv, _unused_dq(), prob.Nq, prob.Nk, prob.G, scale, scale_log2,
         counters.array(BACKWARD_KV_NAME), *lays, *drop_args)
@@ -765,7 +803,7 @@ def run_backward_atomic(prob, ops, counters, k8: bool):
     from ... import _inputs, _views
 
     name, count = prob.dtype_name, counters.enabled
-    q, k, v, do, lays, dk, dv = _inputs_of(prob, ops)
+    q, k, v, do, lays, dk, dv, aligned = _inputs_of(prob, ops)
     o, o_lay = _views.flat_input(ops["o"].dev, "o")
     dropout, drop_args = _dropout.launch_args(prob)
     grid = grids(prob)
@@ -776,7 +814,7 @@ def run_backward_atomic(prob, ops, counters, k8: bool):
     d_kernel(prob.d, name, count)[grid[D_ZERO_NAME], NT](o, do, D, dq_acc, prob.Nq, counters.array(D_ZERO_NAME),
                                                          o_lay, lays[3])
     kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
-    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, True, dropout, bool(kv_dyn))
+    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, True, dropout, bool(kv_dyn), aligned)
     _smem.configure(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
         q, k, v, do, ops["lse"].dev, D, dk, dv, dq_acc, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
         counters.array(BACKWARD_KVQ_NAME), *lays, *drop_args)
@@ -844,7 +882,8 @@ def io_backward_atomic(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
 def compile_backward(ccs, dtypes, ds, count_variants=(False, True)):
     """The compile tier's :class:`~flash_numba.compile_check.Compiled` list of the backward kernels: for each cc,
     dtype (float16 everywhere, bfloat16 from sm_80; the m16n8k8 path below sm_80, as the forward's switch picks)
-    and head dim, causal or not, and a counting build (not causal); with dropout at the first head dim of ``ds``."""
+    and head dim, causal or not, with 16-byte tile loads or element loads; a counting build (not causal) and
+    dropout builds (at the first head dim of ``ds``) with 16-byte loads."""
     from numba import types
 
     from ...compile_check import compile_kernel
@@ -867,20 +906,23 @@ def compile_backward(ccs, dtypes, ds, count_variants=(False, True)):
                      LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP)
             for d in ds:
                 kv_dyn, q_dyn = bool(_dynamic_bytes(kv_tile_bytes(d))), bool(_dynamic_bytes(q_tile_bytes(d)))
-                for count in count_variants:
-                    for causal in ((False,) if count else (False, True)):  # counting: one build checks its code
-                        for drop in ((False, True) if d == ds[0] and not count else (False,)):
-                            tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
-                                   f"{' m16n8k8' * k8}")
-                            out += [
-                                compile_kernel(f"{BACKWARD_Q_NAME} {tag}{' dynamic' * q_dyn}",
-                                               dq_kernel(d, dtype, causal, count, k8, drop, q_dyn), q_sig, cc),
-                                compile_kernel(f"{BACKWARD_KV_NAME} {tag}{' dynamic' * kv_dyn}",
-                                               dkdv_kernel(d, dtype, causal, count, k8, False, drop, kv_dyn),
-                                               kv_sig, cc),
-                                compile_kernel(f"{BACKWARD_KVQ_NAME} {tag}{' dynamic' * kv_dyn}",
-                                               dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn),
-                                               kv_sig, cc)]
+                # (count, causal, dropout, aligned): every plain build with 16-byte loads and element loads;
+                # counting (not causal) and dropout (at the first head dim) with 16-byte loads
+                variants = [(False, causal, False, aligned) for causal in (False, True) for aligned in (True, False)]
+                variants += [(True, False, False, True)] if True in count_variants else []
+                variants += [(False, causal, True, True) for causal in (False, True)] if d == ds[0] else []
+                for count, causal, drop, aligned in variants:
+                    tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
+                           f"{' aligned' * aligned}{' m16n8k8' * k8}")
+                    out += [
+                        compile_kernel(f"{BACKWARD_Q_NAME} {tag}{' dynamic' * q_dyn}",
+                                       dq_kernel(d, dtype, causal, count, k8, drop, q_dyn, aligned), q_sig, cc),
+                        compile_kernel(f"{BACKWARD_KV_NAME} {tag}{' dynamic' * kv_dyn}",
+                                       dkdv_kernel(d, dtype, causal, count, k8, False, drop, kv_dyn, aligned),
+                                       kv_sig, cc),
+                        compile_kernel(f"{BACKWARD_KVQ_NAME} {tag}{' dynamic' * kv_dyn}",
+                                       dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn, aligned),
+                                       kv_sig, cc)]
                 if d == ds[0]:
                     for count in count_variants:
                         tag = f"{dtype}{' count' * count}"
