@@ -222,6 +222,7 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool =
     CHUNKS, CR = rows * d // 8, uint32(d // 8)  # 16-byte chunks of the tile, of a row
     ROUNDS = -(-CHUNKS // NT)
     WHOLE = CHUNKS % NT == 0  # every thread a chunk every round
+    REGS = 4 * ROUNDS  # a constant: a local array's shape must be one
     load_16, store_16, zero_16 = _mma.load_16, _mma.store_16, _mma.zero_16
 
     if aligned:
@@ -229,7 +230,7 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool =
         def load_vectors(tile, x, lay, bh, r0, n, tid):
             start = head_starts(lay, lay, bh)[0]
             rs = uint32(lay[3])
-            w = cuda.local.array(4 * ROUNDS, uint32)
+            w = cuda.local.array(REGS, uint32)
             got = 0
             for i in range(ROUNDS):  # every load first ...
                 c = uint32(tid) + uint32(i * NT)
@@ -879,11 +880,11 @@ def io_backward_atomic(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
 # ---------------------------------------------------------------- the compile tier
 
 
-def compile_backward(ccs, dtypes, ds, count_variants=(False, True)):
+def compile_backward(ccs, dtypes, ds):
     """The compile tier's :class:`~flash_numba.compile_check.Compiled` list of the backward kernels: for each cc,
     dtype (float16 everywhere, bfloat16 from sm_80; the m16n8k8 path below sm_80, as the forward's switch picks)
-    and head dim, causal or not, with 16-byte tile loads or element loads; a counting build (not causal) and
-    dropout builds (at the first head dim of ``ds``) with 16-byte loads."""
+    and head dim: causal or not with 16-byte tile loads, not causal with element loads; at the first head dim of
+    ``ds`` a causal dropout build and (float16) a counting one.  The element-wise kernels once a dtype."""
     from numba import types
 
     from ...compile_check import compile_kernel
@@ -906,11 +907,11 @@ def compile_backward(ccs, dtypes, ds, count_variants=(False, True)):
                      LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP)
             for d in ds:
                 kv_dyn, q_dyn = bool(_dynamic_bytes(kv_tile_bytes(d))), bool(_dynamic_bytes(q_tile_bytes(d)))
-                # (count, causal, dropout, aligned): every plain build with 16-byte loads and element loads;
-                # counting (not causal) and dropout (at the first head dim) with 16-byte loads
-                variants = [(False, causal, False, aligned) for causal in (False, True) for aligned in (True, False)]
-                variants += [(True, False, False, True)] if True in count_variants else []
-                variants += [(False, causal, True, True) for causal in (False, True)] if d == ds[0] else []
+                # (count, causal, dropout, aligned): causal or not with 16-byte loads, element loads (not causal);
+                # at the first head dim, float16: a counting build; at the first head dim: causal with dropout
+                variants = [(False, False, False, True), (False, True, False, True), (False, False, False, False)]
+                variants += [(True, False, False, True)] if d == ds[0] and dtype == "float16" else []
+                variants += [(False, True, True, True)] if d == ds[0] else []
                 for count, causal, drop, aligned in variants:
                     tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
                            f"{' aligned' * aligned}{' m16n8k8' * k8}")
@@ -924,7 +925,7 @@ def compile_backward(ccs, dtypes, ds, count_variants=(False, True)):
                                        dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn, aligned),
                                        kv_sig, cc)]
                 if d == ds[0]:
-                    for count in count_variants:
+                    for count in (False, True):
                         tag = f"{dtype}{' count' * count}"
                         out += [compile_kernel(f"{D_ZERO_NAME} d={d} {tag}", d_kernel(d, dtype, count),
                                                (X1, X1, A2, A3, I64, COUNTER_TYPE, LAYOUT_TYPE, LAYOUT_TYPE), cc),
