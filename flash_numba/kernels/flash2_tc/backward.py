@@ -39,7 +39,8 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
 The atomic backward: ``d_kernel`` (D = rowsum(dO * O) and the float32 dQ accumulator zeroed, one launch),
 ``dkdv_kernel(atomic_dq=True)``, ``cast_kernel`` (dQ to the storage type).  Every shared tile is row-major
 with a stride of d + 8 (or Bc + 8) elements: an odd number of 16-byte chunks, so the eight row addresses
-of each ``ldmatrix`` phase fall on distinct banks.
+of each ``ldmatrix`` phase fall on distinct banks.  Tiles are loaded 16 bytes a thread where every row of
+q, k, v and dO starts on 16 bytes (the usual contiguous tensor), else an element at a time.
 
 Not handled as the CUDA-core kernels do: an Inf or NaN in Q, K, V or dO where its P or dS is masked
 (mma multiplies 0 by it: NaN); inputs are finite in every test.
