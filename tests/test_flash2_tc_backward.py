@@ -13,8 +13,6 @@ from flash_numba import iomodel, reference
 from flash_numba.kernels import _bf16
 from flash_numba.kernels.flash2_tc import layout
 
-ON_GPU = not fn.device.SIMULATOR
-gpu_only = pytest.mark.skipif(not ON_GPU, reason="real sizes: GPU only")
 
 
 def _inputs(rng, lead, Nq, Nk, d, dtype, kv_lead=None):
@@ -144,7 +142,7 @@ def test_strided_views_give_the_same_bits(rng):
                 assert np.array_equal(np.asarray(a), b.copy_to_host())
 
 
-@gpu_only
+@pytest.mark.gpu
 @pytest.mark.parametrize("N, d, causal, dtype", [(97, 64, False, "float16"), (1000, 64, True, "bfloat16"),
                                                  (1000, 128, False, "float16"), (4099, 128, True, "float16"),
                                                  (4099, 64, False, "bfloat16")])
@@ -155,7 +153,7 @@ def test_gpu_real_sizes(rng, N, d, causal, dtype):
         _check(rng, (1,), N, N, d, causal, dtype, deterministic, repeat=deterministic)
 
 
-@gpu_only
+@pytest.mark.gpu
 def test_gpu_deterministic_over_20_calls(rng):
     (q, k, v, do), _ = _inputs(rng, (2, 4), 1000, 1000, 64, "float16")
     f = fn.attention_forward(q, k, v, kernel="flash2_tc", causal=True)
