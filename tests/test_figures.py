@@ -89,7 +89,7 @@ def test_model_only_writes_every_model_figure_and_skips_the_timed_ones(tmp_path,
 
     # Figure 3: every (kernel, pass, N) of the default sizes, modelled, nothing counted.
     rows = read_csv(tmp_path / "fig3_hbm_vs_seqlen.csv")
-    names = set(kernels.NAMES)
+    names = {n for n in kernels.NAMES if "float32" in kernels.get(n).dtypes}  # the figures run float32
     assert {r["kernel"] for r in rows} == names and {"standard", "flash1", "flash2"} <= names
     assert len(rows) == len(names) * 2 * len(common.Sizes().seq_N)
     for r in rows:

@@ -279,3 +279,22 @@ def test_reference_reads_bfloat16_words_by_value(rng):
     o, _ = reference.attention_forward(words, words, words)
     x64 = round_to_bf16(x).astype(np.float64)
     np.testing.assert_array_equal(o, reference.attention_forward(x64, x64, x64)[0])
+
+
+def test_default_kernel_dispatch(rng):
+    """kernel=None: flash2_tc for float16 and bfloat16 where it runs, flash2_fast for other head dims and dtypes,
+    bfloat16 where flash2_tc cannot run it refused with the reason; result.kernel names what ran."""
+    from flash_numba.api import default_kernel
+
+    assert default_kernel("float16", 64, (7, 5)) == default_kernel("bfloat16", 128, (9, 0)) == "flash2_tc"
+    assert default_kernel("float16", 72, (9, 0)) == default_kernel("float32", 64, (9, 0)) == "flash2_fast"
+    assert default_kernel("float16", 64, (7, 0)) == "flash2_fast"  # below flash2_tc's cc 7.5
+    with pytest.raises(ValueError, match=r"flash2_tc needs compute capability 8.0 for bfloat16; this GPU \(Tesla T4\)"):
+        default_kernel("bfloat16", 64, (7, 5), "Tesla T4")
+    with pytest.raises(ValueError, match="head dim d = 8 is not supported by flash2_tc"):
+        default_kernel("bfloat16", 8, (9, 0))
+    (q, k, v), _ = inputs(rng, (1,), 5, 6, 16, 1, "float16")
+    assert fn.attention_forward(q, k, v).kernel == "flash2_tc"
+    assert fn.attention_forward(q[..., :8], k[..., :8], v[..., :8]).kernel == "flash2_fast"
+    (q, k, v), _ = inputs(rng, (1,), 5, 6, 16, 1, "bfloat16")
+    assert fn.attention(q, k, v).dtype == np.uint16

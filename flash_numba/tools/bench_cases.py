@@ -251,7 +251,7 @@ def torch_impl(name: str, torch) -> Impl:
 def implementation_names(dtype: str, torch=None) -> list[str]:
     """Every implementation that can run here: our kernels, then the PyTorch backends
     for ``dtype`` that this PyTorch has (none without ``torch``)."""
-    names = list(kernels.NAMES) + list(VARIANTS)
+    names = [n for n in kernels.NAMES if dtype in kernels.get(n).dtypes] + list(VARIANTS)  # (the dtype it runs)
     if torch is not None:
         from torch.nn.attention import SDPBackend
 

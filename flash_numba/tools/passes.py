@@ -29,15 +29,23 @@ def _all_flops(BH: int, N: int, d: int) -> dict:
     return out
 
 
-def block_for(kernel: str, d: int, pass_: str):
+def dtype_for(kernel: str, dtype=DTYPE):
+    """``dtype``, or where ``kernel`` does not run it the first storage dtype it runs (flash2_tc: float16)."""
+    names = kernels.get(kernel).dtypes
+    return dtype if np.dtype(dtype).name in names else np.dtype(names[0])
+
+
+def block_for(kernel: str, d: int, pass_: str, dtype=DTYPE):
     """The (Br, Bc) a call picks by default (None for the standard kernels)."""
-    return resolve_block(kernel, d, DTYPE, None, pass_)
+    return resolve_block(kernel, d, dtype_for(kernel, dtype), None, pass_)
 
 
 def model(kernel: str, pass_: str, BH: int, N: int, d: int, dtype=DTYPE, block=None):
-    """The IO model's :class:`~flash_numba.hbm.HBMCount` of one pass (default block if None)."""
+    """The IO model's :class:`~flash_numba.hbm.HBMCount` of one pass (default block if None), in ``dtype`` or,
+    for a kernel that does not run it, in the first dtype it runs."""
+    dtype = dtype_for(kernel, dtype)
     if block is None:
-        block = block_for(kernel, d, pass_)
+        block = block_for(kernel, d, pass_, dtype)
     fn = iomodel.forward if pass_ == "forward" else iomodel.backward
     return fn(kernel, BH, N, N, d, dtype, False, block)
 

@@ -190,7 +190,7 @@ def forward_kernel(d: int, dtype_name: str, path: str, causal: bool, count: bool
     DS_U = uint32(DS)
 
     def kernel(q, k, v, o, lse, Nq, Nk, G, scale_log2, counter, q_lay, k_lay, v_lay, seed, threshold, inv_keep):
-        sm = cuda.shared.array(SMEM, STORE)  # K_j | V_j, row stride DS (Q_i passes through K_j's rows first)
+        sm = cuda.shared.array(SMEM, STORE)  # K_j | V_j, row stride DS (Q_i passes through V_j's rows first)
         qf = cuda.local.array(Q_REGS, types.uint32)  # Q_i's A fragments: 4 registers a k16 step
         s = cuda.local.array(S_REGS, types.float32)  # S_ij (then P_ij): 4 accumulators an n8 tile
         acc = cuda.local.array(O_REGS, types.float32)  # O_i: 4 accumulators an n8 tile of d

@@ -73,7 +73,7 @@ class Run:
     count: bool
     gpu: bool
     label: str
-    kernels: tuple = kernels.NAMES
+    kernels: tuple = tuple(n for n in kernels.NAMES if "float32" in kernels.get(n).dtypes)  # the figures' dtype
     date: str = field(default_factory=lambda: datetime.date.today().isoformat())
     points: Points | None = None  # the figure being made: where its rows go as they are measured
 
