@@ -188,7 +188,7 @@ def _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hb
         _inputs.finish(prob, dk, (prob.Nk, prob.d), prob.kv_lead),
         _inputs.finish(prob, dv, (prob.Nk, prob.d), prob.kv_lead),
         counters.result(),
-        getattr(run, "kernel_name", kernel),  # the kernel whose backward ran (flash2_tc's is flash2_fast's)
+        getattr(run, "kernel_name", kernel),  # the kernel whose backward ran (a pass may name another's)
         blk,
     )
 

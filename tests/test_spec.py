@@ -56,8 +56,7 @@ def test_register_caps_name_launches(name):
     assert all(isinstance(cap, int) and 32 <= cap <= 255 for cap in spec.max_registers.values())
 
 
-def test_only_flash2_fast_has_an_atomic_backward():
-    # flash2_tc's float16 backward is flash2_fast's (its atomic path included)
+def test_only_flash2_fast_and_flash2_tc_have_an_atomic_backward():
     assert [n for n in kernels.NAMES if kernels.get(n).supports_atomic] == ["flash2_fast", "flash2_tc"]
     flash2 = kernels.get("flash2")
     assert flash2.run_backward(False) is flash2.backward  # deterministic=False is deterministic there

@@ -8,12 +8,13 @@ writes O_i and L_i once.  Per query head, with item sizes s (the 16-bit storage)
     read    = s Nq d + sum_i 2 s d min(n_i Bc, Nk)
     written = s Nq d + a Nq
 
-Backward: until flash2_tc has its own, the float16 backward is flash2_fast's (its model).
+Backward: :func:`backward` and :func:`backward_atomic` (their launches' bytes, :mod:`..kernels.flash2_tc.backward`).
 """
 
 from __future__ import annotations
 
-from ..hbm import HBMCount
+from ..hbm import HBMCount, KernelBytes
+from ..kernels.flash2_tc.backward import io_backward, io_backward_atomic
 from ..kernels.flash2_tc import layout
 from . import flash2_fast as _fast
 
@@ -25,9 +26,14 @@ def forward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
 
 
 def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
-    """flash2_fast's deterministic backward (what runs for float16 until the tensor-core backward lands)."""
-    return _fast.backward(BH, Nq, Nk, d, dtype, causal, block, G)
+    """The dQ kernel (Q_i, dO_i, O_i, L_i once, K and V per visited key block; dQ_i and D_i written) and the dK/dV
+    kernel (K_j, V_j once; Q_i, dO_i, L_i, D_i per visited query block; dK_j, dV_j written)."""
+    return HBMCount({name: KernelBytes(*rw) for name, rw in
+                     io_backward(BH, Nq, Nk, d, dtype, causal, G).items()})
 
 
 def backward_atomic(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
-    return _fast.backward_atomic(BH, Nq, Nk, d, dtype, causal, block, G)
+    """D and the zeroed float32 dQ, the dK/dV kernel plus one float32 atomic add (a read and a write of 4 bytes)
+    per dQ element per visited (key block, query row), the cast of dQ to the storage type."""
+    return HBMCount({name: KernelBytes(*rw) for name, rw in
+                     io_backward_atomic(BH, Nq, Nk, d, dtype, causal, G).items()})

@@ -32,6 +32,7 @@ _NB = {
     np.dtype(np.float16): types.float16,
     np.dtype(np.float32): types.float32,
     np.dtype(np.float64): types.float64,
+    np.dtype(np.uint16): types.uint16,  # bfloat16 words (flash2_tc's shared tiles)
 }
 
 

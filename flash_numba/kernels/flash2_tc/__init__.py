@@ -24,10 +24,12 @@ Head dims 16 to 128, multiples of 16 (whole k16 steps; others are refused by the
 T4 (cc 7.5: the "sm75" path, two m16n8k8 per k16 step), bfloat16 from cc 8.0.  Instruction path:
 :func:`.layout.path`; ``FLASH_NUMBA_TC_PATH=sm75`` forces the T4's path on a newer GPU.
 
-Backward: the tensor-core backward is not built yet; a float16 backward runs flash2_fast's (the result's
-``kernel`` says "flash2_fast"), a bfloat16 backward is refused with an error.
+Backward (:mod:`.backward`): FA2's, on the same instructions: S recomputed with the forward's mma chain, dV,
+dP, dS, dK per key block, dQ in a kernel of its own (deterministic) or by float32 atomics
+(``deterministic=False``).
 
-Counter: "flash2_tc forward".
+Counters: "flash2_tc forward"; "flash2_tc dQ" and "flash2_tc dK, dV" (deterministic backward);
+"flash2_tc D, zero dQ", "flash2_tc dK, dV, dQ (atomic)" and "flash2_tc dQ to storage dtype" (atomic).
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ from numba import types
 
 from ... import _inputs, _views, device
 from ...compile_check import compile_kernel
-from .. import _dropout, _vec
+from .. import _dropout, _smem, _vec
 from .._launch import launch
-from .. import flash2_fast as _fast
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, head_grid
 from .._spec import KernelSpec, launch_flops
+from . import backward as _bwd
 from . import layout
 from .forward import forward_kernel
 from .layout import FORWARD_NAME, LOG2E, NT, Bc, Br
@@ -67,9 +69,9 @@ def instruction_path(dtype_name: str) -> str:
 
 
 def grids(prob, block) -> dict:
-    """The 1-D launch grid of each launch, by launch name: the forward's Tr * B*H blocks, and flash2_fast's
-    backward launches (what the backward runs for now)."""
-    out = dict(_fast.grids(prob, block)) if not _bf16(prob.dtype) else {}
+    """The 1-D launch grid of each launch, by launch name: the forward's Tr * B*H blocks and the backward's
+    (:func:`.backward.grids`)."""
+    out = dict(_bwd.grids(prob))
     out[FORWARD_NAME] = head_grid(-(-prob.Nq // Br), prob.BH)
     return out
 
@@ -90,24 +92,15 @@ def forward(prob, ops, block, counters):
     return o, lse
 
 
-def _refuse_bf16_backward(prob):
-    if prob.dtype_name == "bfloat16":
-        raise TypeError("q: dtype bfloat16 is not supported by flash2_tc's backward yet (its tensor-core backward "
-                        "is not built); the forward runs bfloat16, the backward float16 (through flash2_fast)")
-
-
 def backward(prob, ops, block, counters):
-    """flash2_fast's deterministic backward (float16) until flash2_tc has its own; bfloat16 refused."""
-    _refuse_bf16_backward(prob)
-    return _fast.backward(prob, ops, block, counters)
+    """dQ, dK, dV on tensor cores, deterministic: the dQ kernel (which writes D), then the dK/dV kernel
+    (:mod:`.backward`)."""
+    return _bwd.run_backward(prob, ops, counters, instruction_path(prob.dtype_name) == "sm75")
 
 
 def backward_atomic(prob, ops, block, counters):
-    _refuse_bf16_backward(prob)
-    return _fast.backward_atomic(prob, ops, block, counters)
-
-
-backward.kernel_name = backward_atomic.kernel_name = "flash2_fast"  # what the backward runs (result.kernel)
+    """dQ, dK, dV on tensor cores with dQ by float32 atomics (``deterministic=False``, :mod:`.backward`)."""
+    return _bwd.run_backward_atomic(prob, ops, counters, instruction_path(prob.dtype_name) == "sm75")
 
 
 def _bf16(dtype) -> bool:
@@ -115,42 +108,39 @@ def _bf16(dtype) -> bool:
     return dtype == "bfloat16" if isinstance(dtype, str) else np.dtype(dtype) == BF16_STORAGE
 
 
+def _fixed(pass_, d):
+    """The forward's block, or the backward's as the spec reports it: the dK/dV kernel's (Br query rows a step,
+    Bc keys a block, :func:`.backward.kv_block`); its dQ kernel runs 64 x 64 (:mod:`.backward`)."""
+    return (Br, Bc) if pass_ == "forward" else _bwd.kv_block(d)
+
+
 def choose_block(d, dtype, budget, pass_="forward"):
-    if pass_ == "forward" or _bf16(dtype):
-        return Br, Bc
-    return _fast.SPEC.choose_block(d, dtype, budget, pass_)
+    return _fixed(pass_, d)
 
 
 def choose_atomic_block(d, dtype, budget):
-    return (Br, Bc) if _bf16(dtype) else _fast.SPEC.choose_atomic_block(d, dtype, budget)
+    return _fixed("backward", d)
 
 
 def block_limits(d, dtype, pass_):
-    if pass_ == "forward" or _bf16(dtype):
-        return Br, Bc
-    return _fast.SPEC.block_limits(d, dtype, pass_)
+    return _fixed(pass_, d)
 
 
 def shared_bytes(Br_, Bc_, d, dtype, pass_):
-    if pass_ == "forward" or _bf16(dtype):
+    if pass_ == "forward":
         return layout.shared_bytes_forward(d)
-    return _fast.SPEC.shared_bytes(Br_, Bc_, d, dtype, pass_)
+    return max(_bwd.kv_shared_bytes(d), _bwd.q_shared_bytes(d))
 
 
 def check_block(block, d, dtype, pass_):
-    if pass_ == "forward" or _bf16(dtype):
-        if block is not None and tuple(block) != (Br, Bc):
-            raise ValueError(f"block: flash2_tc's forward runs Br = {Br}, Bc = {Bc} (4 warps of 16 rows); "
-                             f"pass block=None or ({Br}, {Bc})")
-        return
-    if _fast.SPEC.check_block is not None:
-        _fast.SPEC.check_block(block, d, dtype, pass_)
+    fixed = _fixed(pass_, d)
+    if block is not None and tuple(block) != fixed:
+        raise ValueError(f"block: flash2_tc's {pass_} runs Br = {fixed[0]}, Bc = {fixed[1]} (fixed tiles of 4 warps); "
+                         f"pass block=None or {fixed}")
 
 
 def register_cap(launch, cc, d, dtype, dynamic=False, count=False):
-    if launch == FORWARD_NAME:
-        return None
-    return _fast.SPEC.register_cap(launch, cc, d, dtype, dynamic, count)
+    return None
 
 
 def compile_all(ccs, dtypes, ds):
@@ -179,16 +169,17 @@ def compile_all(ccs, dtypes, ds):
                              f"{' aligned' * aligned}{' dropout' * drop}")
                     kernel = forward_kernel(d, name, path, causal, count, drop, aligned)
                     out.append(compile_kernel(label, kernel, sig, cc, None))
-    return out
+    dts = [n for n in ("float16", "bfloat16") if n in dtypes]
+    return out + _bwd.compile_backward(ccs, dts, [d for d in ds if layout.runs_head_dim(d)])
 
 
-FLOPS = launch_flops(forward={FORWARD_NAME: (4, 5, 0)}, backward={})
-
-
-def _flops(pass_, BH, Nq, Nk, d, causal=False, deterministic=True):
-    if pass_ == "forward":
-        return FLOPS(pass_, BH, Nq, Nk, d, causal, deterministic)
-    return _fast.SPEC.flops(pass_, BH, Nq, Nk, d, causal, deterministic)
+#: FLOPs a score: the dQ kernel recomputes S and dP and adds dS K (6 d), the dK/dV kernel S, dP, P^T dO, dS^T Q
+#: (8 d), the atomic one all five products (10 d); D = rowsum(dO * O) 2 d a row
+FLOPS = launch_flops(forward={FORWARD_NAME: (4, 5, 0)},
+                     backward={_bwd.BACKWARD_Q_NAME: (6, 5, 2), _bwd.BACKWARD_KV_NAME: (8, 5, 0)},
+                     atomic={_bwd.D_ZERO_NAME: (0, 0, 2), _bwd.BACKWARD_KVQ_NAME: (10, 5, 0),
+                             _bwd.CAST_DQ_NAME: (0, 0, 0)})
+_flops = FLOPS
 
 
 def _head_dims(d: int) -> bool:
@@ -199,8 +190,8 @@ SPEC = KernelSpec(
     name="flash2_tc", doc=__doc__, flops=_flops,
     forward=forward, backward=backward, backward_atomic=backward_atomic,
     forward_launches=(FORWARD_NAME,),
-    backward_launches=_fast.SPEC.backward_launches,
-    atomic_backward_launches=_fast.SPEC.atomic_backward_launches,
+    backward_launches=(_bwd.BACKWARD_Q_NAME, _bwd.BACKWARD_KV_NAME),
+    atomic_backward_launches=(_bwd.D_ZERO_NAME, _bwd.BACKWARD_KVQ_NAME, _bwd.CAST_DQ_NAME),
     compile_all=compile_all,
     compile_groups=((("float16", "bfloat16"), (128,)), (("bfloat16",), (64,))),  # and GROUPS: float16 at d = 64
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,

@@ -1,0 +1,936 @@
+"""The flash2_tc backward: dK, dV and dQ on tensor cores (mma.sync), float16 and bfloat16.
+
+FlashAttention-2's backward (Algorithm 2 of the FA2 paper; Dao-AILab's ``flash_bwd_kernel.h``) with
+every block product on the warp-level building blocks of :mod:`flash_numba.kernels._mma`.  Per pair of a
+query block i and a key block j, recomputed from Q_i, K_j, V_j, dO_i, L_i and D_i = rowsum(dO_i * O_i):
+
+    S = Q_i K_j^T                      the forward's instructions in the forward's order (below)
+    P = exp2(S * scale * log2 e - L_i * log2 e)      0 where masked (causal, past Nk)
+    dV_j += (Z P)^T dO_i               Z: dropout's factor, regenerated (:mod:`.._dropout`)
+    dP = dO_i V_j^T
+    dS = P * (Z dP - D_i)
+    dK_j += dS^T Q_i                   (times scale at the end)
+    dQ_i += dS K_j                     (times scale at the end)
+
+**S bit for bit.**  Every S entry is one chain of mma instructions over the head dim, k = 0..15, 16..31,
+.. in that order, from a zero accumulator, with Q as the A operand and K^T as the B operand: the chain
+the forward runs, so S (and P's exponent) is bit-identical to the forward's; the m16n8k8 path (sm_75)
+runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on that path.
+
+**Two kernels walk the pairs** (both 128 threads, 4 warps):
+
+* ``dkdv_kernel``: a block owns Bc keys and walks over the query blocks of Br = 32 rows that see them (GQA:
+  of each of the G query heads of its key/value head in turn); dK_j, dV_j stay in registers as mma
+  accumulators, a warp's 16 keys x d columns (Bc = 64, up to d = 64) or 16 keys x d/2 columns (Bc = 32 above:
+  at d = 128, 64 keys x d took 128 accumulators a lane and ptxas spilled).  S and dP are computed in 2 x 2
+  warp tiles of 16 queries x Bc/2 keys;
+  P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x keys), from
+  where ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i
+  (FA2 keeps them in shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by a
+  plain ``ldmatrix``, B = K_j by ``ldmatrix.trans``) and adds it into a float32 dQ with atomics.
+* ``dq_kernel`` (deterministic backward): a block owns Br = 64 query rows (16 a warp), computes D_i
+  itself from the dO_i it loads and O_i, keeps Q_i and dO_i as A fragments in registers (their shared tiles
+  then hold K_j and V_j: 35 KB at d = 128, within a T4's 48 KB of static shared memory) and dQ_i as
+  accumulators, and walks over the visible key blocks of Bc = 64 keys (32 above d = 64): S and dP as in the
+  forward, dS in the accumulator registers, rounded and packed in place as the A operand of dS K_j (the C
+  layout of two n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
+  without atomics: each output element summed by one warp in a fixed order, bitwise reproducible.
+
+The atomic backward: ``d_kernel`` (D = rowsum(dO * O) and the float32 dQ accumulator zeroed, one launch),
+``dkdv_kernel(atomic_dq=True)``, ``cast_kernel`` (dQ to the storage type).  Every shared tile is row-major
+with a stride of d + 8 (or Bc + 8) elements: an odd number of 16-byte chunks, so the eight row addresses
+of each ``ldmatrix`` phase fall on distinct banks.  Tiles are loaded 16 bytes a thread where every row of
+q, k, v and dO starts on 16 bytes (the usual contiguous tensor), else an element at a time.
+
+Not handled as the CUDA-core kernels do: an Inf or NaN in Q, K, V or dO where its P or dS is masked
+(mma multiplies 0 by it: NaN); inputs are finite in every test.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda, float32, int64, uint32, uint64
+
+from ...device import jit
+from .. import _bf16, _dropout, _mma, _smem, _vec
+from .._launch import launch
+from .._common import add_counts, head_grid, nb_type, exp2_ieee, group_step, kv_head, rounded_mul
+from .._tile_ops import head_starts, last_tile_first
+from ..causal import crosses_diagonal_dev as crosses_diagonal
+from ..causal import first_visible_q_block_dev as first_visible_q_block
+from ..causal import key_limit_dev as key_limit
+from ..causal import visible_kv_blocks_dev as visible_kv_blocks
+
+NT = 128  # threads a block: 4 warps
+NW = NT // 32
+#: dK/dV kernel: queries a step; keys a block: 64 (16 a warp) up to d = 64, else 32 (16 keys x d/2 columns of dK
+#: and dV a warp: 64 accumulators a lane at d = 128, where 64 keys x d took 128 and spilled)
+KV_BR = 32
+KV_BC_SMALL_D, KV_BC_LARGE_D = 64, 32
+#: dQ kernel: queries a block (16 a warp); keys a step: 64 up to d = 64, else 32 (S and dP 16 accumulators a lane
+#: each instead of 32: at d = 128 on the m16n8k8 path 64 keys spilled)
+Q_BR = 64
+Q_BC_SMALL_D, Q_BC_LARGE_D = 64, 32
+#: elements of the D / cast kernels a block
+ELEMWISE_THREADS = 256
+#: D kernel: rows a block (TX lanes a row)
+D_TX = 16
+D_ROWS = NT // D_TX
+LOG2E = 1.4426950408889634
+FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}
+
+BACKWARD_Q_NAME = "flash2_tc dQ"
+BACKWARD_KV_NAME = "flash2_tc dK, dV"
+D_ZERO_NAME = "flash2_tc D, zero dQ"
+BACKWARD_KVQ_NAME = "flash2_tc dK, dV, dQ (atomic)"
+CAST_DQ_NAME = "flash2_tc dQ to storage dtype"
+
+F32_ZERO, F32_ONE = np.float32(0), np.float32(1)
+POS_INF = np.float32(np.inf)
+
+
+def stride(width: int) -> int:
+    """Row stride (elements) of a shared tile of ``width`` 16-bit columns: width + 8, an odd number of 16-byte
+    chunks for width a multiple of 16 (ldmatrix: 8 rows of 16 bytes on distinct banks)."""
+    return width + 8
+
+
+def kv_block(d: int) -> tuple[int, int]:
+    """(Br, Bc) of the dK/dV kernel at head dim d."""
+    return KV_BR, (KV_BC_SMALL_D if d <= 64 else KV_BC_LARGE_D)
+
+
+def kv_shared_bytes(d: int) -> int:
+    """Shared memory of the dK/dV kernel: K_j, V_j, Q_i, dO_i, P, dS tiles (2 bytes) and L_i, D_i (float32)."""
+    Br, Bc = kv_block(d)
+    return 2 * (2 * Bc * stride(d) + 2 * Br * stride(d) + 2 * Br * stride(Bc)) + 8 * Br
+
+
+def q_block(d: int) -> tuple[int, int]:
+    """(Br, Bc) of the dQ kernel at head dim d."""
+    return Q_BR, (Q_BC_SMALL_D if d <= 64 else Q_BC_LARGE_D)
+
+
+def q_shared_bytes(d: int) -> int:
+    """Shared memory of the dQ kernel: two tiles (Q_i and dO_i, then K_j and V_j in turn) and L_i, D_i."""
+    return 2 * 2 * Q_BR * stride(d) + 8 * Q_BR
+
+
+def _storage(dtype_name: str):
+    """(to_f32, from_f32, pack) device functions of a storage type: float16 or bfloat16 (uint16 words)."""
+    if dtype_name == "bfloat16":
+        return _bf16.bf16_to_f32, _bf16.f32_to_bf16, _mma.pack_bf16x2
+    if dtype_name != "float16":
+        raise ValueError(f"dtype: flash2_tc runs float16 and bfloat16, not {dtype_name}")
+
+    @jit(device=True, forceinline=True)
+    def to_f32(x):
+        return float32(x)
+
+    F16 = nb_type(np.float16)
+
+    @jit(device=True, forceinline=True)
+    def from_f32(x):
+        return F16(x)
+
+    return to_f32, from_f32, _mma.pack_f16x2
+
+
+def _tile_type(dtype_name: str) -> str:
+    """The shared tiles' element type: the storage words (uint16 for bfloat16)."""
+    return "uint16" if dtype_name == "bfloat16" else "float16"
+
+
+@lru_cache(maxsize=None)
+def fragments(dtype_name: str, k8: bool):
+    """Device functions ``(ld_a, ld_a_t, ld_b, ld_b_t, mma)`` over 16 x 16 tiles of shared memory.
+
+    ``ld_a(tile, r0, k0, S, lane)``: the A fragment (a0..a3) of the 16 x 16 block at (r0, k0) of a row-major
+    tile of stride S; ``ld_a_t``: of the transpose of the block whose rows are k (k0..) and columns r (r0..);
+    ``ld_b(tile, n0, k0, S, lane)``: the B fragments of two n8 tiles (n0, n0 + 8) over k0..k0+15 from B^T
+    stored row-major (rows n); ``ld_b_t(tile, k0, n0, S, lane)``: the same from B stored row-major (rows k).
+    ``mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: C + A B for one m16n8k16 step, or two m16n8k8 (k8, sm_75).
+    """
+    ldx4, ldx4_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
+    SEVEN, EIGHT = uint32(7), uint32(8)
+
+    @jit(device=True, forceinline=True)
+    def ld_a(tile, r0, k0, S, lane):
+        m = lane >> uint32(3)
+        return ldx4(tile, (uint32(r0) + (lane & SEVEN) + (m & uint32(1)) * EIGHT) * uint32(S)
+                    + uint32(k0) + (m >> uint32(1)) * EIGHT)
+
+    @jit(device=True, forceinline=True)
+    def ld_a_t(tile, r0, k0, S, lane):
+        m = lane >> uint32(3)
+        return ldx4_t(tile, (uint32(k0) + (lane & SEVEN) + (m >> uint32(1)) * EIGHT) * uint32(S)
+                      + uint32(r0) + (m & uint32(1)) * EIGHT)
+
+    @jit(device=True, forceinline=True)
+    def ld_b(tile, n0, k0, S, lane):
+        m = lane >> uint32(3)
+        return ldx4(tile, (uint32(n0) + (lane & SEVEN) + (m >> uint32(1)) * EIGHT) * uint32(S)
+                    + uint32(k0) + (m & uint32(1)) * EIGHT)
+
+    @jit(device=True, forceinline=True)
+    def ld_b_t(tile, k0, n0, S, lane):
+        m = lane >> uint32(3)
+        return ldx4_t(tile, (uint32(k0) + (lane & SEVEN) + (m & uint32(1)) * EIGHT) * uint32(S)
+                      + uint32(n0) + (m >> uint32(1)) * EIGHT)
+
+    if k8:
+        mma8 = _mma.mma_m16n8k8_f16
+
+        @jit(device=True, forceinline=True)
+        def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            c0, c1, c2, c3 = mma8(a0, a1, b0, c0, c1, c2, c3)
+            return mma8(a2, a3, b1, c0, c1, c2, c3)
+    else:
+        mma = _mma.mma_m16n8k16_bf16 if dtype_name == "bfloat16" else _mma.mma_m16n8k16_f16
+
+    return ld_a, ld_a_t, ld_b, ld_b_t, mma
+
+
+@lru_cache(maxsize=None)
+def fragments_single(dtype_name: str):
+    """``ld_b_t1(tile, k0, n0, S, lane)``: the B fragments (b0, b1) of one n8 tile (n0..n0+7) over k0..k0+15 from B
+    stored row-major (rows k), as ``ld_b_t`` returns them for its first tile; lanes 16-31 give the addresses of
+    lanes 0-15 again (registers 2 and 3 repeat 0 and 1), so no column past n0 + 7 is read."""
+    ldx4_t, SEVEN, EIGHT = _mma.ldmatrix_x4_trans, uint32(7), uint32(8)
+
+    @jit(device=True, forceinline=True)
+    def ld_b_t1(tile, k0, n0, S, lane):
+        m = lane >> uint32(3)
+        return ldx4_t(tile, (uint32(k0) + (lane & SEVEN) + (m & uint32(1)) * EIGHT) * uint32(S) + uint32(n0))
+
+    return ld_b_t1
+
+
+@lru_cache(maxsize=None)
+def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool = False):
+    """Device function ``load(tile, x, lay, bh, r0, n, tid) -> elements read``: rows r0 .. r0 + rows - 1 of head
+    bh of a flat input (layout ``lay``) into a row-major tile of stride d + 8, 16-bit words copied as they are;
+    rows past n zero-filled.
+
+    ``aligned`` (every row of x starts on 16 bytes, :func:`.._vec.aligned16`): 16 bytes a thread at a time, all
+    of a thread's ``ld.global.v4`` first, then its ``st.shared.v4`` (as the forward's sm_75 loader); else one
+    element a thread at a time (consecutive threads, consecutive elements)."""
+    S, D_U, COUNT = stride(d), uint32(d), count
+    from_f32 = _storage(dtype_name)[1]  # a zero of the tile's type (a float16 constant does not lower)
+    PER = rows * d // NT  # every thread the same number of elements (d a multiple of 16, rows of 32, 64)
+    assert rows * d % NT == 0
+    CHUNKS, CR = rows * d // 8, uint32(d // 8)  # 16-byte chunks of the tile, of a row
+    ROUNDS = -(-CHUNKS // NT)
+    WHOLE = CHUNKS % NT == 0  # every thread a chunk every round
+    REGS = 4 * ROUNDS  # a constant: a local array's shape must be one
+    load_16, store_16, zero_16 = _mma.load_16, _mma.store_16, _mma.zero_16
+
+    if aligned:
+        @jit(device=True, forceinline=True)
+        def load_vectors(tile, x, lay, bh, r0, n, tid):
+            start = head_starts(lay, lay, bh)[0]
+            rs = uint32(lay[3])
+            w = cuda.local.array(REGS, uint32)
+            got = 0
+            for i in range(ROUNDS):  # every load first ...
+                c = uint32(tid) + uint32(i * NT)
+                r = c // CR
+                if (WHOLE or c < uint32(CHUNKS)) and uint32(r0) + r < uint32(n):
+                    w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3] = load_16(
+                        x, start + uint64((uint32(r0) + r) * rs + (c - r * CR) * uint32(8)))
+                    if COUNT:
+                        got += 8
+            for i in range(ROUNDS):  # ... then the stores
+                c = uint32(tid) + uint32(i * NT)
+                r = c // CR
+                if WHOLE or c < uint32(CHUNKS):
+                    at = r * uint32(S) + (c - r * CR) * uint32(8)
+                    if uint32(r0) + r < uint32(n):
+                        store_16(tile, at, w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3])
+                    else:
+                        zero_16(tile, at)
+            return got
+
+        return load_vectors
+
+    @jit(device=True, forceinline=True)
+    def load(tile, x, lay, bh, r0, n, tid):
+        start = head_starts(lay, lay, bh)[0]
+        rs = uint32(lay[3])
+        got = 0
+        for it in range(PER):
+            e = uint32(it * NT) + uint32(tid)
+            r = e // D_U
+            c = e - r * D_U
+            row = uint32(r0) + r
+            at = r * uint32(S) + c
+            if row < uint32(n):
+                tile[at] = x[start + uint64(row * rs + c)]
+                if COUNT:
+                    got += 1
+            else:
+                tile[at] = from_f32(F32_ZERO)
+        return got
+
+    return load
+
+
+@lru_cache(maxsize=None)
+def stats_loader(rows: int, count: bool):
+    """Device function ``load(Ls, Ds, lse, D, bh, r0, n, tid) -> elements read``: L_i in log2 units (+inf past
+    n: P = 0 there) and D_i (0 past n), one thread a row."""
+    COUNT = count
+
+    @jit(device=True, forceinline=True)
+    def load(Ls, Ds, lse, D, bh, r0, n, tid):
+        got = 0
+        if tid < rows:
+            Lr = POS_INF
+            Dr = F32_ZERO
+            r = uint32(r0) + uint32(tid)
+            if r < uint32(n):
+                Lr = lse[uint32(bh), r] * float32(LOG2E)
+                Dr = D[uint32(bh), r]
+                if COUNT:
+                    got = 2
+            Ls[tid] = Lr
+            Ds[tid] = Dr
+        return got
+
+    return load
+
+
+def _block_tiles(sizes, dtype_name: str, dynamic: bool):
+    """The kernel's 16-bit tiles in one shared array (:mod:`.._smem`; dynamic above 48 KB)."""
+    return _smem.tiles(tuple(sizes), _tile_type(dtype_name), dynamic)
+
+
+@lru_cache(maxsize=None)
+def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, atomic_dq: bool = False,
+                dropout: bool = False, dynamic: bool = False, aligned: bool = False):
+    """The dK/dV kernel (with ``atomic_dq``: dQ by atomics too) for head dim d (a multiple of 16, <= 128).
+
+    Arguments ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+    do_lay, seed, threshold, inv_keep)``: q, k, v, do flat 16-bit inputs and their layouts
+    (:func:`flash_numba._views.flat_input`); lse, D ``(B*H, Nq)`` float32; dk, dv ``(B*Hkv, Nk, d)``; dq a zeroed
+    ``(B*H, Nq, d)`` float32 accumulator with ``atomic_dq``, else never touched.  A 1-D grid of Tc * B*Hkv
+    blocks: block x runs key tile x // B*Hkv of key/value head x % B*Hkv (the first, longest tiles first).
+    """
+    assert d % 16 == 0 and 16 <= d <= 128
+    to_f32, from_f32, _ = _storage(dtype_name)
+    ld_a, ld_a_t, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
+    Br, Bc = kv_block(d)
+    DS, PS = stride(d), stride(Bc)
+    SW = Bc // 2  # keys of a warp's S tile (2 x 2 warps over Br x Bc)
+    WK = Bc // 16  # warps along the keys of dK/dV (4 or 2); NW // WK along their columns
+    DW = d // (NW // WK)  # dK/dV columns of a warp
+    SN, DN = SW // 8, DW // 8  # n8 tiles: of a warp's S, of dK/dV
+    DN_ODD = DN % 2 == 1
+    QW = d // 2  # dQ columns of a warp (2 x 2 warps over Br x d)
+    QN = QW // 8
+    QN_ODD = QN % 2 == 1  # d = 16, 48, 80, 112
+    ld_b_t1 = fragments_single(dtype_name)
+    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
+    SB = 2
+    MUL_RN = rounded_mul("float32")
+    block_tiles = _block_tiles((Bc * DS, Bc * DS, Br * DS, Br * DS, Br * PS, Br * PS), dtype_name, dynamic)
+    load_kv = tile_loader(Bc, d, dtype_name, count, aligned)
+    load_q = tile_loader(Br, d, dtype_name, count, aligned)
+    load_stats = stats_loader(Br, count)
+    drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
+
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+               do_lay, seed, threshold, inv_keep):
+        Ks, Vs, Qs, dOs, Ps, dSs = block_tiles()  # row-major: K_j, V_j (Bc, DS); Q_i, dO_i (Br, DS); P, dS (Br, PS)
+        Ls = cuda.shared.array(Br, float32)  # L_i in log2 units
+        Ds = cuda.shared.array(Br, float32)
+        s = cuda.local.array((SN, 4), float32)
+        dp = cuda.local.array((SN, 4), float32)
+        dv_acc = cuda.local.array((DN, 4), float32)
+        dk_acc = cuda.local.array((DN, 4), float32)
+        dq_acc = cuda.local.array((QN, 4), float32)
+
+        tid = cuda.threadIdx.x
+        lane = uint32(tid % 32)
+        warp = uint32(tid // 32)
+        g, t = lane >> uint32(2), lane & uint32(3)
+        BHkv = uint32(dk.shape[0])
+        tile = uint32(cuda.blockIdx.x) // BHkv
+        hkv = int64(uint32(cuda.blockIdx.x) - tile * BHkv)
+        c0 = int64(tile) * Bc
+        nr = 0
+        n_atomic = uint32(0)
+        # the warp's tiles: S and dP rows sr.., keys sc..; dK, dV keys kr..; dQ rows sr.., columns qc..
+        sr = (warp & uint32(1)) * uint32(16)
+        sc = (warp >> uint32(1)) * uint32(SW)
+        kr = (warp % uint32(WK)) * uint32(16)
+        kc = (warp // uint32(WK)) * uint32(DW)
+        qc = (warp >> uint32(1)) * uint32(QW)
+
+        n = load_kv(Ks, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, v, v_lay, hkv, c0, Nk, tid)
+        if COUNT:
+            nr += n * SB
+        for j in range(DN):
+            for e in range(4):
+                dv_acc[j, e] = F32_ZERO
+                dk_acc[j, e] = F32_ZERO
+
+        i_first = first_visible_q_block(c0, Br, Nq, Nk, CAUSAL)
+        n_i = (Nq + Br - 1) // Br - i_first
+        for step in range(G * n_i):  # the query blocks of each query head of the group in turn
+            bh, i = group_step(step, n_i, i_first, hkv, G)
+            r0 = i * Br
+            cuda.syncthreads()  # the previous step is done with Qs, dOs, Ps, dSs, Ls, Ds
+            n = load_q(Qs, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, do, do_lay, bh, r0, Nq, tid)
+            n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
+            if COUNT:
+                nr += n * SB + n_stats * 4
+            cuda.syncthreads()
+
+            # S = Q_i K_j^T and dP = dO_i V_j^T: this warp's 16 x SW tile, k = 0, 16, .. (the forward's order)
+            for j in range(SN):
+                for e in range(4):
+                    s[j, e] = F32_ZERO
+                    dp[j, e] = F32_ZERO
+            for kk in range(d // 16):
+                a0, a1, a2, a3 = ld_a(Qs, sr, kk * 16, DS, lane)
+                for nb in range(SN // 2):
+                    b0, b1, b2, b3 = ld_b(Ks, sc + uint32(nb * 16), kk * 16, DS, lane)
+                    s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3])
+                    s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2],
+                        s[2 * nb + 1, 3])
+            for kk in range(d // 16):
+                a0, a1, a2, a3 = ld_a(dOs, sr, kk * 16, DS, lane)
+                for nb in range(SN // 2):
+                    b0, b1, b2, b3 = ld_b(Vs, sc + uint32(nb * 16), kk * 16, DS, lane)
+                    dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3])
+                    dp[2 * nb + 1, 0], dp[2 * nb + 1, 1], dp[2 * nb + 1, 2], dp[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dp[2 * nb + 1, 0], dp[2 * nb + 1, 1], dp[2 * nb + 1, 2],
+                        dp[2 * nb + 1, 3])
+
+            # P = exp2(S scale log2e - L), dS = P (Z dP - D), 0 where masked; Z P and dS to shared memory
+            diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
+            edge = c0 + Bc > Nk or diagonal  # uniform over the block
+            head = int64(drop_head(seed, bh))
+            for h in range(2):
+                rl = sr + g + uint32(8 * h)  # the lane's row of the tile
+                L2 = Ls[rl]
+                Dv = Ds[rl]
+                lim = key_limit(r0 + int64(rl), c0 + int64(sc), Nq, Nk, CAUSAL)  # keys c0 + sc + x, x <= lim
+                rk = int64(drop_row(head, r0 + int64(rl)))
+                for j in range(SN):
+                    for e in range(2):
+                        x = uint32(8 * j + e) + 2 * t  # key c0 + sc + x
+                        p = exp2_ieee(MUL_RN(scale_log2, s[j, 2 * h + e]) - L2)
+                        zs = drop(rk, c0 + int64(sc + x), threshold, inv_keep)
+                        ds = p * (zs * dp[j, 2 * h + e] - Dv)
+                        if edge and int64(x) > lim:
+                            p = F32_ZERO
+                            ds = F32_ZERO
+                        at = rl * uint32(PS) + sc + x
+                        Ps[at] = from_f32(p * zs)
+                        dSs[at] = from_f32(ds)
+            cuda.syncthreads()
+
+            # dV_j += (Z P)^T dO_i, dK_j += dS^T Q_i: this warp's 16 keys kr.., all d columns, k = the Br queries
+            for kk in range(Br // 16):
+                a0, a1, a2, a3 = ld_a_t(Ps, kr, kk * 16, PS, lane)
+                for nb in range(DN // 2):
+                    b0, b1, b2, b3 = ld_b_t(dOs, kk * 16, kc + uint32(nb * 16), DS, lane)
+                    dv_acc[2 * nb, 0], dv_acc[2 * nb, 1], dv_acc[2 * nb, 2], dv_acc[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dv_acc[2 * nb, 0], dv_acc[2 * nb, 1], dv_acc[2 * nb, 2],
+                        dv_acc[2 * nb, 3])
+                    dv_acc[2 * nb + 1, 0], dv_acc[2 * nb + 1, 1], dv_acc[2 * nb + 1, 2], dv_acc[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dv_acc[2 * nb + 1, 0], dv_acc[2 * nb + 1, 1], dv_acc[2 * nb + 1, 2],
+                        dv_acc[2 * nb + 1, 3])
+                if DN_ODD:
+                    b0, b1, b2, b3 = ld_b_t1(dOs, kk * 16, kc + uint32(DW - 8), DS, lane)
+                    dv_acc[DN - 1, 0], dv_acc[DN - 1, 1], dv_acc[DN - 1, 2], dv_acc[DN - 1, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dv_acc[DN - 1, 0], dv_acc[DN - 1, 1], dv_acc[DN - 1, 2],
+                        dv_acc[DN - 1, 3])
+                a0, a1, a2, a3 = ld_a_t(dSs, kr, kk * 16, PS, lane)
+                for nb in range(DN // 2):
+                    b0, b1, b2, b3 = ld_b_t(Qs, kk * 16, kc + uint32(nb * 16), DS, lane)
+                    dk_acc[2 * nb, 0], dk_acc[2 * nb, 1], dk_acc[2 * nb, 2], dk_acc[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dk_acc[2 * nb, 0], dk_acc[2 * nb, 1], dk_acc[2 * nb, 2],
+                        dk_acc[2 * nb, 3])
+                    dk_acc[2 * nb + 1, 0], dk_acc[2 * nb + 1, 1], dk_acc[2 * nb + 1, 2], dk_acc[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dk_acc[2 * nb + 1, 0], dk_acc[2 * nb + 1, 1], dk_acc[2 * nb + 1, 2],
+                        dk_acc[2 * nb + 1, 3])
+                if DN_ODD:
+                    b0, b1, b2, b3 = ld_b_t1(Qs, kk * 16, kc + uint32(DW - 8), DS, lane)
+                    dk_acc[DN - 1, 0], dk_acc[DN - 1, 1], dk_acc[DN - 1, 2], dk_acc[DN - 1, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dk_acc[DN - 1, 0], dk_acc[DN - 1, 1], dk_acc[DN - 1, 2],
+                        dk_acc[DN - 1, 3])
+
+            if ATOMIC_DQ:  # dQ_i += dS K_j: this warp's 16 rows sr.., columns qc .. qc + d/2, k = the Bc keys
+                for j in range(QN):
+                    for e in range(4):
+                        dq_acc[j, e] = F32_ZERO
+                for kk in range(Bc // 16):
+                    a0, a1, a2, a3 = ld_a(dSs, sr, kk * 16, PS, lane)
+                    for nb in range(QN // 2):
+                        b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, qc + uint32(nb * 16), DS, lane)
+                        dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
+                            a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
+                            dq_acc[2 * nb, 3])
+                        dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2], \
+                            dq_acc[2 * nb + 1, 3] = mma(a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0],
+                                                        dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
+                                                        dq_acc[2 * nb + 1, 3])
+                    if QN_ODD:  # d/2 = 8 (2 u + 1) columns: the last n8 tile alone (its two matrices loaded twice)
+                        b0, b1, b2, b3 = ld_b_t1(Ks, kk * 16, qc + uint32(QW - 8), DS, lane)
+                        dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2], dq_acc[QN - 1, 3] = mma(
+                            a0, a1, a2, a3, b0, b1, dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2],
+                            dq_acc[QN - 1, 3])
+                for h in range(2):
+                    row = uint32(r0) + sr + g + uint32(8 * h)
+                    if row < uint32(Nq):
+                        for j in range(QN):
+                            for e in range(2):
+                                col = qc + uint32(8 * j + e) + 2 * t
+                                cuda.atomic.add(dq, (uint32(bh), row, col), dq_acc[j, 2 * h + e] * scale)
+                                if COUNT:
+                                    n_atomic += uint32(1)
+
+        # dK_j = scale dS^T Q, dV_j: the lane's rows kr + g (+ 8), columns kc + 8 j + 2 t (+ 1)
+        nw = 0
+        for h in range(2):
+            row = uint32(c0) + kr + g + uint32(8 * h)
+            if row < uint32(Nk):
+                for j in range(DN):
+                    for e in range(2):
+                        col = kc + uint32(8 * j + e) + 2 * t
+                        dk[hkv, row, col] = from_f32(dk_acc[j, 2 * h + e] * scale)
+                        dv[hkv, row, col] = from_f32(dv_acc[j, 2 * h + e])
+                        if COUNT:
+                            nw += 2 * SB
+        if COUNT:
+            add_counts(counter, nr + int64(n_atomic) * 4, int64(n_atomic) * 4 + nw)
+
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+@lru_cache(maxsize=None)
+def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, dropout: bool = False,
+              dynamic: bool = False, aligned: bool = False):
+    """The dQ kernel of the deterministic backward: D_i and dQ_i for one query block of Br = 64 rows.
+
+    Arguments ``(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+    o_lay, seed, threshold, inv_keep)``; D written (for the dK/dV kernel).  A 1-D grid of Tr * B*H blocks, the
+    last (longest, causal) row tiles first.
+    """
+    assert d % 16 == 0 and 16 <= d <= 128
+    to_f32, from_f32, pack = _storage(dtype_name)
+    ld_a, _, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
+    Br, Bc = q_block(d)
+    DS = stride(d)
+    KN, DN, KD = Bc // 8, d // 8, d // 16  # n8 tiles of S (16 x Bc a warp), of dQ (16 x d a warp); k16 steps of d
+    CAUSAL, COUNT = causal, count
+    SB = 2
+    MUL_RN = rounded_mul("float32")
+    assert Bc <= Br  # Q_i, dO_i and then K_j, V_j in the same two tiles
+    block_tiles = _block_tiles((Br * DS, Br * DS), dtype_name, dynamic)
+    load_q = tile_loader(Br, d, dtype_name, count, aligned)
+    load_kv = tile_loader(Bc, d, dtype_name, count, aligned)
+    drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
+
+    def kernel(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
+               o_lay, seed, threshold, inv_keep):
+        # Q_i, dO_i until they are in registers (A fragments), then K_j, V_j in the same memory
+        Qs, dOs = block_tiles()
+        Ks, Vs = Qs, dOs
+        Ls = cuda.shared.array(Br, float32)
+        Ds = cuda.shared.array(Br, float32)
+        qa = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments (this warp's 16 rows), all of d
+        da = cuda.local.array((KD, 4), uint32)  # dO_i's
+        s = cuda.local.array((KN, 4), float32)
+        dp = cuda.local.array((KN, 4), float32)
+        dq_acc = cuda.local.array((DN, 4), float32)
+
+        tid = cuda.threadIdx.x
+        lane = uint32(tid % 32)
+        warp = uint32(tid // 32)
+        g, t = lane >> uint32(2), lane & uint32(3)
+        r0, bh = last_tile_first(Nq, Br)
+        hkv = kv_head(bh, G)
+        sr = warp * uint32(16)
+        nr = nw = 0
+
+        n = load_q(Qs, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, do, do_lay, bh, r0, Nq, tid)
+        if COUNT:
+            nr += n * SB
+        cuda.syncthreads()
+        # D_i = rowsum(dO_i * O_i), L_i: thread r sums row r0 + r over its columns in order (deterministic)
+        if tid < Br:
+            Dr = F32_ZERO
+            Lr = POS_INF
+            row = uint32(r0) + uint32(tid)
+            if row < uint32(Nq):
+                o0 = head_starts(o_lay, o_lay, bh)[0] + uint64(row * uint32(o_lay[3]))
+                for x in range(d):
+                    Dr += to_f32(dOs[uint32(tid * DS + x)]) * to_f32(o[o0 + uint64(x)])
+                D[uint32(bh), row] = Dr
+                Lr = lse[uint32(bh), row] * float32(LOG2E)
+                if COUNT:
+                    nr += d * SB + 4
+                    nw += 4
+            Ds[tid] = Dr
+            Ls[tid] = Lr
+        for kk in range(KD):
+            qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3] = ld_a(Qs, sr, kk * 16, DS, lane)
+            da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3] = ld_a(dOs, sr, kk * 16, DS, lane)
+        for j in range(DN):
+            for e in range(4):
+                dq_acc[j, e] = F32_ZERO
+        cuda.syncthreads()
+        L2a, L2b = Ls[sr + g], Ls[sr + g + uint32(8)]
+        Da, Db = Ds[sr + g], Ds[sr + g + uint32(8)]
+        head = int64(drop_head(seed, bh))
+        rka = int64(drop_row(head, r0 + int64(sr + g)))
+        rkb = int64(drop_row(head, r0 + int64(sr + g + uint32(8))))
+
+        for jb in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
+            c0 = jb * Bc
+            cuda.syncthreads()  # the previous step is done with Ks, Vs (the first: with Qs, dOs)
+            n = load_kv(Ks, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, v, v_lay, hkv, c0, Nk, tid)
+            if COUNT:
+                nr += n * SB
+            cuda.syncthreads()
+
+            for j in range(KN):
+                for e in range(4):
+                    s[j, e] = F32_ZERO
+                    dp[j, e] = F32_ZERO
+            for kk in range(KD):  # S = Q_i K_j^T, k = 0, 16, .. (the forward's order)
+                for nb in range(KN // 2):
+                    b0, b1, b2, b3 = ld_b(Ks, nb * 16, kk * 16, DS, lane)
+                    s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3] = mma(
+                        qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3], b0, b1,
+                        s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3])
+                    s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3] = mma(
+                        qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3], b2, b3,
+                        s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3])
+            for kk in range(KD):  # dP = dO_i V_j^T
+                for nb in range(KN // 2):
+                    b0, b1, b2, b3 = ld_b(Vs, nb * 16, kk * 16, DS, lane)
+                    dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3] = mma(
+                        da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3], b0, b1,
+                        dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3])
+                    dp[2 * nb + 1, 0], dp[2 * nb + 1, 1], dp[2 * nb + 1, 2], dp[2 * nb + 1, 3] = mma(
+                        da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3], b2, b3,
+                        dp[2 * nb + 1, 0], dp[2 * nb + 1, 1], dp[2 * nb + 1, 2], dp[2 * nb + 1, 3])
+
+            # dS = P (Z dP - D), in place of S, 0 where masked
+            diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
+            edge = c0 + Bc > Nk or diagonal
+            for h in range(2):
+                rl = sr + g + uint32(8 * h)
+                L2 = L2a if h == 0 else L2b
+                Dv = Da if h == 0 else Db
+                rk = rka if h == 0 else rkb
+                lim = key_limit(r0 + int64(rl), c0, Nq, Nk, CAUSAL)
+                for j in range(KN):
+                    for e in range(2):
+                        x = uint32(8 * j + e) + 2 * t
+                        p = exp2_ieee(MUL_RN(scale_log2, s[j, 2 * h + e]) - L2)
+                        zs = drop(rk, c0 + int64(x), threshold, inv_keep)
+                        ds = p * (zs * dp[j, 2 * h + e] - Dv)
+                        if edge and int64(x) > lim:
+                            ds = F32_ZERO
+                        s[j, 2 * h + e] = ds
+
+            # dQ_i += dS K_j: dS's accumulators, two n8 tiles joined, are the A fragment of a k16 step
+            for kk in range(KN // 2):
+                a0 = pack(s[2 * kk, 0], s[2 * kk, 1])
+                a1 = pack(s[2 * kk, 2], s[2 * kk, 3])
+                a2 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
+                a3 = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+                for nb in range(DN // 2):
+                    b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, nb * 16, DS, lane)
+                    dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
+                        dq_acc[2 * nb, 3])
+                    dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2], dq_acc[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
+                        dq_acc[2 * nb + 1, 3])
+
+        for h in range(2):
+            row = uint32(r0) + sr + g + uint32(8 * h)
+            if row < uint32(Nq):
+                for j in range(DN):
+                    for e in range(2):
+                        col = uint32(8 * j + e) + 2 * t
+                        dq[bh, row, col] = from_f32(dq_acc[j, 2 * h + e] * scale)
+                        if COUNT:
+                            nw += SB
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+@lru_cache(maxsize=None)
+def d_kernel(d: int, dtype_name: str, count: bool):
+    """D = rowsum(dO * O) and the float32 dQ accumulator zeroed, for the atomic backward: one launch.
+
+    Arguments ``(o, do, D, dq_acc, Nq, counter, o_lay, do_lay)``; a 1-D grid of ceil(Nq / 8) * B*H blocks of 128
+    threads, 8 rows a block, 16 lanes a row (columns 16 apart; the row's 16 partial sums added in a fixed order
+    with shuffles: deterministic)."""
+    to_f32, _, _ = _storage(dtype_name)
+    COUNT, SB = count, 2
+    STEPS = -(-d // D_TX)
+
+    def kernel(o, do, D, dq_acc, Nq, counter, o_lay, do_lay):
+        tid = cuda.threadIdx.x
+        r0, bh = last_tile_first(Nq, D_ROWS)
+        row = uint32(r0) + uint32(tid // D_TX)
+        x0 = uint32(tid % D_TX)
+        part = F32_ZERO
+        nr = nw = 0
+        if row < uint32(Nq):
+            o0, d0 = head_starts(o_lay, do_lay, bh)
+            o0 += uint64(row * uint32(o_lay[3]))
+            d0 += uint64(row * uint32(do_lay[3]))
+            for u in range(STEPS):
+                x = x0 + uint32(u * D_TX)
+                if x < uint32(d):
+                    part += to_f32(do[d0 + uint64(x)]) * to_f32(o[o0 + uint64(x)])
+                    dq_acc[bh, row, x] = F32_ZERO
+                    if COUNT:
+                        nr += 2 * SB
+                        nw += 4
+        for m in (8, 4, 2, 1):  # the 16 lanes of the row
+            part += cuda.shfl_xor_sync(0xFFFFFFFF, part, m)
+        if row < uint32(Nq) and x0 == uint32(0):
+            D[bh, row] = part
+            if COUNT:
+                nw += 4
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+@lru_cache(maxsize=None)
+def cast_kernel(dtype_name: str, count: bool):
+    """dq = dq_acc (float32) in the storage type, element by element."""
+    _, from_f32, _ = _storage(dtype_name)
+    COUNT = count
+
+    def kernel(src, dst, n, counter):
+        i = cuda.grid(1)
+        if i < n:
+            dst[i] = from_f32(src[i])
+            if COUNT:
+                cuda.atomic.add(counter, 0, 4)
+                cuda.atomic.add(counter, 1, 2)
+
+    return jit()(kernel)
+
+
+# ---------------------------------------------------------------- launches
+
+
+def _dynamic_bytes(nbytes_tiles: int) -> int:
+    """Bytes of dynamic shared memory of a kernel whose 16-bit tiles take ``nbytes_tiles`` (0: static)."""
+    return nbytes_tiles if _smem.is_dynamic(nbytes_tiles) else 0
+
+
+def kv_tile_bytes(d: int) -> int:
+    """Bytes of the dK/dV kernel's 16-bit tiles (its L_i, D_i are static, 8 Br bytes more)."""
+    return kv_shared_bytes(d) - 8 * kv_block(d)[0]
+
+
+def q_tile_bytes(d: int) -> int:
+    """Bytes of the dQ kernel's 16-bit tiles."""
+    return q_shared_bytes(d) - 8 * Q_BR
+
+
+def grids(prob) -> dict:
+    """The 1-D grid of each backward launch, by launch name."""
+    n = prob.BH * prob.Nq * prob.d
+    Bc = kv_block(prob.d)[1]
+    kv = head_grid(-(-prob.Nk // Bc), prob.BHkv)
+    return {BACKWARD_Q_NAME: head_grid(-(-prob.Nq // Q_BR), prob.BH), BACKWARD_KV_NAME: kv, BACKWARD_KVQ_NAME: kv,
+            D_ZERO_NAME: head_grid(-(-prob.Nq // D_ROWS), prob.BH),
+            CAST_DQ_NAME: head_grid(-(-n // ELEMWISE_THREADS), 1)}
+
+
+def _inputs_of(prob, ops):
+    """(q, k, v, do, their layouts, dk, dv, aligned): q, k, v, do flat; ``aligned``: every row of them starts on
+    16 bytes (the kernels' 16-byte tile loads)."""
+    from ... import _inputs, _views
+
+    (q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay) = (_views.flat_input(ops[name].dev, name)
+                                                        for name in ("q", "k", "v", "do"))
+    dk = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
+    dv = _inputs.empty((prob.BHkv, prob.Nk, prob.d), prob.dtype)
+    aligned = all(_vec.aligned16(x, lay) for x, lay in ((q, q_lay), (k, k_lay), (v, v_lay), (do, do_lay)))
+    return q, k, v, do, (q_lay, k_lay, v_lay, do_lay), dk, dv, aligned
+
+
+def run_backward(prob, ops, counters, k8: bool):
+    """dQ, dK, dV, deterministic: the dQ kernel (which writes D), then the dK/dV kernel."""
+    from ... import _inputs, _views
+
+    name, count = prob.dtype_name, counters.enabled
+    q, k, v, do, lays, dk, dv, aligned = _inputs_of(prob, ops)
+    o, o_lay = _views.flat_input(ops["o"].dev, "o")
+    dropout, drop_args = _dropout.launch_args(prob)
+    grid = grids(prob)
+    scale, scale_log2 = np.float32(prob.scale), np.float32(prob.scale * LOG2E)
+    D = _inputs.empty((prob.BH, prob.Nq), np.float32)
+    dq = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
+    q_dyn = _dynamic_bytes(q_tile_bytes(prob.d))
+    qk = dq_kernel(prob.d, name, prob.causal, count, k8, dropout, bool(q_dyn), aligned)
+    launch(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
+        q, k, v, do, o, ops["lse"].dev, D, dq, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+        counters.array(BACKWARD_Q_NAME), *lays, o_lay, *drop_args)
+    kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
+    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, False, dropout, bool(kv_dyn), aligned)
+    launch(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
+        q, k, v, do, ops["lse"].dev, D, dk, dv, _unused_dq(), prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+        counters.array(BACKWARD_KV_NAME), *lays, *drop_args)
+    return dq, dk, dv
+
+
+def run_backward_atomic(prob, ops, counters, k8: bool):
+    """dQ, dK, dV with dQ by float32 atomics (``deterministic=False``): D and the zeroed accumulator, the dK/dV/dQ
+    kernel, the cast of dQ to the storage type."""
+    from ... import _inputs, _views
+
+    name, count = prob.dtype_name, counters.enabled
+    q, k, v, do, lays, dk, dv, aligned = _inputs_of(prob, ops)
+    o, o_lay = _views.flat_input(ops["o"].dev, "o")
+    dropout, drop_args = _dropout.launch_args(prob)
+    grid = grids(prob)
+    scale, scale_log2 = np.float32(prob.scale), np.float32(prob.scale * LOG2E)
+    n = prob.BH * prob.Nq * prob.d
+    D = _inputs.empty((prob.BH, prob.Nq), np.float32)
+    dq_acc = _inputs.empty((prob.BH, prob.Nq, prob.d), np.float32)
+    launch(d_kernel(prob.d, name, count), grid[D_ZERO_NAME], NT)(o, do, D, dq_acc, prob.Nq,
+                                                                 counters.array(D_ZERO_NAME), o_lay, lays[3])
+    kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
+    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, True, dropout, bool(kv_dyn), aligned)
+    launch(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
+        q, k, v, do, ops["lse"].dev, D, dk, dv, dq_acc, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+        counters.array(BACKWARD_KVQ_NAME), *lays, *drop_args)
+    dq = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
+    launch(cast_kernel(name, count), grid[CAST_DQ_NAME], ELEMWISE_THREADS)(dq_acc.reshape(n), dq.reshape(n), n,
+                                                                          counters.array(CAST_DQ_NAME))
+    return dq, dk, dv
+
+
+def _unused_dq():
+    """The ``dq`` argument of the deterministic dK/dV kernel, which never touches it (one per context)."""
+    from ... import _launch_plan
+    from ...device import SIMULATOR
+
+    key = 0 if SIMULATOR else id(cuda.current_context())
+    if key not in _UNUSED:
+        _UNUSED[key] = _launch_plan.persistent(cuda.device_array((1, 1, 1), dtype=np.float32))
+    return _UNUSED[key]
+
+
+_UNUSED: dict = {}
+
+
+# ---------------------------------------------------------------- IO model
+
+
+def io_backward(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
+    """Bytes (read, written) of the deterministic backward's launches, by name: what they count."""
+    from ...iomodel.flash2_fast import visited_keys
+
+    s, a = np.dtype(dtype).itemsize, 4
+    keys = visited_keys(Nq, Nk, *q_block(d), causal)
+    dq = (BH * ((3 * s * d + a) * Nq + 2 * s * d * keys), BH * (s * d + a) * Nq)
+    return {BACKWARD_Q_NAME: dq, BACKWARD_KV_NAME: _kv_bytes(BH, Nq, Nk, d, s, causal, G)}
+
+
+def _kv_bytes(BH, Nq, Nk, d, s, causal, G):
+    """(read, written) of the dK/dV kernel without atomics: K_j, V_j once; Q_i, dO_i, L_i, D_i per visited pair
+    (``s`` bytes an element of the storage, 4 of L and D)."""
+    from ...iomodel.flash2_fast import visited_queries
+
+    a = 4
+    rows = visited_queries(Nq, Nk, *kv_block(d), causal)
+    BHkv = BH // G
+    return BHkv * 2 * s * d * Nk + BH * (2 * s * d + 2 * a) * rows, BHkv * 2 * s * Nk * d
+
+
+def io_backward_atomic(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
+    """Bytes (read, written) of the atomic backward's launches: one float32 atomic add (a read and a write of 4
+    bytes) per dQ element per visited (key block, query row)."""
+    from ...iomodel.flash2_fast import visited_queries
+
+    s, a = np.dtype(dtype).itemsize, 4
+    n = BH * Nq * d
+    atomics = a * BH * d * visited_queries(Nq, Nk, *kv_block(d), causal)
+    kv_read, kv_written = _kv_bytes(BH, Nq, Nk, d, s, causal, G)
+    return {D_ZERO_NAME: (BH * 2 * s * d * Nq, BH * a * Nq + n * a),
+            BACKWARD_KVQ_NAME: (kv_read + atomics, kv_written + atomics),
+            CAST_DQ_NAME: (n * a, n * s)}
+
+
+# ---------------------------------------------------------------- the compile tier
+
+
+def compile_backward(ccs, dtypes, ds):
+    """The compile tier's :class:`~flash_numba.compile_check.Compiled` list of the backward kernels: for each cc,
+    dtype (float16 everywhere, bfloat16 from sm_80; the m16n8k8 path below sm_80, as the forward's switch picks)
+    and head dim: causal or not with 16-byte tile loads, not causal with element loads; at the first head dim of
+    ``ds`` a causal dropout build and (float16) a counting one.  The element-wise kernels once a dtype."""
+    from numba import types
+
+    from ...compile_check import compile_kernel
+    from .._common import COUNTER_TYPE, LAYOUT_TYPE
+
+    I64, F32 = types.int64, types.float32
+    A2, A3 = types.Array(F32, 2, "C"), types.Array(F32, 3, "C")
+    DROP = _dropout.arg_types(F32)
+    out = []
+    for cc in ccs:
+        k8 = tuple(cc) < (8, 0)
+        for dtype in dtypes:
+            if dtype == "bfloat16" and k8:
+                continue
+            T = types.uint16 if dtype == "bfloat16" else types.float16
+            X1, X3 = types.Array(T, 1, "C"), types.Array(T, 3, "C")
+            kv_sig = (X1, X1, X1, X1, A2, A2, X3, X3, A3, I64, I64, I64, F32, F32, COUNTER_TYPE,
+                      LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP)
+            q_sig = (X1, X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, F32, F32, COUNTER_TYPE,
+                     LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP)
+            for d in ds:
+                kv_dyn, q_dyn = bool(_dynamic_bytes(kv_tile_bytes(d))), bool(_dynamic_bytes(q_tile_bytes(d)))
+                # (count, causal, dropout, aligned): causal or not with 16-byte loads, element loads (not causal);
+                # at the first head dim, float16: a counting build; at the first head dim: causal with dropout
+                variants = [(False, False, False, True), (False, True, False, True), (False, False, False, False)]
+                variants += [(True, False, False, True)] if d == ds[0] and dtype == "float16" else []
+                variants += [(False, True, True, True)] if d == ds[0] else []
+                for count, causal, drop, aligned in variants:
+                    tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
+                           f"{' aligned' * aligned}{' m16n8k8' * k8}")
+                    out += [
+                        compile_kernel(f"{BACKWARD_Q_NAME} {tag}{' dynamic' * q_dyn}",
+                                       dq_kernel(d, dtype, causal, count, k8, drop, q_dyn, aligned), q_sig, cc),
+                        compile_kernel(f"{BACKWARD_KV_NAME} {tag}{' dynamic' * kv_dyn}",
+                                       dkdv_kernel(d, dtype, causal, count, k8, False, drop, kv_dyn, aligned),
+                                       kv_sig, cc),
+                        compile_kernel(f"{BACKWARD_KVQ_NAME} {tag}{' dynamic' * kv_dyn}",
+                                       dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn, aligned),
+                                       kv_sig, cc)]
+                if d == ds[0]:
+                    for count in (False, True):
+                        tag = f"{dtype}{' count' * count}"
+                        out += [compile_kernel(f"{D_ZERO_NAME} d={d} {tag}", d_kernel(d, dtype, count),
+                                               (X1, X1, A2, A3, I64, COUNTER_TYPE, LAYOUT_TYPE, LAYOUT_TYPE), cc),
+                                compile_kernel(f"{CAST_DQ_NAME} {tag}", cast_kernel(dtype, count),
+                                               (types.Array(F32, 1, "C"), X1, I64, COUNTER_TYPE), cc)]
+    return out
