@@ -325,7 +325,9 @@ def train(cfg: GPTConfig, tc: TrainConfig, csv_path=None, log_every: int = 50) -
 def evaluate(model, data: CharData, cfg: GPTConfig, tc: TrainConfig) -> float:
     """Mean loss over ``tc.eval_batches`` validation batches (a fixed generator: the same for every run)."""
     gen = torch.Generator().manual_seed(tc.seed + 1)
-    losses = [model(*data.batch("val", tc.batch_size, cfg.block_size, gen))[1].item() for _ in range(tc.eval_batches)]
+    with _autocast(tc):  # the precision the model trained in
+        losses = [model(*data.batch("val", tc.batch_size, cfg.block_size, gen))[1].item()
+                  for _ in range(tc.eval_batches)]
     return sum(losses) / len(losses)
 
 

@@ -41,7 +41,7 @@ from numba import types
 
 from ... import _inputs, _views, device
 from ...compile_check import compile_kernel
-from .. import _dropout, _smem, _vec
+from .. import _dropout, _vec
 from .._launch import launch
 from .._common import COUNTER_TYPE, LAYOUT_TYPE, head_grid
 from .._spec import KernelSpec, launch_flops
