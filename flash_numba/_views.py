@@ -165,10 +165,10 @@ def flat_input(arr, name: str = "q"):
     """
     itemsize = arr.dtype.itemsize
     if _head_span(arr) >= HEAD_SPAN_LIMIT:
-        arr = kernel_input(_contiguous_copy(arr), True)
-        if _head_span(arr) >= HEAD_SPAN_LIMIT:
+        if int(arr.shape[2]) * int(arr.shape[3]) >= HEAD_SPAN_LIMIT:  # even a contiguous copy would be: no copy
             raise ValueError(f"{name}: N * d = {int(arr.shape[2]) * int(arr.shape[3])} elements in one head, "
                              f"over flash2_fast's limit of {HEAD_SPAN_LIMIT} (32-bit offsets within a head)")
+        arr = kernel_input(_contiguous_copy(arr), True)
     H = int(arr.shape[1])
     sB, sH, sN, _ = (int(s) // itemsize for s in arr.strides)
     extent = 1 + sum((int(n) - 1) * (int(s) // itemsize) for n, s in zip(arr.shape, arr.strides))
@@ -194,8 +194,11 @@ def _contiguous_copy(arr):
         return FakeCUDAArray(np.ascontiguousarray(arr._ary))
     from numba import cuda
 
-    out = cuda.device_array(tuple(int(s) for s in arr.shape), dtype=arr.dtype,
-                            stream=_stream.current())
+    from . import _inputs  # (it imports this module)
+
+    shape = tuple(int(s) for s in arr.shape)
+    out = _inputs._allocate(lambda: cuda.device_array(shape, dtype=arr.dtype, stream=_stream.current()), shape,
+                            arr.dtype)
     # Numba's element-wise assignment kernel, on out's stream, strides of both read at run time (not [...]:
     # a device array's __setitem__ takes no Ellipsis)
     out[:] = arr

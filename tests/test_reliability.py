@@ -837,6 +837,8 @@ def test_out_of_memory_on_the_gpu_then_the_next_call_runs():
     rows = int(0.6 * total) // (2 * 128)  # q (= k = v) 60% of the GPU: o cannot fit beside it
     q = torch.empty((1, 1, rows, 128), dtype=torch.float16, device="cuda")
     with pytest.raises(DeviceMemoryError, match="free"):
+        flash_numba.attention_forward(q, q, q, kernel="flash2")  # (flash2_fast refuses a head this long first)
+    with pytest.raises(ValueError, match="over flash2_fast's limit"):  # refused before any copy of q
         flash_numba.attention_forward(q, q, q, kernel="flash2_fast")
     del q
     torch.cuda.empty_cache()

@@ -289,9 +289,12 @@ def train(cfg: GPTConfig, tc: TrainConfig, csv_path=None, log_every: int = 50) -
     rows = []
     print(f"GPT, {model.num_params():,} parameters, {asdict(cfg)}, {asdict(tc)}")
     if cfg.attn == "flash_numba":
-        from flash_numba.torch import DEFAULT_KERNEL
+        from flash_numba import api, device
 
-        print(f"attention: flash_numba's {cfg.kernel or DEFAULT_KERNEL} kernel")
+        gpu = None if device.SIMULATOR else device.info()
+        kernel = cfg.kernel or api.default_kernel(tc.autocast or tc.dtype, cfg.n_embd // cfg.n_head,
+                                                  gpu and gpu.compute_capability, gpu and gpu.name)
+        print(f"attention: flash_numba's {kernel} kernel ({tc.autocast or tc.dtype})")
     for step in range(tc.steps):
         x, y = data.batch("train", tc.batch_size, cfg.block_size, batches)
         for group in opt.param_groups:
