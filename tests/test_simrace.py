@@ -64,3 +64,36 @@ def test_off_outside_the_context():
         assert _simwarp.WATCH is not None
         1 / 0
     assert _simwarp.WATCH is None  # also after an exception inside
+
+
+def _after_a_shuffle_kernel(partner_in_another_warp: bool):
+    """Thread t stores, all threads shuffle (a warp operation, no syncthreads), thread t reads a neighbour's store:
+    the neighbour in the same warp (ordered by the shuffle, as on a GPU) or in the other warp (not ordered)."""
+    W = 32
+
+    @cuda.jit
+    def after_shuffle(x, out):
+        t = cuda.threadIdx.x
+        tile = cuda.shared.array(2 * W, float32)
+        tile[t] = x[t]
+        cuda.shfl_xor_sync(0xFFFFFFFF, t, 1)
+        src = (t + W) % (2 * W) if partner_in_another_warp else t - t % W + (t + 1) % W
+        out[t] = tile[src]
+
+    return after_shuffle
+
+
+@pytest.mark.parametrize("other_warp", [False, True])
+def test_a_warp_operation_orders_one_warp_not_the_block(other_warp):
+    """On a GPU a shuffle (or an mma or ldmatrix) synchronises the lanes of one warp, never two warps: the detector
+    reports a store read by another warp after only a warp operation, and not one read within the warp."""
+    from flash_numba.sim.races import race_check
+
+    x = np.arange(64, dtype=np.float32)
+    out = np.full(64, np.nan, np.float32)
+    with race_check() as races:
+        _after_a_shuffle_kernel(other_warp)[1, 64](x, out)
+    if other_warp:
+        assert races.first is not None and races.first.first // 32 != races.first.second // 32
+    else:
+        assert races.first is None and races.count == 0

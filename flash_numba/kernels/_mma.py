@@ -195,13 +195,13 @@ def pack_host(lo, hi, kind: str) -> np.ndarray:
 def _warp_posts(value, compute=None):
     """Post this lane's ``value``; return (the 32 lanes' values of this warp, this lane), or with ``compute``,
     (``compute(posts)`` computed once for the warp, this lane).  Every lane of the warp must call."""
-    from ..sim.warps import current_thread
+    from ..sim.warps import current_thread, warp_sync
 
     me = current_thread()
     store = me._manager.__dict__.setdefault("_flash_numba_mma", {})
     tid = me.thread_id
     store[tid] = value
-    me.syncthreads()
+    warp_sync(me)
     base = tid - tid % WARP
     generation = getattr(me, "_flash_numba_mma_calls", 0)
     me._flash_numba_mma_calls = generation + 1
@@ -216,7 +216,7 @@ def _warp_posts(value, compute=None):
                                "a multiple of 32)") from None
         if compute is not None:
             out = store[key] = compute(out)
-    me.syncthreads()
+    warp_sync(me)
     if compute is not None and tid == base:  # every lane has read it
         store.pop(key, None)
     return out, tid % WARP

@@ -82,6 +82,10 @@ class _Watched:
         return len(self._ary)
 
     def __getitem__(self, idx):
+        if isinstance(idx, slice) and self._ary.ndim == 1:  # a tile cut from one array (kernels/_smem.py): watched too
+            start, stop, step = idx.indices(len(self._ary))
+            if step == 1:
+                return _WatchedTile(self, start, max(stop - start, 0))
         self._touch(idx, write=False)
         return self._ary[idx]
 
@@ -93,28 +97,61 @@ class _Watched:
         me = _simwarp.current_thread()
         tid = getattr(me, "thread_id", -1)
         when = (tuple(getattr(me, "blockIdx", (0, 0, 0))), getattr(me, _simwarp.BARRIERS, 0))
+        wep = getattr(me, _simwarp.WARP_BARRIERS, 0)  # a warp operation orders the lanes of one warp only
+
+        def unordered(other_tid, other_wep):
+            return other_tid != tid and (other_tid // 32 != tid // 32 or other_wep == wep)
+
         log = self._log
         with log._lock:
             for f in np.atleast_1d(self._flat[idx]).ravel():
                 f = int(f)
                 st = self._state.get(f)
                 if st is None or st[0] != when:
-                    st = self._state[f] = [when, None, set()]
+                    st = self._state[f] = [when, None, {}]  # (block, epoch), (writer, its warp epoch), readers
                 writer, readers = st[1], st[2]
                 other = None
-                if writer is not None and writer != tid:
-                    other = (writer, "wrote")
-                elif write and readers - {tid}:
-                    other = (min(readers - {tid}), "read")
+                if writer is not None and unordered(*writer):
+                    other = (writer[0], "wrote")
+                elif write:
+                    racing = [r for r, e in readers.items() if unordered(r, e)]
+                    if racing:
+                        other = (min(racing), "read")
                 if other is not None:
                     log.count += 1
                     if log.first is None:
                         log.first = Race(_name_of(self, sys._getframe(2)), tuple(int(i) for i in np.unravel_index(
                             f, self._ary.shape)), other[0], other[1], tid, "wrote" if write else "read", *when)
                 if write:
-                    st[1] = tid
+                    st[1] = (tid, wep)
                 else:
-                    readers.add(tid)
+                    readers[tid] = wep
+
+
+class _WatchedTile:
+    """``tiles[start:start + n]`` of a watched 1-D array: its accesses are the array's (the slices that
+    :func:`flash_numba.kernels._smem.tiles` cuts in the simulator)."""
+
+    def __init__(self, base: _Watched, start: int, n: int):
+        self._base, self._start, self._n = base, start, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getattr__(self, name):  # dtype, ...
+        return getattr(self._base._ary[self._start:self._start + self._n], name)
+
+    def _at(self, idx):
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(self._n)
+            return slice(self._start + start, self._start + stop, step)
+        return self._start + int(idx)
+
+    def __getitem__(self, idx):
+        return self._base[self._at(idx)]
+
+    def __setitem__(self, idx, val):
+        self._base[self._at(idx)] = val
 
 
 def _name_of(watched: _Watched, frame) -> str:

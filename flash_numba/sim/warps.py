@@ -48,6 +48,18 @@ import numpy as np
 #: The attribute of a simulated thread that counts the syncthreads it has passed (its barrier epoch).
 BARRIERS = "_flash_numba_barriers"
 
+#: The attribute that counts the barriers its warp has passed: every syncthreads, and every warp operation (a
+#: shuffle, an mma or ldmatrix stand-in), which on a GPU orders the lanes of one warp but not the warps of a block.
+WARP_BARRIERS = "_flash_numba_warp_barriers"
+
+
+def warp_sync(me) -> None:
+    """The barrier of a warp operation in this simulator: every thread of the block waits (the stand-ins need all
+    lanes' values), but only the warp's epoch moves on (:mod:`flash_numba.sim.races` treats the warps of a block as
+    unordered by it, as a GPU does)."""
+    me.uncounted_syncthreads()
+    setattr(me, WARP_BARRIERS, getattr(me, WARP_BARRIERS, 0) + 1)
+
 #: None, or a function that wraps each new static shared array (set by flash_numba.sim.races.race_check).
 WATCH = None
 
@@ -70,12 +82,12 @@ def install() -> None:
         store = manager.__dict__.setdefault("_flash_numba_shfl", {})
         tid = me.thread_id
         store[tid] = value
-        me.syncthreads()
+        warp_sync(me)
         warp_base = tid - tid % 32
         lane = partner_of(tid % 32)
         src = warp_base + lane
         out = store.get(src, value) if 0 <= lane < 32 else value
-        me.syncthreads()
+        warp_sync(me)
         return out
 
     def shfl_sync(self, mask, value, src_lane):
@@ -147,7 +159,9 @@ def _count_barriers(thread_class) -> None:
     def counted(self):
         syncthreads(self)
         setattr(self, BARRIERS, getattr(self, BARRIERS, 0) + 1)
+        setattr(self, WARP_BARRIERS, getattr(self, WARP_BARRIERS, 0) + 1)
 
+    thread_class.uncounted_syncthreads = syncthreads
     thread_class.syncthreads = counted
 
 
