@@ -30,12 +30,11 @@ from __future__ import annotations
 import contextlib as _contextlib
 import contextvars as _contextvars
 import math
-import os as _os
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _launch_plan, _views
+from . import _launch_plan, _switches, _views
 from .device import SIMULATOR
 
 MAX_HEAD_DIM = 128
@@ -392,10 +391,6 @@ def finish(prob: Problem, dev, shape_tail, lead=None):
     return dev.copy_to_host().reshape(shape)
 
 
-#: Tests set this (or FLASH_NUMBA_POISON=1 in the environment) so that every
-#: output buffer starts filled with NaN: an element a kernel forgets to write
-#: then fails the comparison instead of passing by luck on zeros.
-POISON_OUTPUTS = _os.environ.get("FLASH_NUMBA_POISON", "") == "1"
 
 # While a call whose inputs are PyTorch tensors runs, buffers come from PyTorch's
 # caching allocator (a plain Numba allocation is a cudaMalloc + cudaFree per call,
@@ -446,12 +441,12 @@ def _torch_buffer(shape, dtype, value):
 
 
 def empty(shape, dtype):
-    """An output buffer on the device (NaN-filled when :data:`POISON_OUTPUTS`)."""
+    """An output buffer on the device (NaN-filled when ``_switches.POISON_OUTPUTS``: tests)."""
     from numba import cuda
 
     if _TORCH_DEVICE.get() is not None:
-        return _torch_buffer(shape, dtype, float("nan") if POISON_OUTPUTS else None)
-    if POISON_OUTPUTS:
+        return _torch_buffer(shape, dtype, float("nan") if _switches.POISON_OUTPUTS else None)
+    if _switches.POISON_OUTPUTS:
         return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
     return cuda.device_array(shape, dtype=dtype)
 

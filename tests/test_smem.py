@@ -1,6 +1,6 @@
 """A block's tiles in one shared array, static up to 48 KB and dynamic above (flash_numba.kernels._smem).
 
-The dynamic path runs wherever a block's tiles exceed ``_smem.DYNAMIC_ABOVE``; setting it to 0
+The dynamic path runs wherever a block's tiles exceed ``_switches.DYNAMIC_ABOVE``; setting it to 0
 runs it at any size, in the simulator too, and it must give the static path's results bit for bit
 (on a GPU, where the small static build is register-capped and the dynamic one not, within a few roundings).
 """
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import flash_numba as fn
-from flash_numba import blocks, device
+from flash_numba import _switches, blocks, device
 from flash_numba.kernels import _smem, flash2, flash2_fast
 
 
@@ -36,7 +36,7 @@ def test_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch, cau
     q, do = (rng.standard_normal((2, 19, 16)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((2, 23, 16)).astype(np.float32) for _ in range(2))
     static = _passes(q, k, v, do, causal)
-    monkeypatch.setattr(_smem, "DYNAMIC_ABOVE", 0)
+    monkeypatch.setattr(_switches, "DYNAMIC_ABOVE", 0)
     dynamic = _passes(q, k, v, do, causal)
     for a, b in zip(static, dynamic):
         if device.SIMULATOR:
@@ -71,7 +71,7 @@ def test_the_dynamic_budget_chooses_larger_blocks(monkeypatch):
 def test_gpu_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch, d):
     q, k, v, do = (rng.standard_normal((2, 1000, d)).astype(np.float32) for _ in range(4))
     static = _passes(q, k, v, do, True)
-    monkeypatch.setattr(_smem, "DYNAMIC_ABOVE", 0)
+    monkeypatch.setattr(_switches, "DYNAMIC_ABOVE", 0)
     dynamic = _passes(q, k, v, do, True)
     for a, b in zip(static, dynamic):
         assert np.array_equal(a, b, equal_nan=True)

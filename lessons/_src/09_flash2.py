@@ -352,6 +352,7 @@ my_copies = None  # number of copies of dQ
 my_copies_mib = None  # their size in MiB
 
 # %%
+from flash_numba import _switches
 from flash_numba.kernels.flash2_fast import layout as fast_layout
 
 heads, n_long, d_long = 32, 4096, 64
@@ -363,17 +364,17 @@ print(f"{copies} blocks per head x {heads} heads = {copies * heads} blocks for 5
       f"{n_long // 32 // copies} key tiles each")
 
 # %% [markdown]
-# Now run it. Here the number of copies is forced to 2 (`FORCE_DQ_COPIES`, a switch for tests and
+# Now run it. Here the number of copies is forced to 2 (`_switches.FORCE_DQ_COPIES`, a switch for tests and
 # benchmarks), so that even these small sizes take the split path; the counters show its four launches.
 
 # %%
 f_fast = fn.flash_attention_forward(q, k, v, kernel="flash2_fast")
-fast_layout.FORCE_DQ_COPIES = 2
+_switches.FORCE_DQ_COPIES = 2
 try:
     split_a, split_b = (fn.flash_attention_backward(q, k, v, f_fast.o, f_fast.lse, do, kernel="flash2_fast",
                                                     count_hbm=True) for _ in range(2))
 finally:
-    fast_layout.FORCE_DQ_COPIES = None
+    _switches.FORCE_DQ_COPIES = None
 split_bitwise = all(np.array_equal(x, y) for x, y in zip((split_a.dq, split_a.dk, split_a.dv),
                                                          (split_b.dq, split_b.dk, split_b.dv)))
 split_err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip((split_a.dq, split_a.dk, split_a.dv),

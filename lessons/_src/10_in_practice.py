@@ -249,7 +249,8 @@ for d_ in (64, 128):
 # takes the first that fits (with 48 KB, and with an H200's 227 KB):
 
 # %%
-from flash_numba.kernels import _smem, flash2_fast
+from flash_numba import _switches
+from flash_numba.kernels import flash2_fast
 
 H200_OPTIN = device.SHARED_OPTIN_BY_CC[(9, 0)]
 for d_ in (32, 64, 96, 128):
@@ -260,17 +261,17 @@ print(f"here: {fn.resolve_block('flash2_fast', 128, np.float32)} at d = 128")
 
 # %% [markdown]
 # The same kernel code runs either way; only where its tiles live changes. Run both paths here
-# (`_smem.DYNAMIC_ABOVE = 0` sends every block to dynamic shared memory, even a small one) and compare
+# (`_switches.DYNAMIC_ABOVE = 0` sends every block to dynamic shared memory, even a small one) and compare
 # the bits:
 
 # %%
 q_s, k_s, v_s = (rng.standard_normal((2, 37, 16)).astype(np.float32) for _ in range(3))
 o_static = fn.attention_forward(q_s, k_s, v_s, kernel="flash2_fast", causal=True).o
-_smem.DYNAMIC_ABOVE = 0
+_switches.DYNAMIC_ABOVE = 0
 try:
     o_dynamic = fn.attention_forward(q_s, k_s, v_s, kernel="flash2_fast", causal=True).o
 finally:
-    _smem.DYNAMIC_ABOVE = 48 * 1024
+    _switches.DYNAMIC_ABOVE = 48 * 1024
 same_bits = np.array_equal(o_static, o_dynamic)
 print(f"static and dynamic shared memory give the same bits: {same_bits}")
 
