@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _inputs, _launch_plan, _switches, device, kernels
 from .hbm import Counters, HBMCount
+from .iomodel import terms
 from .kernels import _dropout
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
@@ -123,7 +124,7 @@ def _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p,
     _check_supported(spec, prob, "forward", count_hbm)
     blk = spec.block(prob.d, prob.dtype, "forward", block)
     counters = Counters(count_hbm)
-    counters.describe(kernel, prob, blk, "forward")  # the IO model splits the counted bytes by term
+    counters.describe(kernel, prob, blk, "forward", split=terms.split)  # the IO model splits the counted bytes by term
     with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         o, lse = spec.forward(prob, ops, blk, counters)
     return ForwardResult(
@@ -166,7 +167,7 @@ def _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hb
     blk = spec.block(prob.d, prob.dtype, "backward", block, deterministic=bool(deterministic))
     run = spec.run_backward(bool(deterministic))  # the atomic backward where the kernel has one
     counters = Counters(count_hbm)
-    counters.describe(kernel, prob, blk, "backward", bool(deterministic) or not spec.supports_atomic)
+    counters.describe(kernel, prob, blk, "backward", bool(deterministic) or not spec.supports_atomic, terms.split)
     with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         dq, dk, dv = run(prob, ops, blk, counters)
     return BackwardResult(

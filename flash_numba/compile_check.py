@@ -160,6 +160,12 @@ def _library(pyfunc, argtypes, cc, fastmath=False):
     return lib
 
 
+def ptx_float_atomics(ptx: str) -> int:
+    """Floating-point atomic adds in a PTX module (``atom``/``red`` ``.add.f16/.f32/.f64``, any state space):
+    the additions whose order changes from run to run."""
+    return len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:atom|red)(?:\.\w+)*\.add(?:\.\w+)*\.f(?:16|32|64)\b", ptx, flags=re.M))
+
+
 def ptx_shared_bytes(ptx: str) -> int:
     """Static shared memory a PTX module declares (sum of its ``.shared`` arrays)."""
     return sum(int(n) for n in re.findall(r"^\s*(?:\.visible\s+)?\.shared\s+.*\[(\d+)\];", ptx, flags=re.M))
@@ -236,6 +242,7 @@ class Row:
     shared_bytes: int  # static shared memory (from ptxas, else from the PTX)
     ptxas: PtxasReport | None
     max_registers: int | None = None  # the register cap it was assembled with (None: uncapped)
+    float_atomics: int = 0  # floating-point atomic adds in its PTX (:func:`ptx_float_atomics`)
 
     def csv_fields(self) -> dict:
         r = self.ptxas
@@ -249,6 +256,7 @@ class Row:
             "stack_bytes": r.stack_bytes if r else "",
             "spill_stores": r.spill_stores if r else "",
             "spill_loads": r.spill_loads if r else "",
+            "float_atomics": self.float_atomics,
         }
 
 
@@ -271,7 +279,7 @@ def compile_module(name: str, ccs=CCS, groups=None, tier: str = "all") -> list[R
                     reports[ptx, cc, cap] = ptxas_report(ptx, cc, cap)
                 rep = reports[ptx, cc, cap]
                 shared = rep.shared_bytes if rep else ptx_shared_bytes(ptx)
-                rows.append(Row(name, label, cc, shared, rep, cap))
+                rows.append(Row(name, label, cc, shared, rep, cap, ptx_float_atomics(ptx)))
         _library.cache_clear()  # each group's kernels were lowered once for all ccs; free them
     _ptx.cache_clear()
     return rows

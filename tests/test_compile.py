@@ -72,6 +72,15 @@ def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(name, tmp_path, co
             assert r["max_registers"] == ("" if want is None else str(want)), (r["label"], r["max_registers"])
     assert not spec.max_registers or any(r["max_registers"] for r in rows), "no launch was assembled with its cap"
 
+    # floating-point atomics (their order changes from run to run) only in the atomic backward
+    # (deterministic=False) and in flash2_fast's split backward, whose copies of dQ get one addition per element a
+    # launch (test_flash2_fast's bitwise tests); the atomic backward has them
+    atomic = [r["label"] for r in rows if int(r["float_atomics"])]
+    allowed = set(spec.atomic_backward_launches) | {"flash2_fast dK, dV, dQ (split)"}
+    assert all(any(label.startswith(n + " ") for n in allowed) for label in atomic), atomic
+    assert any(label.startswith(n + " ") for n in spec.atomic_backward_launches for label in atomic) == \
+        spec.supports_atomic
+
     assert all(int(r["registers"]) > 0 for r in rows)
     spills = [(r["label"], r["spill_stores"], r["spill_loads"]) for r in rows
               if int(r["spill_stores"]) or int(r["spill_loads"])]
@@ -91,6 +100,12 @@ def test_reading_shared_bytes_from_ptx_and_the_ptxas_report():
         "ptxas info    : Used 14 registers, used 1 barriers, 6272 bytes smem\n"
     )
     assert report == compile_check.PtxasReport(14, 6272, 8, 4, 12)
+
+
+def test_counting_float_atomics_in_ptx():
+    ptx = ("  atom.global.add.f32 %f1, [%rd1], %f2;\n\t@%p1 red.global.add.f64 [%rd1], %fd2;\n"
+           "  atom.global.add.u64 %rd3, [%rd1], %rd2;\n  red.add.f32 [%rd1], %f3;\n")
+    assert compile_check.ptx_float_atomics(ptx) == 3  # the int64 counter's add is not one
 
 
 def test_a_compiled_item_without_a_cap_reads_as_uncapped():

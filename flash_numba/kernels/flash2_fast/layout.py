@@ -333,11 +333,21 @@ def _rebuilt_with(name: str, value):
         _drop_tile_builds()
 
 
+#: Caches of what is built from the tile layout (the kernel factories register theirs: :func:`built_from_tiles`).
+_TILE_BUILDS: list = []
+
+
+def built_from_tiles(cached):
+    """Register an ``lru_cache``-d factory whose results depend on the tile switches; returns it (a decorator)."""
+    _TILE_BUILDS.append(cached)
+    return cached
+
+
 def _drop_tile_builds() -> None:
     from ... import _launch_plan
-    from .backward import dkdv_kernel
 
-    dkdv_kernel.cache_clear()
+    for cached in _TILE_BUILDS:
+        cached.cache_clear()
     kvq_blocks_per_sm.cache_clear()
     _launch_plan._PLANS.clear()
 
