@@ -55,17 +55,12 @@ def check_lse(lse, lse_ref, tol):
         assert np.max(np.abs(lse[~masked] - lse_ref[~masked])) <= tol * max(1.0, np.max(np.abs(lse_ref[~masked])))
 
 
-# (lead dims, Nq, Nk, d, (Br, Bc), causal)
+# (lead dims, Nq, Nk, d, (Br, Bc), causal): flash1 takes any block; these are blocks no other kernel takes
+# (every kernel's checks at its own small block, every dtype: tests/test_kernels.py)
 CASES = [
-    ((2,), 17, 17, 8, (4, 8), False),
     ((2,), 17, 17, 8, (4, 8), True),
     ((1, 2), 13, 29, 5, (8, 4), False),  # (B, H, N, d), Nq < Nk
-    ((1, 2), 13, 29, 5, (8, 4), True),
-    ((), 29, 11, 8, (5, 3), False),  # (N, d), Nq > Nk
-    ((), 29, 11, 8, (5, 3), True),  # causal: query rows 0..17 see no key
-    ((2,), 1, 1, 4, (4, 8), False),
-    ((2,), 1, 9, 4, (4, 8), True),
-    ((2,), 9, 1, 4, (4, 8), True),
+    ((), 29, 11, 8, (5, 3), True),  # (N, d), Nq > Nk, causal: query rows 0..17 see no key
     ((1,), 24, 24, 16, (8, 8), True),  # blocks dividing N
 ]
 
