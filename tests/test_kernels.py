@@ -599,14 +599,15 @@ def classes(x):
     return np.select([np.isnan(x), np.isposinf(x), np.isneginf(x)], [1, 2, 3], 0)
 
 
-def assert_like_reference(got, want, tol, what):
-    """NaN, +Inf and -Inf exactly where the reference has them; finite values within ``tol`` of it
-    (max |got - want| / max(max |want|, 1))."""
+def assert_like_reference(got, want, tol, what, size=1.0):
+    """NaN, +Inf and -Inf exactly where the reference has them; finite values within ``tol`` of it:
+    max |got - want| / max(max |want|, size), with ``size`` at least 1 or the size of terms that cancel in
+    ``want`` (tests/test_reference.py's grad_sizes; tests/test_fuzz.py)."""
     np.testing.assert_array_equal(classes(got), classes(want), err_msg=f"{what}: NaN/Inf pattern")
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     fin = np.isfinite(want)
     if fin.any():
-        e = np.abs(got[fin] - want[fin]).max() / max(np.abs(want[fin]).max(), 1.0)
+        e = np.abs(got[fin] - want[fin]).max() / max(np.abs(want[fin]).max(), size, 1.0)
         assert e <= tol, f"{what}: error {e:.2e} > {tol:.2e}"
 
 
