@@ -1,6 +1,9 @@
 # make venv   create or reuse .venv and install the package with its dev tools (fast when nothing changed)
-# make test   the whole suite: simulator tests and the compile tier (no GPU needed) on two workers; the
-#             compile tier's four tests start first, two on each worker (tests/conftest.py)
+# make test      the suite on two workers, no GPU needed: simulator tests and the representative compile tier
+#                (every kernel once for sm_75 and sm_90, float32 at d = 64); the compile tests start first
+#                (tests/conftest.py).  Within 7 minutes on 2 cores: what .ci/run runs.
+# make test-all  the same with the full compile tier: every specialisation (every dtype and the head dims
+#                whose blocks differ); run it before a kernel change lands
 # make tour   run standard attention and every FlashAttention kernel once (flash-numba tour)
 # make lint   ruff
 
@@ -14,7 +17,7 @@ STAMP := $(VENV)/.flash-numba-installed
 UV ?= $(BIN)/uv
 FIND_LINKS = $(shell $(PYTHON) -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\(.*\)'$$/\1/p" | sort -u)
 
-.PHONY: venv test tour lint
+.PHONY: venv test test-all tour lint
 
 venv: $(STAMP)
 
@@ -29,8 +32,13 @@ else
 endif
 	touch $@
 
+PYTEST = $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 --durations=15
+
 test: venv
-	$(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 --durations=15
+	$(PYTEST) --compile-tier=representative
+
+test-all: venv
+	$(PYTEST) --compile-tier=all
 
 tour: venv
 	$(BIN)/flash-numba tour

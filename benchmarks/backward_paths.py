@@ -5,7 +5,7 @@
 Each shape is N x d x B*H (B*H as (B*H / 8, 8) heads, float32), causal and not; the forward runs once,
 then each path's backward is timed (median of 10 CUDA-event timings after 2 warm-up calls).  Per path:
 the dQ copies the split path runs with on this device (``layout.split_dq_copies``; the two-pass path is
-forced with ``layout.FORCE_DQ_COPIES = 0``), the peak memory the call allocates beyond its inputs, and
+forced with ``_switches.FORCE_DQ_COPIES = 0``), the peak memory the call allocates beyond its inputs, and
 whether a second call gives the same bits.  The last line per shape compares the split path's dQ with
 the two-pass one's and checks that dK, dV equal the atomic path's bit for bit (the same kernel code).
 """
@@ -19,6 +19,7 @@ import torch
 
 import flash_numba as fn
 from flash_numba.tools.timing import torch_median_ms
+from flash_numba import _switches
 from flash_numba.kernels.flash2_fast import layout
 
 PATHS = (("two-pass", 0, True), ("split", None, True), ("atomic", None, False))  # (name, forced copies, det)
@@ -47,12 +48,12 @@ def shape_rows(N, d, BH, causal):
     copies = layout.split_dq_copies(BH, 1, N, N, d, "float32", block)
     rows, results = [], {}
     for name, force, det in PATHS:
-        layout.FORCE_DQ_COPIES = force
+        _switches.FORCE_DQ_COPIES = force
         try:
             res, ms, peak, same = run_path(lambda: fn.attention_backward(
                 q, k, v, f.o, f.lse, do, kernel="flash2_fast", causal=causal, deterministic=det))
         finally:
-            layout.FORCE_DQ_COPIES = None
+            _switches.FORCE_DQ_COPIES = None
         results[name] = res
         rows.append(dict(N=N, d=d, BH=BH, causal=causal, path=name, copies=copies if name == "split" else "",
                          ms=f"{ms:.3f}", peak_MB=f"{peak:.0f}", bitwise_repeat=same))

@@ -35,12 +35,11 @@ from __future__ import annotations
 import contextlib as _contextlib
 import contextvars as _contextvars
 import math
-import os as _os
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _launch_plan, _stream, _views
+from . import _launch_plan, _stream, _switches, _views
 from .device import SIMULATOR
 
 MAX_HEAD_DIM = 128
@@ -462,10 +461,6 @@ def finish(prob: Problem, dev, shape_tail, lead=None):
     return out
 
 
-#: Tests set this (or FLASH_NUMBA_POISON=1 in the environment) so that every
-#: output buffer starts filled with NaN: an element a kernel forgets to write
-#: then fails the comparison instead of passing by luck on zeros.
-POISON_OUTPUTS = _os.environ.get("FLASH_NUMBA_POISON", "") == "1"
 
 # While a call whose inputs are PyTorch tensors runs, buffers come from PyTorch's
 # caching allocator (a plain Numba allocation is a cudaMalloc + cudaFree per call,
@@ -576,12 +571,13 @@ def _allocate(make, shape, dtype):
 
 
 def empty(shape, dtype):
-    """An output buffer on the device (NaN-filled when :data:`POISON_OUTPUTS`)."""
+    """An output buffer on the device (NaN-filled when ``_switches.POISON_OUTPUTS``: tests)."""
     from numba import cuda
 
     if _TORCH_DEVICE.get() is not None:
-        return _allocate(lambda: _torch_buffer(shape, dtype, float("nan") if POISON_OUTPUTS else None), shape, dtype)
-    if POISON_OUTPUTS:  # (bfloat16 words: a quiet NaN)
+        fill = float("nan") if _switches.POISON_OUTPUTS else None
+        return _allocate(lambda: _torch_buffer(shape, dtype, fill), shape, dtype)
+    if _switches.POISON_OUTPUTS:  # (bfloat16 words: a quiet NaN)
         nan = np.uint16(0x7FC0) if np.dtype(dtype) == BF16_STORAGE else np.nan
         return _allocate(lambda: cuda.to_device(np.full(shape, nan, dtype=dtype), stream=_stream.current()),
                          shape, dtype)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _inputs, _launch_plan, _stream, device, kernels
+from . import _inputs, _launch_plan, _stream, _switches, device, kernels
 from .hbm import Counters, HBMCount
-from .kernels import _dropout, _smem
-from .kernels.flash2_fast import layout as _fast_layout
+from .iomodel import terms
+from .kernels import _dropout
 from .kernels.flash2_tc import layout as _tc_layout
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
@@ -75,11 +75,13 @@ def resolve_block(kernel: str, d: int, dtype, block=None, pass_: str = "forward"
     return spec.block(int(d), dt, pass_, block, deterministic=bool(deterministic))
 
 
-def _check_supported(spec, prob) -> None:
-    """Refuse, in the spec's words, a head dim, dtype or GPU the kernel does not run (the simulator: any cc)."""
+def _check_supported(spec, prob, pass_, count_hbm) -> None:
+    """Refuse, in the spec's words, a head dim, dtype or GPU the kernel does not run (the simulator: any cc),
+    or a feature it lacks."""
     gpu = None if device.SIMULATOR else device.info()
     spec.check_supported(prob.d, getattr(prob, "dtype_name", prob.dtype.name), gpu and gpu.compute_capability,
                          gpu and gpu.name, arg="q")
+    spec.check_call(pass_, prob.causal, prob.dropout_p, prob.G, count_hbm)
 
 
 def _check_count(count_hbm) -> bool:
@@ -106,8 +108,7 @@ def _plan_key(pass_, kernel, tensors, stream, count_hbm, dropout_p, dropout_seed
     if not _launch_plan.ENABLED or count_hbm is not False or dropout_seed is not None or type(dropout_p) is not float \
             or dropout_p != 0.0:
         return None
-    return _launch_plan.key(pass_, kernel, tensors, (*options, _stream.handle(stream), _inputs.POISON_OUTPUTS,
-                                                     _smem.DYNAMIC_ABOVE, _fast_layout.FORCE_DQ_COPIES,
+    return _launch_plan.key(pass_, kernel, tensors, (*options, _stream.handle(stream), *_switches.values(),
                                                      _tc_layout.FORCE_PATH, os.environ.get("FLASH_NUMBA_TC_PATH")))
 
 
@@ -131,11 +132,11 @@ def _forward_normal(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p,
     spec = kernels.get(kernel)
     count_hbm = _check_count(count_hbm)
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
-    _check_supported(spec, prob)
     seed = _set_dropout(prob, dropout_p, dropout_seed, draw=True)
+    _check_supported(spec, prob, "forward", count_hbm)
     blk = spec.block(prob.d, prob.dtype, "forward", block)
     counters = Counters(count_hbm)
-    counters.describe(kernel, prob, blk, "forward")  # the IO model splits the counted bytes by term
+    counters.describe(kernel, prob, blk, "forward", split=terms.split)  # the IO model splits the counted bytes by term
     with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         o, lse = spec.forward(prob, ops, blk, counters)
     return ForwardResult(
@@ -175,12 +176,12 @@ def _backward_normal(kernel, q, k, v, o, lse, do, causal, scale, block, count_hb
     prob, ops = _inputs.prepare(
         {"q": q, "k": k, "v": v}, causal=causal, scale=scale, extra={"o": o, "lse": lse, "do": do}
     )
-    _check_supported(spec, prob)
     _set_dropout(prob, dropout_p, dropout_seed, draw=False)
+    _check_supported(spec, prob, "backward", count_hbm)
     blk = spec.block(prob.d, prob.dtype, "backward", block, deterministic=bool(deterministic))
     run = spec.run_backward(bool(deterministic))  # the atomic backward where the kernel has one
     counters = Counters(count_hbm)
-    counters.describe(kernel, prob, blk, "backward", bool(deterministic) or not spec.supports_atomic)
+    counters.describe(kernel, prob, blk, "backward", bool(deterministic) or not spec.supports_atomic, terms.split)
     with _one_launch_at_a_time(), _inputs.allocate_like(prob):
         dq, dk, dv = run(prob, ops, blk, counters)
     return BackwardResult(

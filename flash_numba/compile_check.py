@@ -58,6 +58,20 @@ GROUPS = ((("float16", "float32", "float64"), (64,)), (("float32",), (80, 128)))
 COUNTED_DTYPES = ("float32",)
 COUNTED_DS = (64,)
 
+#: The representative tier (``make test``): every kernel of every family built once for each cc, at float32 and
+#: d = 64, counting builds included (:func:`count_variants`), causal or not, with and without dropout.  The full
+#: tier (``make test-all``: :data:`GROUPS` and each spec's ``compile_groups``) adds the other dtypes and head dims,
+#: whose blocks, register caps and spills differ; run it before a kernel change lands.
+REPRESENTATIVE = ((("float32",), (64,)),)
+TIERS = ("representative", "all")
+
+
+def tier_groups(spec, tier: str = "all") -> tuple:
+    """The ``(dtypes, ds)`` groups the compile tier builds for a kernel's ``spec`` in ``tier``."""
+    if tier not in TIERS:
+        raise ValueError(f"tier: expected one of {', '.join(TIERS)}, got {tier!r}")
+    return REPRESENTATIVE if tier == "representative" else GROUPS + tuple(spec.compile_groups)
+
 
 def count_variants(dtype, d: int) -> tuple[bool, ...]:
     """The ``count`` values a module's ``compile_all`` builds for storage ``dtype`` at head dim ``d``:
@@ -147,6 +161,12 @@ def _library(pyfunc, argtypes, cc, fastmath=False):
     return lib
 
 
+def ptx_float_atomics(ptx: str) -> int:
+    """Floating-point atomic adds in a PTX module (``atom``/``red`` ``.add.f16/.f32/.f64``, any state space):
+    the additions whose order changes from run to run."""
+    return len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:atom|red)(?:\.\w+)*\.add(?:\.\w+)*\.f(?:16|32|64)\b", ptx, flags=re.M))
+
+
 def ptx_shared_bytes(ptx: str) -> int:
     """Static shared memory a PTX module declares (sum of its ``.shared`` arrays)."""
     return sum(int(n) for n in re.findall(r"^\s*(?:\.visible\s+)?\.shared\s+.*\[(\d+)\];", ptx, flags=re.M))
@@ -223,6 +243,7 @@ class Row:
     shared_bytes: int  # static shared memory (from ptxas, else from the PTX)
     ptxas: PtxasReport | None
     max_registers: int | None = None  # the register cap it was assembled with (None: uncapped)
+    float_atomics: int = 0  # floating-point atomic adds in its PTX (:func:`ptx_float_atomics`)
 
     def csv_fields(self) -> dict:
         r = self.ptxas
@@ -236,16 +257,17 @@ class Row:
             "stack_bytes": r.stack_bytes if r else "",
             "spill_stores": r.spill_stores if r else "",
             "spill_loads": r.spill_loads if r else "",
+            "float_atomics": self.float_atomics,
         }
 
 
-def compile_module(name: str, ccs=CCS, groups=None) -> list[Row]:
+def compile_module(name: str, ccs=CCS, groups=None, tier: str = "all") -> list[Row]:
     """Compile every specialisation of ``flash_numba.kernels.<name>`` and assemble it with ptxas (``groups``:
-    :data:`GROUPS` and the spec's ``compile_groups`` by default)."""
+    those of ``tier`` by default, :func:`tier_groups`)."""
     from . import kernels
 
     mod = kernels.get(name)
-    groups = GROUPS + tuple(mod.compile_groups) if groups is None else groups
+    groups = tier_groups(mod, tier) if groups is None else groups
     rows, seen, reports = [], set(), {}
     for dtypes, ds in groups:
         for cc in ccs:
@@ -258,17 +280,17 @@ def compile_module(name: str, ccs=CCS, groups=None) -> list[Row]:
                     reports[ptx, cc, cap] = ptxas_report(ptx, cc, cap)
                 rep = reports[ptx, cc, cap]
                 shared = rep.shared_bytes if rep else ptx_shared_bytes(ptx)
-                rows.append(Row(name, label, cc, shared, rep, cap))
+                rows.append(Row(name, label, cc, shared, rep, cap, ptx_float_atomics(ptx)))
         _library.cache_clear()  # each group's kernels were lowered once for all ccs; free them
     _ptx.cache_clear()
     return rows
 
 
-def _compile_in_worker(name: str) -> tuple[list[Row], str | None, float]:
+def _compile_in_worker(name: str, tier: str = "all") -> tuple[list[Row], str | None, float]:
     """:func:`compile_module` in a worker process: (rows, error or None, seconds)."""
     start = time.perf_counter()
     try:
-        rows, error = compile_module(name), None
+        rows, error = compile_module(name, tier=tier), None
     except Exception as exc:  # reported beside the other modules' results (and numba's errors may not pickle)
         rows, error = [], f"{type(exc).__name__}: {exc}"
     return rows, error, time.perf_counter() - start
@@ -294,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", help="also write the table to this CSV file")
     parser.add_argument("--kernels", nargs="+", help="kernel modules (default: all of flash_numba.kernels.ALL_NAMES)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
+    parser.add_argument("--tier", choices=TIERS, default="all",
+                        help="all: every specialisation (default); representative: float32 at d = 64 only")
+    parser.add_argument("--require-ptxas", action="store_true",
+                        help="fail when ptxas is missing (else shared bytes are read from the PTX, no registers)")
     args = parser.parse_args(argv)
 
     import numba
@@ -303,11 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     if numba.config.ENABLE_CUDASIM:
         print("the compile tier needs the real CUDA target: run with NUMBA_ENABLE_CUDASIM=0", file=sys.stderr)
         return 2
+    if args.require_ptxas and not have_ptxas():
+        print("no ptxas found: install nvidia-cuda-nvcc (the dev extra) or set FLASH_NUMBA_PTXAS", file=sys.stderr)
+        return 2
     names = args.kernels or kernels.ALL_NAMES
     # One module per task: a worker keeps a kernel's lowering for both ccs (see _library).
     pool = ProcessPoolExecutor(max(1, min(args.jobs, len(names))), mp_context=multiprocessing.get_context("spawn"))
     with pool:
-        results = list(pool.map(_compile_in_worker, names))
+        results = list(pool.map(_compile_in_worker, names, [args.tier] * len(names)))
     rows, failures = [], []
     for name, (got, error, seconds) in zip(names, results):
         print(f"{name}: {len(got)} specialisations in {seconds:.0f} s", file=sys.stderr)

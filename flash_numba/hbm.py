@@ -138,11 +138,14 @@ class Counters:
         self._arrays: dict[str, object] = {}
         self._dummy = None if enabled else _dummy_counter()
         self._call = None
+        self._split = None
 
-    def describe(self, kernel: str, prob, block, pass_: str, deterministic: bool = True) -> None:
-        """Record what runs (kernel, problem, block, pass, which backward), so that :meth:`result`
-        can attach the IO model's split of the bytes by term."""
+    def describe(self, kernel: str, prob, block, pass_: str, deterministic: bool = True, split=None) -> None:
+        """Record what runs (kernel, problem, block, pass, which backward), so that :meth:`result` can attach the
+        IO model's split of the bytes by term: ``split`` is :func:`flash_numba.iomodel.terms.split` (handed in:
+        the counters sit below the IO models)."""
         self._call = (kernel, prob, block, pass_, deterministic)
+        self._split = split
 
     def array(self, name: str):
         """The device array a kernel named ``name`` adds its bytes to."""
@@ -163,11 +166,9 @@ class Counters:
         for name, (r, w) in counts.items():
             per[name] = KernelBytes(int(r), int(w))
         terms = None
-        if self._call is not None:
-            from .iomodel import terms as _terms
-
+        if self._call is not None and self._split is not None:
             kernel, prob, block, pass_, deterministic = self._call
-            terms = _terms.split(
+            terms = self._split(
                 kernel, pass_, prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.causal, block,
                 deterministic=deterministic, G=prob.G,
             )

@@ -8,14 +8,31 @@
   element a kernel forgets to write fails the comparison.
 """
 
+import os
+
 import numpy as np
 import pytest
 
 import flash_numba  # noqa: F401  (chooses GPU or simulator before numba is imported)
-from flash_numba import _inputs
+from flash_numba import _switches
 from flash_numba.device import SIMULATOR
 
 ON_GPU = not SIMULATOR
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--compile-tier", choices=("representative", "all"),
+        default=os.environ.get("FLASH_NUMBA_COMPILE_TIER", "representative"),
+        help="the compile tier's builds: representative (every kernel once per cc, float32 at d = 64; make test) "
+             "or all (every specialisation; make test-all). Default: $FLASH_NUMBA_COMPILE_TIER or representative",
+    )
+
+
+@pytest.fixture
+def compile_tier(request) -> str:
+    """``representative`` or ``all`` (the ``--compile-tier`` option)."""
+    return request.config.getoption("--compile-tier")
 
 
 def pytest_configure(config):
@@ -54,7 +71,7 @@ def skip_unless_runs(kernel: str, d: int, dtype) -> None:
 
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
-    monkeypatch.setattr(_inputs, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(_switches, "POISON_OUTPUTS", True)
     yield
 
 

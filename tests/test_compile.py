@@ -1,9 +1,14 @@
-"""The compile tier: every kernel specialisation builds for real GPUs (sm_75 and sm_90), as it ships.
+"""The compile tier: every kernel builds for real GPUs (sm_75 and sm_90), as it ships.
 
 The simulator never type-checks a kernel, so this tier compiles each module's
 ``compile_all`` to PTX with NVVM and assembles it with ptxas, one process per
 kernel module with ``NUMBA_ENABLE_CUDASIM=0`` (``python -m flash_numba.compile_check
---kernels NAME``).  No GPU is needed.
+--kernels NAME``).  No GPU is needed; ptxas is (a missing ptxas fails the tier).
+
+Two tiers (``--compile-tier``, or the environment variable ``FLASH_NUMBA_COMPILE_TIER``):
+``representative`` (the default, ``make test``) builds every kernel of every family once per cc, at
+float32 and d = 64 with its counting and dropout variants; ``all`` (``make test-all``) builds every
+specialisation: every dtype, the head dims whose blocks differ, each spec's ``compile_groups``.
 """
 
 import csv
@@ -21,12 +26,16 @@ pytestmark = pytest.mark.compile
 
 
 @pytest.mark.parametrize("name", kernels.ALL_NAMES)  # the decode kernels too
-def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(name, tmp_path):
+def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(name, tmp_path, compile_tier):
     """One process per kernel module (pytest-xdist spreads the modules over its workers)."""
+    assert compile_check.have_ptxas(), (
+        "no ptxas found: the compile tier assembles every kernel to count its registers and spills; install the "
+        "dev extra (nvidia-cuda-nvcc) or point FLASH_NUMBA_PTXAS at a ptxas of CUDA 13.x")
     out = tmp_path / "compile.csv"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     proc = subprocess.run(
-        [sys.executable, "-m", "flash_numba.compile_check", "--kernels", name, "--jobs", "1", "--csv", str(out)],
+        [sys.executable, "-m", "flash_numba.compile_check", "--kernels", name, "--jobs", "1", "--csv", str(out),
+         "--tier", compile_tier, "--require-ptxas"],
         env=env,
         capture_output=True,
         text=True,
@@ -40,6 +49,7 @@ def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(name, tmp_path):
     assert {r["module"] for r in rows} == {name}
     for cc in compile_check.CCS:
         assert any(r["cc"] == f"{cc[0]}.{cc[1]}" for r in rows), cc
+    assert any(" count" in r["label"] for r in rows), "no counting build"
     assert len({(r["label"], r["cc"]) for r in rows}) == len(rows), "a specialisation is listed twice"
     too_big = [(r["label"], r["cc"], r["shared_bytes"]) for r in rows if int(r["shared_bytes"]) > STATIC_SHARED_LIMIT]
     assert not too_big
@@ -62,11 +72,19 @@ def test_every_kernel_compiles_for_sm75_and_sm90_within_48_kb(name, tmp_path):
             assert r["max_registers"] == ("" if want is None else str(want)), (r["label"], r["max_registers"])
     assert not spec.max_registers or any(r["max_registers"] for r in rows), "no launch was assembled with its cap"
 
-    if compile_check.have_ptxas():
-        assert all(int(r["registers"]) > 0 for r in rows)
-        spills = [(r["label"], r["spill_stores"], r["spill_loads"]) for r in rows
-                  if int(r["spill_stores"]) or int(r["spill_loads"])]
-        assert not spills, f"{len(spills)} specialisations spill registers: {spills}"
+    # floating-point atomics (their order changes from run to run) only in the atomic backward
+    # (deterministic=False) and in flash2_fast's split backward, whose copies of dQ get one addition per element a
+    # launch (test_flash2_fast's bitwise tests); the atomic backward has them
+    atomic = [r["label"] for r in rows if int(r["float_atomics"])]
+    allowed = set(spec.atomic_backward_launches) | {"flash2_fast dK, dV, dQ (split)"}
+    assert all(any(label.startswith(n + " ") for n in allowed) for label in atomic), atomic
+    assert any(label.startswith(n + " ") for n in spec.atomic_backward_launches for label in atomic) == \
+        spec.supports_atomic
+
+    assert all(int(r["registers"]) > 0 for r in rows)
+    spills = [(r["label"], r["spill_stores"], r["spill_loads"]) for r in rows
+              if int(r["spill_stores"]) or int(r["spill_loads"])]
+    assert not spills, f"{len(spills)} specialisations spill registers: {spills}"
 
 
 def test_reading_shared_bytes_from_ptx_and_the_ptxas_report():
@@ -84,6 +102,12 @@ def test_reading_shared_bytes_from_ptx_and_the_ptxas_report():
     assert report == compile_check.PtxasReport(14, 6272, 8, 4, 12)
 
 
+def test_counting_float_atomics_in_ptx():
+    ptx = ("  atom.global.add.f32 %f1, [%rd1], %f2;\n\t@%p1 red.global.add.f64 [%rd1], %fd2;\n"
+           "  atom.global.add.u64 %rd3, [%rd1], %rd2;\n  red.add.f32 [%rd1], %f3;\n")
+    assert compile_check.ptx_float_atomics(ptx) == 3  # the int64 counter's add is not one
+
+
 def test_a_compiled_item_without_a_cap_reads_as_uncapped():
     assert compile_check.Compiled(*("label", "ptx")) == compile_check.Compiled("label", "ptx", None)
 
@@ -92,6 +116,28 @@ def test_a_compiled_item_without_a_cap_reads_as_uncapped():
 def test_compile_check_refuses_to_run_in_the_simulator(capsys):
     assert compile_check.main([]) == 2
     assert "NUMBA_ENABLE_CUDASIM=0" in capsys.readouterr().err
+
+
+def test_the_tiers_groups():
+    flash2_fast = kernels.get("flash2_fast")
+    assert compile_check.tier_groups(flash2_fast, "representative") == ((("float32",), (64,)),)
+    assert compile_check.tier_groups(flash2_fast, "all") == compile_check.GROUPS + flash2_fast.compile_groups
+    with pytest.raises(ValueError, match="^tier: expected one of representative, all"):
+        compile_check.tier_groups(flash2_fast, "some")
+    # the representative group builds the counting and the dropout variants
+    dtypes, ds = compile_check.REPRESENTATIVE[0]
+    assert compile_check.count_variants(dtypes[0], ds[0]) == (False, True)
+    from flash_numba.kernels import _dropout
+    assert _dropout.compile_variants(dtypes[0], ds[0], False) == (False, True)
+
+
+def test_a_missing_ptxas_fails_the_compile_tier(monkeypatch, capsys):
+    import numba
+
+    monkeypatch.setattr(compile_check, "find_ptxas", lambda: None)
+    monkeypatch.setattr(numba.config, "ENABLE_CUDASIM", False)  # as in the tier's own process
+    assert compile_check.main(["--require-ptxas", "--kernels", "flash1"]) == 2
+    assert "no ptxas found" in capsys.readouterr().err
 
 
 def test_counted_builds_are_float32_at_d_64_only():

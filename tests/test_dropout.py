@@ -4,8 +4,9 @@ The mask is a hash of (seed, query head, row, column) (flash_numba/kernels/_drop
 host's scalar version, the device version (run here in the simulator) and the NumPy version the
 reference uses give the same bits; its keep rate and the independence of neighbouring rows,
 columns, heads and seeds are checked on a fixed set of entries (deterministic given the seeds).
-Every kernel, forward and backward, with dropout against the float64 reference with the same
-mask (float64 inputs: the bounds of tests/test_gqa.py), counted bytes == IO model (no mask in HBM).
+Every kernel at every dtype, forward and backward with dropout against the float64 reference with
+the same mask, counted bytes == IO model (no mask in HBM), and dropout_p=0 bitwise attention
+without dropout: the test matrix (tests/test_kernels.py).
 """
 
 import math
@@ -15,12 +16,11 @@ import pytest
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import iomodel, kernels, reference
+from flash_numba import reference
 from flash_numba.kernels import _dropout
 
 from test_flash2 import err64
-from test_gqa import make, runs
-from conftest import skip_unless_runs
+from test_gqa import make
 
 SEEDS = (0, 1, 12345, 2**32 - 1)
 
@@ -77,36 +77,6 @@ def test_threshold_rounds_p_times_two_to_the_32():
 # ----------------------------------------------------------------------------- every kernel
 
 
-CASES = [(False, 0.25), (True, 0.5)]  # (causal, p)
-
-
-@pytest.mark.parametrize("causal, p", CASES)
-@pytest.mark.parametrize("kernel", kernels.NAMES)
-def test_kernels_match_reference_with_the_same_mask(rng, kernel, causal, p):
-    """float64, grouped heads (G = 2: the mask is per query head), Nq = 17 and Nk = 20 (two blocks of 16
-    each, a partial last one): O and L, then dQ, dK, dV (every backward of the kernel) within the
-    bounds of runs without dropout; the counted bytes equal the IO model (no mask in HBM)."""
-    lead, Hkv, Nq, Nk, d, seed = (1, 2), 1, 17, 20, 8, 2024
-    skip_unless_runs(kernel, d, np.float64)
-    q, k, v, do = make(rng, lead, Hkv, Nq, Nk, d, np.float64)
-    BH, G, block = 2, 2, (16, 16)
-    f = fn.attention_forward(q, k, v, kernel=kernel, causal=causal, block=block, count_hbm=True, dropout_p=p,
-                             dropout_seed=seed)
-    assert f.dropout_seed == seed
-    o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal, dropout_p=p, dropout_seed=seed)
-    assert err64(f.o, o_ref) < 1e-13 and err64(f.lse, lse_ref) < 1e-13
-    assert f.hbm == iomodel.forward(kernel, BH, Nq, Nk, d, np.float64, causal, f.block, G=G)
-    grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do, causal=causal, dropout_p=p,
-                                             dropout_seed=seed)
-    for deterministic in runs(kernel):
-        b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, causal=causal, block=block,
-                                  count_hbm=True, deterministic=deterministic, dropout_p=p, dropout_seed=seed)
-        for name, g, g_ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), grads_ref):
-            assert err64(g, g_ref) < 1e-12, (name, deterministic)
-        assert b.hbm == iomodel.backward(kernel, BH, Nq, Nk, d, np.float64, causal, b.block,
-                                         deterministic=deterministic, G=G)
-
-
 def test_dropout_changes_o_and_the_backward_needs_the_same_seed(rng):
     """The mask matters: O differs from attention without dropout (L does not), and a backward with
     another seed regenerates another mask, so its dV misses the reference's."""
@@ -118,21 +88,6 @@ def test_dropout_changes_o_and_the_backward_needs_the_same_seed(rng):
     right = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel="flash2", dropout_p=0.5, dropout_seed=7)
     wrong = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel="flash2", dropout_p=0.5, dropout_seed=8)
     assert err64(right.dv, want) < 1e-12 and err64(wrong.dv, want) > 1e-3
-
-
-@pytest.mark.parametrize("kernel", kernels.NAMES)
-def test_p_zero_is_attention_without_dropout_bitwise(rng, kernel):
-    """dropout_p=0 (with or without a seed) runs the kernels without dropout: bitwise the same results,
-    and no seed in the result."""
-    skip_unless_runs(kernel, 8, np.float32)
-    q, k, v, do = make(rng, (1, 1), 1, 9, 9, 8, np.float32)
-    plain = fn.attention_forward(q, k, v, kernel=kernel, causal=True)
-    zero = fn.attention_forward(q, k, v, kernel=kernel, causal=True, dropout_p=0.0, dropout_seed=3)
-    assert zero.dropout_seed is None and plain.dropout_seed is None
-    assert np.array_equal(plain.o, zero.o) and np.array_equal(plain.lse, zero.lse)
-    b0 = fn.attention_backward(q, k, v, plain.o, plain.lse, do, kernel=kernel, causal=True)
-    b1 = fn.attention_backward(q, k, v, plain.o, plain.lse, do, kernel=kernel, causal=True, dropout_p=0)
-    assert all(np.array_equal(x, y) for x, y in zip((b0.dq, b0.dk, b0.dv), (b1.dq, b1.dk, b1.dv)))
 
 
 def test_forward_draws_a_seed_when_none_is_given(rng):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flash_numba import iomodel, kernels
+from flash_numba import _switches, iomodel, kernels
 from flash_numba.tools import figures, passes, profile, timing
 from flash_numba.tools.csvfile import read_csv
 from flash_numba.tools.figures import (
@@ -439,9 +439,8 @@ def test_launch_times_name_a_repeated_launch_once(monkeypatch):
     import numpy as np
 
     import flash_numba as fn
-    from flash_numba.kernels import flash2_fast
 
-    monkeypatch.setattr(flash2_fast.layout, "FORCE_DQ_COPIES", 1)  # one copy: a round per key tile
+    monkeypatch.setattr(_switches, "FORCE_DQ_COPIES", 1)  # one copy: a round per key tile
     monkeypatch.setattr(timing, "LAUNCH_REPEATS", 1)
     monkeypatch.setattr(timing.LaunchTimer, "stop", lambda self: {n: float(self.names.count(n)) for n in self.names})
     q, k, v, do = passes.random_inputs(1, 40, 8)

@@ -55,17 +55,12 @@ def check_lse(lse, lse_ref, tol):
         assert np.max(np.abs(lse[~masked] - lse_ref[~masked])) <= tol * max(1.0, np.max(np.abs(lse_ref[~masked])))
 
 
-# (lead dims, Nq, Nk, d, (Br, Bc), causal)
+# (lead dims, Nq, Nk, d, (Br, Bc), causal): flash1 takes any block; these are blocks no other kernel takes
+# (every kernel's checks at its own small block, every dtype: tests/test_kernels.py)
 CASES = [
-    ((2,), 17, 17, 8, (4, 8), False),
     ((2,), 17, 17, 8, (4, 8), True),
     ((1, 2), 13, 29, 5, (8, 4), False),  # (B, H, N, d), Nq < Nk
-    ((1, 2), 13, 29, 5, (8, 4), True),
-    ((), 29, 11, 8, (5, 3), False),  # (N, d), Nq > Nk
-    ((), 29, 11, 8, (5, 3), True),  # causal: query rows 0..17 see no key
-    ((2,), 1, 1, 4, (4, 8), False),
-    ((2,), 1, 9, 4, (4, 8), True),
-    ((2,), 9, 1, 4, (4, 8), True),
+    ((), 29, 11, 8, (5, 3), True),  # (N, d), Nq > Nk, causal: query rows 0..17 see no key
     ((1,), 24, 24, 16, (8, 8), True),  # blocks dividing N
 ]
 
@@ -84,74 +79,6 @@ def test_matches_reference(rng, lead, Nq, Nk, d, block, causal, dtype):
     for name, got, want in zip(("dq", "dk", "dv"), (bwd.dq, bwd.dk, bwd.dv), grads):
         assert got.dtype == dtype and got.shape == want.shape, name
         assert rel_err(got, want) < tol, name
-
-
-def test_fully_masked_rows_give_zero_and_minus_inf(rng):
-    # causal with Nq = 12 > Nk = 5: query i sees key j iff j <= i - 7, so rows 0..6 see nothing;
-    # with Br = 5 the first query block is skipped for every key block and the second is masked
-    q, k, v, do = make(rng, (2,), 12, 5, 4, np.float32)
-    fwd, (o, lse), bwd, grads, _ = run(q, k, v, do, True, (5, 3))
-    empty = ~reference.causal_mask(12, 5).any(axis=1)
-    assert empty.tolist() == [True] * 7 + [False] * 5
-    for x in (fwd.o, bwd.dq, bwd.dk, bwd.dv):
-        assert np.isfinite(x).all()
-    assert np.all(fwd.o[:, empty] == 0.0)
-    assert np.all(np.isneginf(fwd.lse[:, empty]))
-    assert np.all(np.isfinite(fwd.lse[:, ~empty]))
-    assert np.all(bwd.dq[:, empty] == 0.0)
-    assert rel_err(fwd.o, o) < TOL[np.float32]
-    for got, want in zip((bwd.dq, bwd.dk, bwd.dv), grads):
-        assert rel_err(got, want) < TOL[np.float32]
-
-
-def plain_backward(q, k, v, o, lse, do, causal, dtype):
-    """The backward computed entirely in ``dtype`` (no upcast): the baseline of the Dao rule."""
-    q, k, v, o, do = (x.astype(dtype) for x in (q, k, v, o, do))
-    scale = dtype(1.0 / math.sqrt(q.shape[-1]))
-    s = (q @ np.swapaxes(k, -1, -2)) * scale
-    p = np.exp(s - np.where(np.isfinite(lse), lse, 0).astype(dtype)[..., None])
-    if causal:
-        p = np.where(reference.causal_mask(q.shape[-2], k.shape[-2]), p, dtype(0))
-    dv = np.swapaxes(p, -1, -2) @ do
-    ds = p * (do @ np.swapaxes(v, -1, -2) - (do * o).sum(-1, keepdims=True))
-    return (ds @ k) * scale, (np.swapaxes(ds, -1, -2) @ q) * scale, dv
-
-
-def abs_err(x, ref):
-    return np.max(np.abs(np.asarray(x, dtype=np.float64) - ref))
-
-
-@pytest.mark.parametrize("Nq, Nk, block, causal", [(33, 25, (4, 8), False), (40, 25, (5, 3), True)])
-def test_float16_within_dao_rule(rng, Nq, Nk, block, causal):
-    q, k, v, do = make(rng, (2,), Nq, Nk, 16, np.float16)
-    fwd, (o, lse), bwd, grads, (o_in, lse_in) = run(q, k, v, do, causal, block)
-    assert fwd.o.dtype == np.float16 and fwd.lse.dtype == np.float32
-    assert abs_err(fwd.o, o) <= DAO_FACTOR * abs_err(reference.plain_attention(q, k, v, causal=causal), o)
-    check_lse(fwd.lse, lse, 1e-5)
-    plain = plain_backward(q, k, v, o_in, lse_in, do, causal, np.float16)
-    for name, got, want, base in zip(("dq", "dk", "dv"), (bwd.dq, bwd.dk, bwd.dv), grads, plain):
-        assert got.dtype == np.float16, name
-        assert abs_err(got, want) <= DAO_FACTOR * abs_err(base, want), name
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_large_logits_finite_and_exact(rng, causal):
-    # q and k entries ~ N(0, 40^2): scale * |q . k| is about 1e3, so exp overflows without the max shift
-    q, k, v, do = make(rng, (2,), 19, 13, 8, np.float64, spread=40.0)
-    s = np.abs(q @ np.swapaxes(k, -1, -2)) / math.sqrt(8)
-    assert s.max() > 1e3
-    fwd, (o, lse), bwd, grads, _ = run(q, k, v, do, causal, (4, 8))
-    assert rel_err(fwd.o, o) < 1e-12
-    check_lse(fwd.lse, lse, 1e-12)
-    for got, want in zip((bwd.dq, bwd.dk, bwd.dv), grads):
-        assert np.isfinite(got).all() and rel_err(got, want) < 1e-10
-
-    q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
-    fwd32 = fn.flash_attention_forward(q32, k32, v32, causal=causal, kernel=KERNEL, block=(5, 3))
-    o32, _ = reference.attention_forward(q32, k32, v32, causal=causal)
-    plain32 = reference.plain_attention(q32, k32, v32, causal=causal, dtype=np.float32)
-    assert np.isfinite(fwd32.o).all() and np.isfinite(fwd32.lse[:, -1]).all()
-    assert abs_err(fwd32.o, o32) <= DAO_FACTOR * abs_err(plain32, o32) + 1e-6  # both ~0 when P is one-hot
 
 
 # (BH lead, Nq, Nk, d, (Br, Bc), causal, dtype)
@@ -178,15 +105,6 @@ def test_hbm_count_equals_model(rng, lead, Nq, Nk, d, block, causal, dtype):
     assert list(bwd.hbm.per_kernel) == list(flash1.BACKWARD_NAMES)
     assert fwd.hbm == iomodel.forward(KERNEL, BH, Nq, Nk, d, dtype, causal, block)
     assert bwd.hbm == iomodel.backward(KERNEL, BH, Nq, Nk, d, dtype, causal, block)
-
-
-def test_counting_changes_no_result(rng):
-    q, k, v, do = make(rng, (2,), 13, 10, 4, np.float32)
-    plain = run(q, k, v, do, True, (5, 3))
-    counted = run(q, k, v, do, True, (5, 3), count_hbm=True)
-    assert plain[0].hbm is None and plain[2].hbm is None
-    for a, b in ((plain[0].o, counted[0].o), (plain[0].lse, counted[0].lse), (plain[2].dq, counted[2].dq)):
-        np.testing.assert_array_equal(a, b)
 
 
 def test_model_is_theorem_2_count_plus_extras():
@@ -248,6 +166,24 @@ def test_block_validation():
 
 
 # ---------------------------------------------------------------- real sizes, on a GPU
+
+def plain_backward(q, k, v, o, lse, do, causal, dtype):
+    """The backward computed entirely in ``dtype`` (no upcast): the baseline of the Dao rule."""
+    q, k, v, o, do = (x.astype(dtype) for x in (q, k, v, o, do))
+    scale = dtype(1.0 / math.sqrt(q.shape[-1]))
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    p = np.exp(s - np.where(np.isfinite(lse), lse, 0).astype(dtype)[..., None])
+    if causal:
+        p = np.where(reference.causal_mask(q.shape[-2], k.shape[-2]), p, dtype(0))
+    dv = np.swapaxes(p, -1, -2) @ do
+    ds = p * (do @ np.swapaxes(v, -1, -2) - (do * o).sum(-1, keepdims=True))
+    return (ds @ k) * scale, (np.swapaxes(ds, -1, -2) @ q) * scale, dv
+
+
+def abs_err(x, ref):
+    return np.max(np.abs(np.asarray(x, dtype=np.float64) - ref))
+
+
 
 GPU_N = [1, 17, 64, 97, 128, 1000, 1025]
 GPU_D = [16, 32, 64, 80, 128]

@@ -130,61 +130,6 @@ def test_float64_matches_reference_and_io_model(rng, BH, Nq, Nk, d, block, causa
         assert np.all(f.o[blind] == 0) and np.all(b.dq[blind] == 0)
 
 
-def test_float32_error_well_under_1e_5(rng):
-    q, k, v, do = make(rng, 1, 19, 23, 16, np.float32)
-    f, b = run(q, k, v, do, True, (8, 16))
-    o_ref, lse_ref = reference.attention_forward(q, k, v, causal=True)
-    grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do, causal=True)
-    assert f.o.dtype == np.float32 and f.lse.dtype == np.float32 and b.dq.dtype == np.float32
-    assert rel_err(f.o, o_ref) < 1e-6
-    check_lse(f.lse, lse_ref, 1e-6)
-    for g, g_ref in zip((b.dq, b.dk, b.dv), grads_ref):
-        assert rel_err(g, g_ref) < 1e-6
-    check_counts(f, b, q, k, True)
-
-
-def test_float16_within_dao_rule(rng):
-    """Error at most 3x (plus a hair) that of attention done entirely in float16."""
-    q, k, v, do = make(rng, 1, 19, 23, 16, np.float16)
-    f, b = run(q, k, v, do, False, (8, 16))
-    o_ref, lse_ref = reference.attention_forward(q, k, v)
-    grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do)
-    assert f.o.dtype == np.float16 and f.lse.dtype == np.float32
-    plain_o = reference.plain_attention(q, k, v, dtype=np.float16)
-    assert rel_err(f.o, o_ref) <= 3 * rel_err(plain_o, o_ref) + 1e-6
-    check_lse(f.lse, lse_ref, 1e-5)
-    plain_grads = plain_backward(q, k, v, plain_o, do, False)
-    for g, g_plain, g_ref in zip((b.dq, b.dk, b.dv), plain_grads, grads_ref):
-        assert g.dtype == np.float16
-        assert rel_err(g, g_ref) <= 3 * rel_err(g_plain, g_ref) + 1e-6
-    check_counts(f, b, q, k, False)
-
-
-@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
-def test_large_logits_stay_finite_and_exact(rng, dtype, tol):
-    """Scores of magnitude ~1e3: the online softmax subtracts the running max, nothing overflows."""
-    q, k, v, do = make(rng, 1, 12, 15, 8, dtype, spread=30.0)
-    f, b = run(q, k, v, do, True, (8, 8), count_hbm=False)
-    o_ref, lse_ref = reference.attention_forward(q, k, v, causal=True)
-    assert np.max(np.abs(lse_ref)) > 500
-    grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do, causal=True)
-    for x in outputs(f, b):
-        assert np.all(np.isfinite(x))
-    assert rel_err(f.o, o_ref) < tol
-    check_lse(f.lse, lse_ref, tol)
-    if dtype == np.float64:  # float32 rounds the scores themselves by ~1e3 * 6e-8
-        for g, g_ref in zip((b.dq, b.dk, b.dv), grads_ref):
-            assert err64(g, g_ref) < tol
-
-
-def test_repeated_calls_are_bitwise_identical(rng):
-    q, k, v, do = make(rng, 1, 12, 10, 4, np.float32)
-    first = run(q, k, v, do, True, (4, 8), count_hbm=False)
-    second = run(q, k, v, do, True, (4, 8), count_hbm=False)
-    for x, y in zip(outputs(*first), outputs(*second)):
-        assert np.array_equal(x, y)
-
-
 # (Nq, Nk, Br, Bc): many block shapes at d = 2, where a call is cheap
 COUNT_SHAPES = [(9, 9, 4, 4), (12, 7, 5, 2), (5, 3, 1, 1), (3, 10, 8, 16)]
 

@@ -28,14 +28,15 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import test_reliability as rel  # tests/ is on sys.path (pytest's default rootdir import)
+import test_kernels as matrix  # tests/ is on sys.path (pytest's default rootdir import)
+import test_reliability as rel
 import test_reference as reference_tests
 import test_standard as standard_tests
-from flash_numba import _inputs, reference
+from flash_numba import _inputs, kernels, reference
 
 EXAMPLES = int(os.environ.get("FLASH_NUMBA_FUZZ_EXAMPLES", "4"))
 #: (kernel, deterministic): every kernel, and flash2_fast's atomic backward
-VARIANTS = [(k, True) for k in rel.KERNELS] + [("flash2_fast", False)]
+VARIANTS = [(k, True) for k in kernels.NAMES] + [(k, False) for k in kernels.NAMES if kernels.get(k).supports_atomic]
 #: regime -> (entries of q and k about this size, scale as a function of d and dtype); scores O(1)
 #: except "large", whose scores are +-C + O(1) as in tests/test_reliability.py's LARGE
 REGIMES = ("unit", "large", "tiny scale", "huge scale")
@@ -112,8 +113,8 @@ def test_every_kernel_matches_the_reference_nan_and_inf_included(kernel, determi
     f = rel.forward(kernel, q, k, v, **kw)
     o_ref, lse_ref = reference.attention_forward(q, k, v, **kw)
     plain_o, plain_lse = rel.plain_forward(q, k, v, causal=causal, dtype=dtype, scale=scale)
-    rel.assert_like_reference(f.o, o_ref, tolerance(plain_o, o_ref, dtype, Nk, d, s_max), "o")
-    rel.assert_like_reference(f.lse, lse_ref, tolerance(plain_lse, lse_ref, dtype, Nk, d, s_max), "lse")
+    matrix.assert_like_reference(f.o, o_ref, tolerance(plain_o, o_ref, dtype, Nk, d, s_max), "o")
+    matrix.assert_like_reference(f.lse, lse_ref, tolerance(plain_lse, lse_ref, dtype, Nk, d, s_max), "lse")
 
     lse, lse_ref = np.array(f.lse), np.array(lse_ref)
     for row, value in problem["lse_edits"]:
@@ -125,4 +126,4 @@ def test_every_kernel_matches_the_reference_nan_and_inf_included(kernel, determi
     finite = (np.where(np.isfinite(x), x, 0).astype(np.float64) for x in (q, k, v, do))
     sizes = reference_tests.grad_sizes(*finite, scale)  # dS = P (dP - D) cancels: dq, dk are relative to these
     for name, got, base, ref, size in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), plain, want, sizes):
-        rel.assert_like_reference(got, ref, tolerance(base, ref, dtype, Nk, d, s_max), name, size)
+        matrix.assert_like_reference(got, ref, tolerance(base, ref, dtype, Nk, d, s_max), name, size)

@@ -1,10 +1,11 @@
 """Grouped-query and multi-query attention: k and v with Hkv heads, q with Hq = G * Hkv.
 
 Query head h attends with key/value head h // G; dK and dV sum over the G query heads of
-a group.  Every kernel, forward and backward (flash2_fast also with ``deterministic=False``),
-against the float64 reference (which repeats K and V over each group and sums dK, dV), the
-counted bytes against the IO model with G, and GQA against the same kernel run on K and V
-repeated in memory.  Simulator sizes.
+a group.  Every kernel at every dtype, forward and every backward against the float64 reference
+(which repeats K and V over each group and sums dK, dV), the counted bytes against the IO model
+with G, and GQA against the same kernel run on K and V repeated in memory, are in the test matrix
+(tests/test_kernels.py).  Here: the IO model's terms with G, the shapes that are refused, flash2's
+kernels compiled for its group.  Simulator sizes.
 """
 
 import numpy as np
@@ -35,54 +36,6 @@ def make(rng, lead, Hkv, Nq, Nk, d, dtype):
 def runs(kernel):
     """(deterministic, ...) the backward variants of ``kernel``."""
     return (True, False) if kernels.get(kernel).supports_atomic else (True,)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("lead, Hkv, Nq, Nk, d", SHAPES)
-@pytest.mark.parametrize("kernel", kernels.NAMES)
-def test_matches_reference_and_io_model(rng, kernel, lead, Hkv, Nq, Nk, d, causal):
-    """float64: the same 1e-13 / 1e-12 bounds as without groups (tests/test_flash2.py); counts == model."""
-    skip_unless_runs(kernel, d, np.float64)
-    q, k, v, do = make(rng, lead, Hkv, Nq, Nk, d, np.float64)
-    BH, G = int(np.prod(lead)), lead[-1] // Hkv
-    f = fn.attention_forward(q, k, v, kernel=kernel, causal=causal, block=BLOCK, count_hbm=True)
-    o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal)
-    assert err64(f.o, o_ref) < 1e-13 and err64(f.lse, lse_ref) < 1e-13
-    assert f.hbm == iomodel.forward(kernel, BH, Nq, Nk, d, np.float64, causal, f.block, G=G)
-    grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do, causal=causal)
-    for deterministic in runs(kernel):
-        b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, causal=causal, block=BLOCK,
-                                  count_hbm=True, deterministic=deterministic)
-        for name, g, g_ref, like in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), grads_ref, (q, k, v)):
-            assert g.shape == like.shape, name
-            assert err64(g, g_ref) < 1e-12, (name, deterministic)
-        want = iomodel.backward(kernel, BH, Nq, Nk, d, np.float64, causal, b.block, deterministic=deterministic, G=G)
-        assert b.hbm == want, deterministic
-        assert b.hbm.terms == want.terms
-
-
-@pytest.mark.parametrize("kernel", kernels.NAMES)
-def test_float16_equals_repeated_kv(rng, kernel):
-    """GQA is attention on K and V repeated over each group: O, L and dQ bitwise (the same arithmetic
-    on the same values), dK and dV the group sums.  Ours rounds each sum once to float16 (after adding
-    in float32), the repeated call rounds every head's term: |diff| <= u16 (|sum| + sum |term|) with
-    u16 = 2^-11, plus float32 rounding of the sum (2^-24 per term, far below)."""
-    lead, Hkv, N, d, G = (1, 2), 1, 17, 8, 2
-    skip_unless_runs(kernel, d, np.float16)
-    q, k, v, do = make(rng, lead, Hkv, N, N, d, np.float16)
-    kr, vr = (np.repeat(x, G, axis=-3) for x in (k, v))  # (1, 2, N, d)
-    f = fn.attention_forward(q, k, v, kernel=kernel, causal=True)
-    fr = fn.attention_forward(q, kr, vr, kernel=kernel, causal=True)
-    assert np.array_equal(f.o, fr.o) and np.array_equal(f.lse, fr.lse)
-    b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel, causal=True)
-    br = fn.attention_backward(q, kr, vr, f.o, f.lse, do, kernel=kernel, causal=True)
-    assert np.array_equal(b.dq, br.dq)
-    for g, gr in ((b.dk, br.dk), (b.dv, br.dv)):
-        terms_ = gr.astype(np.float64).reshape(1, Hkv, G, N, d)
-        total = terms_.sum(axis=2)
-        bound = 2.0**-11 * (np.abs(total) + np.abs(terms_).sum(axis=2)) + 1e-6
-        assert g.shape == k.shape
-        assert np.all(np.abs(g.astype(np.float64) - total) <= bound)
 
 
 def test_three_dim_inputs_group_the_heads(rng):

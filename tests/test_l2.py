@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 
 from flash_numba import iomodel, reference
-
-from flash_numba.course import recorded
 from flash_numba.iomodel import terms
 from flash_numba.kernels import standard
 from flash_numba.tools import csvfile, l2, profile
@@ -106,18 +104,6 @@ def test_sweep_bookkeeping_in_the_simulator(tmp_path):
     assert [r["launch"] for r in csvfile.read_csv(tmp_path / "l2_sweep_launches.csv")][:3] == list(
         standard.FORWARD_NAMES)
     assert (tmp_path / "l2_sweep.png").stat().st_size > 0
-
-
-def test_recorded_ncu_rows_and_table():
-    rows = recorded.ncu_rows()
-    assert {(r["BH"], r["N"]) for r in rows} == {(8, 1024), (32, 4096)}
-    calls = {(r["BH"], r["N"], r["kernel"]): r for r in recorded.ncu_per_call()}
-    for key, c in calls.items():
-        assert c["counted"] == sum(r["counted"] for r in rows if (r["BH"], r["N"], r["kernel"]) == key)
-    assert calls[32, 4096, "standard"]["dram"] > calls[32, 4096, "standard"]["counted"] / 2
-    assert calls[32, 4096, "flash2_fast"]["dram"] < calls[32, 4096, "flash2_fast"]["counted"] / 4
-    table = recorded.ncu_table()
-    assert table.startswith("recorded on the H200, not measured now") and "ncu_bytes.csv" in table
 
 
 def test_forward_launches_compute_the_forward(rng):

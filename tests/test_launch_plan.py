@@ -9,7 +9,7 @@ within float32 rounding of its sums.  In the simulator plans are off; one test c
 import numpy as np
 import pytest
 
-from flash_numba import _launch_plan, api
+from flash_numba import _launch_plan, _switches, api
 from flash_numba.device import SIMULATOR
 
 torch = pytest.importorskip("torch")
@@ -238,9 +238,8 @@ def test_replays_back_to_back_and_from_threads_share_the_kept_scratch(rng, monke
     NaN-filled buffer is a filled one, which a plan does not keep.)"""
     from concurrent.futures import ThreadPoolExecutor
 
-    from flash_numba import _inputs
 
-    monkeypatch.setattr(_inputs, "POISON_OUTPUTS", False)
+    monkeypatch.setattr(_switches, "POISON_OUTPUTS", False)
 
     shapes = [(1, 4, 130, 64)] * 4
     calls = []

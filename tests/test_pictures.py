@@ -49,16 +49,6 @@ def test_access_map_and_read_counts_from_a_trace():
     assert "16 reads of k" in fig.axes[0].get_title()
 
 
-def test_recorded_results_carry_their_provenance():
-    assert recorded.available()
-    p = recorded.provenance()
-    assert "H200" in p["device"] and p["date"].startswith("2026-11-30") and "bench.py" in p["command"]
-    table = recorded.bench_table(["flash2_fast"], "fwd", 4096)
-    assert table.startswith(recorded.LABEL) and "flash2_fast" in table
-    rows = recorded.bench_rows(["standard"], "fwd", 4096)
-    assert len(rows) == 1 and float(rows[0]["ms"]) > 0
-
-
 def test_causal_tiles_counts_the_skipped_tiles():
     fig = pictures.causal_tiles(8, 8, 4, 4)
     assert "1 of 4 skipped" in fig.axes[0].get_title()

@@ -8,7 +8,7 @@ import pytest
 from flash_numba import kernels
 from flash_numba.device import STATIC_SHARED_LIMIT
 from flash_numba.kernels import KernelSpec
-from flash_numba.kernels._spec import DTYPE_NAMES
+from flash_numba.kernels._spec import DTYPE_NAMES, FEATURES
 
 
 @pytest.mark.parametrize("name", kernels.NAMES)
@@ -168,7 +168,7 @@ def test_the_api_refuses_what_a_spec_does_not_run_in_its_words(narrow_flash2, rn
         with pytest.raises(ValueError, match=r"^q: dtype float32 is not supported on this GPU; flash2 needs "
                                              r"compute capability 8\.0 for float32; this GPU \(Tesla T4\) is 7\.5$"):
             api._check_supported(narrow_flash2, fn._inputs.prepare({"q": q16, "k": q16, "v": q16}, causal=False,
-                                                                   scale=None)[0])
+                                                                   scale=None)[0], "forward", False)
 
 
 @pytest.mark.parametrize("name", kernels.NAMES)
@@ -189,3 +189,26 @@ def test_visible_pairs_under_the_bottom_right_mask():
     for Nq, Nk in ((1, 1), (17, 5), (5, 17), (40, 33), (97, 97)):
         mask = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + (Nk - Nq)
         assert visible_pairs(Nq, Nk, True) == mask.sum() and visible_pairs(Nq, Nk, False) == Nq * Nk
+
+
+def test_a_spec_that_lacks_a_feature_refuses_calls_that_ask_for_it(monkeypatch, rng):
+    import flash_numba as fn
+
+    assert all(kernels.get(n).has(f) for n in kernels.NAMES for f in FEATURES)  # today's kernels do everything
+    spec = dataclasses.replace(kernels.get("flash2"), lacks={"backward", "dropout", "causal", "count_hbm",
+                                                              "grouped_query"})
+    monkeypatch.setattr(kernels.module("flash2"), "SPEC", spec)
+    q = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    assert fn.attention_forward(q, q, q, kernel="flash2").kernel == "flash2"  # a plain forward runs
+    for kw, arg in ((dict(causal=True), "causal"), (dict(dropout_p=0.5), "dropout_p"),
+                    (dict(count_hbm=True), "count_hbm")):
+        with pytest.raises(ValueError, match=rf"^{arg}: flash2 has no [a-z_-]+; it does a plain forward only$"):
+            fn.attention_forward(q, q, q, kernel="flash2", **kw)
+    with pytest.raises(ValueError, match=r"^k: flash2 has no grouped-query"):
+        fn.attention_forward(q, q[:1], q[:1], kernel="flash2")
+    with pytest.raises(ValueError, match=r"^kernel: flash2 has no backward"):
+        fn.attention_backward(q, q, q, q, q[..., 0], q, kernel="flash2")
+    with pytest.raises(TypeError, match="lacks must name some of backward"):
+        dataclasses.replace(spec, lacks={"flying"})
+    with pytest.raises(ValueError, match="^feature: expected one of"):
+        spec.has("flying")

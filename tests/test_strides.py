@@ -6,11 +6,11 @@ The two layouts real models hand attention, as (B, H, N, d) views of one device 
 * ``packed``: one qkv buffer (B, N, 3, H, d), q, k, v its three (B, H, N, d) slices
   (``qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)``).
 
-Every kernel, forward and backward (o and dO strided too), against the float64 reference
-with the bounds of tests/test_gqa.py, and the counted bytes against the IO model (the bytes
-requested do not depend on the layout). Plus: no copy is made of a strided device input
-(the kernels get the caller's memory), an input whose last dim is strided is copied, and
-flash_numba.torch takes permuted tensor views. Simulator sizes (B*H <= 4, N <= 17, d <= 16).
+Every kernel at every dtype, forward and backward on these views (o and dO strided too), is in the
+test matrix (tests/test_kernels.py: test_strided_views, test_grouped_query_with_strided_kv; the
+helpers below build the views).  Here: no copy is made of a strided device input (the kernels get
+the caller's memory), an input whose last dim is strided is copied, and flash_numba.torch takes
+permuted tensor views. Simulator sizes (B*H <= 4, N <= 17, d <= 16).
 """
 
 import numpy as np
@@ -18,12 +18,10 @@ import pytest
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import _inputs, _views, iomodel, kernels, reference
+from flash_numba import _inputs, _views, reference
 from flash_numba.device import SIMULATOR
 
 from test_flash2 import err64
-from test_gqa import runs
-from conftest import skip_unless_runs
 
 BLOCK = (16, 16)  # every kernel takes it; Tr = Tc = 2 at N = 17
 
@@ -63,52 +61,6 @@ def address(x):
 
 def host(x):
     return np.asarray(x.copy_to_host() if hasattr(x, "copy_to_host") else x)
-
-
-def check(kernel, q, k, v, do, dev_q, dev_k, dev_v, dev_do, causal, relayout):
-    """Forward and backward on the device views against the reference on the host arrays; counts == model."""
-    BH, G = int(np.prod(q.shape[:-2])), q.shape[-3] // k.shape[-3]
-    Nq, Nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    f = fn.attention_forward(dev_q, dev_k, dev_v, kernel=kernel, causal=causal, block=BLOCK, count_hbm=True)
-    o_ref, lse_ref = reference.attention_forward(q, k, v, causal=causal)
-    assert err64(host(f.o), o_ref) < 1e-13 and err64(host(f.lse), lse_ref) < 1e-13
-    assert f.hbm == iomodel.forward(kernel, BH, Nq, Nk, d, np.float64, causal, f.block, G=G)
-    dev_o = relayout(host(f.o))  # o strided as well
-    grads_ref = reference.attention_backward(q, k, v, o_ref, lse_ref, do, causal=causal)
-    for deterministic in runs(kernel):
-        b = fn.attention_backward(dev_q, dev_k, dev_v, dev_o, f.lse, dev_do, kernel=kernel, causal=causal,
-                                  block=BLOCK, count_hbm=True, deterministic=deterministic)
-        for name, g, g_ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), grads_ref):
-            assert g.is_c_contiguous(), name  # outputs: contiguous arrays of our own
-            assert err64(host(g), g_ref) < 1e-12, (name, deterministic)
-        assert b.hbm == iomodel.backward(kernel, BH, Nq, Nk, d, np.float64, causal, b.block,
-                                         deterministic=deterministic, G=G)
-
-
-@pytest.mark.parametrize("layout, causal, B, H", [("transposed", False, 2, 1), ("packed", True, 2, 2)])
-@pytest.mark.parametrize("kernel", kernels.NAMES)
-def test_views_match_reference(rng, kernel, layout, causal, B, H):
-    """(B, H, N, d) = (B, H, 17, 8), float64, q, k, v, o and dO all strided views."""
-    skip_unless_runs(kernel, 8, np.float64)
-    q, k, v, do = (rng.standard_normal((B, H, 17, 8)) for _ in range(4))
-    if layout == "transposed":
-        dev_q, dev_k, dev_v, dev_do = (transposed(x) for x in (q, k, v, do))
-        relayout = transposed
-    else:
-        dev_q, dev_k, dev_v = packed(q, k, v)
-        dev_do = packed(do, do)[1]
-        relayout = lambda o: packed(o, o, o)[2]  # noqa: E731
-    check(kernel, q, k, v, do, dev_q, dev_k, dev_v, dev_do, causal, relayout)
-
-
-@pytest.mark.parametrize("kernel", kernels.NAMES)
-def test_grouped_query_strided_kv(rng, kernel):
-    """GQA (Hq = 4, Hkv = 2) with k, v slices of one packed kv buffer, q transposed; Nq = 1, Nk = 17, d = 16."""
-    skip_unless_runs(kernel, 16, np.float64)
-    q, do = (rng.standard_normal((1, 4, 1, 16)) for _ in range(2))
-    k, v = (rng.standard_normal((1, 2, 17, 16)) for _ in range(2))
-    dev_k, dev_v = packed(k, v)
-    check(kernel, q, k, v, do, transposed(q), dev_k, dev_v, transposed(do), True, transposed)
 
 
 def test_strided_device_input_is_not_copied(monkeypatch, rng):

@@ -22,15 +22,11 @@ import functools
 import numpy as np
 from numba import cuda
 
+from .. import _switches
 from ..device import SIMULATOR, STATIC_SHARED_LIMIT, jit
 from ._common import nb_type
 
 ALIGN = 16  # bytes: tiles start on a 16-byte boundary (vector loads)
-
-#: Tiles of more bytes than this live in dynamic shared memory (a test sets it to 0 to run
-#: the dynamic path at small sizes, in the simulator too).
-DYNAMIC_ABOVE = STATIC_SHARED_LIMIT
-
 
 def offsets(sizes, itemsize: int) -> tuple[tuple[int, ...], int]:
     """(start of each tile, total), in elements: each start rounded up to a multiple of 16 bytes."""
@@ -50,7 +46,7 @@ def total_bytes(sizes, itemsize: int) -> int:
 
 def is_dynamic(nbytes: int) -> bool:
     """Whether a block's tiles of ``nbytes`` bytes go in dynamic shared memory."""
-    return nbytes > DYNAMIC_ABOVE
+    return nbytes > _switches.DYNAMIC_ABOVE  # 48 KB (a test sets it to 0 to run the dynamic path at small sizes)
 
 
 @functools.lru_cache(maxsize=None)

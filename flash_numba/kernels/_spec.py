@@ -23,6 +23,9 @@ PASSES = ("forward", "backward")
 
 #: The storage dtypes the package knows, by name, in the order errors list them.
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+#: What a call may ask of a kernel beyond a plain forward; a spec's ``lacks`` names those it does not do (the API
+#: refuses such a call naming the argument, the test matrix runs every check a kernel does not lack).
+FEATURES = ("backward", "causal", "dropout", "grouped_query", "count_hbm")
 
 
 def check_pass(pass_: str) -> None:
@@ -119,6 +122,7 @@ class KernelSpec:
         choose_atomic_block(d, dtype, budget) -> (Br, Bc)   # optional: the atomic backward's own choice
         check_block(block, d, dtype, pass_) -> None         # optional: shape rules of its own
 
+    What it does: ``lacks`` names the :data:`FEATURES` it does not have (:meth:`has`, :meth:`check_call`).
     What it runs: ``dtypes`` (storage dtypes by name), ``head_dims`` (a test of d; None: 1 <= d <= 128) in the
     words of ``head_dims_text``, ``min_cc`` (dtype name -> the compute capability it needs);
     :meth:`supports` says it in a sentence, :meth:`check_supported` raises with it (the API calls it before
@@ -158,6 +162,7 @@ class KernelSpec:
     min_cc: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # dtype name -> minimum cc (absent: any)
     flops: Callable | None = None  # (pass_, BH, Nq, Nk, d, causal, deterministic=True) -> {launch: FLOPs}
     compile_groups: tuple = ()  # the compile tier's groups for this kernel beyond compile_check.GROUPS
+    lacks: frozenset = frozenset()  # FEATURES it does not have (default: none)
     doc: str = ""  # what the kernel is: its module's docstring (``spec.__doc__`` returns it)
 
     def __post_init__(self):
@@ -175,6 +180,9 @@ class KernelSpec:
             raise TypeError(f"{self.name}: backward_atomic, its launches and its IO model go together")
         object.__setattr__(self, "max_registers", MappingProxyType(dict(self.max_registers)))
         object.__setattr__(self, "min_cc", MappingProxyType(dict(self.min_cc)))
+        object.__setattr__(self, "lacks", frozenset(self.lacks))
+        if not self.lacks <= set(FEATURES):
+            raise TypeError(f"{self.name}: lacks must name some of {', '.join(FEATURES)}; got {sorted(self.lacks)}")
         unknown = [t for t in (*self.dtypes, *self.min_cc) if t not in DTYPE_NAMES]
         if unknown or not self.dtypes:
             raise TypeError(f"{self.name}: dtypes must name some of {', '.join(DTYPE_NAMES)}; got {unknown or '()'}")
@@ -213,6 +221,23 @@ class KernelSpec:
         if not self._runs_head_dim(d):
             raise ValueError(f"{arg or 'd'}: head dim d = {d} is not supported by {self.name}; {why}")
         raise UnsupportedOnThisGPU(f"{what} is not supported on this GPU; {why}")  # a ValueError; the CLI: one line
+
+    def has(self, feature: str) -> bool:
+        """Whether the kernel does ``feature`` (one of :data:`FEATURES`)."""
+        if feature not in FEATURES:
+            raise ValueError(f"feature: expected one of {', '.join(FEATURES)}, got {feature!r}")
+        return feature not in self.lacks
+
+    def check_call(self, pass_: str, causal: bool = False, dropout_p: float = 0.0, G: int = 1,
+                   count_hbm: bool = False) -> None:
+        """ValueError naming the argument when a call asks for a feature the kernel lacks."""
+        asked = (("backward", pass_ == "backward", "kernel"), ("causal", causal, "causal"),
+                 ("dropout", dropout_p > 0, "dropout_p"), ("grouped_query", G > 1, "k"),
+                 ("count_hbm", count_hbm, "count_hbm"))
+        for feature, wanted, arg in asked:
+            if wanted and feature in self.lacks:
+                does = ", ".join(f for f in FEATURES if f not in self.lacks) or "a plain forward only"
+                raise ValueError(f"{arg}: {self.name} has no {feature.replace('_', '-')}; it does {does}")
 
     @property
     def supports_atomic(self) -> bool:

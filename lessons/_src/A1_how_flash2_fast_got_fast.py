@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda
 
 import flash_numba as fn
-from flash_numba import device, reference
+from flash_numba import _switches, device, reference
 from flash_numba.course import lessonkit, pictures, recorded
 from flash_numba.course import exercises as ex
 from flash_numba.kernels import flash2_fast
@@ -285,17 +285,17 @@ print(f"here: {fn.resolve_block('flash2_fast', 128, np.float32)} at d = 128")
 
 # %% [markdown]
 # The same kernel code runs either way; only where its tiles live changes. Run both paths here
-# (`_smem.DYNAMIC_ABOVE = 0` sends every block to dynamic shared memory, even a small one) and compare
+# (`_switches.DYNAMIC_ABOVE = 0` sends every block to dynamic shared memory, even a small one) and compare
 # the bits:
 
 # %%
 q_s, k_s, v_s = (rng.standard_normal((2, 37, 16)).astype(np.float32) for _ in range(3))
 o_static = fn.attention_forward(q_s, k_s, v_s, kernel="flash2_fast", causal=True).o
-_smem.DYNAMIC_ABOVE = 0
+_switches.DYNAMIC_ABOVE = 0
 try:
     o_dynamic = fn.attention_forward(q_s, k_s, v_s, kernel="flash2_fast", causal=True).o
 finally:
-    _smem.DYNAMIC_ABOVE = 48 * 1024
+    _switches.DYNAMIC_ABOVE = 48 * 1024
 same_bits = np.array_equal(o_static, o_dynamic)
 print(f"static and dynamic shared memory give the same bits: {same_bits}")
 
@@ -652,12 +652,12 @@ print(f"{copies} blocks per head x {heads} heads = {copies * heads} blocks for 5
 
 # %%
 f_fast = fn.flash_attention_forward(q, k, v, kernel="flash2_fast")
-fast_layout.FORCE_DQ_COPIES = 2
+_switches.FORCE_DQ_COPIES = 2
 try:
     split_a, split_b = (fn.flash_attention_backward(q, k, v, f_fast.o, f_fast.lse, do, kernel="flash2_fast",
                                                     count_hbm=True) for _ in range(2))
 finally:
-    fast_layout.FORCE_DQ_COPIES = None
+    _switches.FORCE_DQ_COPIES = None
 split_bitwise = all(np.array_equal(x, y) for x, y in zip((split_a.dq, split_a.dk, split_a.dv),
                                                          (split_b.dq, split_b.dk, split_b.dv)))
 split_err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip((split_a.dq, split_a.dk, split_a.dv),

@@ -57,6 +57,7 @@ from .layout import (
     FASTMATH,
     NT,
     TX,
+    built_from_tiles,
     device_register_cap,
     dq_lane_groups,
     geometry_kv,
@@ -81,6 +82,7 @@ def _kernel_constants(dtype_name: str):
     return acc, acc_nb_type(dtype), dtype.itemsize, np.dtype(acc).itemsize
 
 
+@built_from_tiles  # dropped when layout's switches change (layout.p_ds_tiles, s_dp_split, dq_lanes)
 @lru_cache(maxsize=None)
 def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bool, maxreg=-1,
                 atomic_dq: bool = False, dropout: bool = False, dynamic: bool = False):

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ... import _inputs, blocks, device
+from ... import _inputs, _switches, blocks, device
 from ...device import STATIC_SHARED_LIMIT
 from .. import flash2 as _flash2
 from .. import _smem
@@ -251,10 +251,6 @@ def choose_atomic_block(d: int, dtype, budget: int) -> tuple[int, int]:
 SHARE_P_DS_MIN_TD = 8
 
 
-#: Force :func:`split_s_dp`'s answer (None: its rule); set it with :func:`s_dp_split`.
-FORCE_SPLIT_S_DP: bool | None = None
-
-
 def split_s_dp(TN: int, cap: int | None) -> bool:
     """Whether the dK/dV kernel of Br = 16 TN queries a step, built with register cap ``cap``, computes S^T in half
     its warps and dP^T in the other half (a TM x 2TN micro-tile of one), not both in every thread (TM x TN of each).
@@ -273,14 +269,9 @@ def split_s_dp(TN: int, cap: int | None) -> bool:
 
     On GPUs without a cap (a T4) the rule applies unmeasured.
     """
-    if FORCE_SPLIT_S_DP is not None:
-        return FORCE_SPLIT_S_DP
+    if _switches.FORCE_SPLIT_S_DP is not None:  # s_dp_split(...)
+        return _switches.FORCE_SPLIT_S_DP
     return TN >= 2 and (cap is None or cap > 128)
-
-
-#: Whether a split dK/dV kernel (:func:`split_s_dp`) splits dV_j and dK_j across warps too, where it can
-#: (:func:`split_dv_dk`; False only to measure it).
-SPLIT_DV_DK = True
 
 
 def split_dv_dk(split: bool, share_p_ds: bool, TD: int) -> bool:
@@ -290,11 +281,7 @@ def split_dv_dk(split: bool, share_p_ds: bool, TD: int) -> bool:
     in the same order.  H200, d = 64, the atomic backward at 32 x 64 (N = 4096, B*H = 32; 2026-12-01, 3c17b6b,
     ``benchmarks/results/h200-2026-12-01-s14/D/``): 10.24-10.26 ms
     against 10.58 (causal 5.22-5.24 against 5.35); where the rule applies elsewhere (a T4, an A100) it is unmeasured."""
-    return SPLIT_DV_DK and split and not share_p_ds and (2 * TD) % 4 == 0
-
-
-#: Force :func:`dq_lane_groups`'s answer (None: its rule; 1 or 2), to measure it.
-FORCE_DQ_LANE_GROUPS: int | None = None
+    return _switches.SPLIT_DV_DK and split and not share_p_ds and (2 * TD) % 4 == 0
 
 
 def dq_lane_groups(RW: int, DP: int, causal_dropout: bool = False) -> int:
@@ -313,8 +300,8 @@ def dq_lane_groups(RW: int, DP: int, causal_dropout: bool = False) -> int:
     only, two groups against one, alternating (2026-12-01, 0cf1fe6, ``benchmarks/results/h200-2026-12-01-s15/E/``):
     atomic 32 x 64 9.83 / 9.91 ms against 10.07 / 10.26 (causal
     4.99 / 5.06 against 5.10 / 5.22); the deterministic default at 32 x 32 12.19 / 12.19 against 12.25 / 12.24."""
-    if FORCE_DQ_LANE_GROUPS is not None:
-        return FORCE_DQ_LANE_GROUPS
+    if _switches.FORCE_DQ_LANE_GROUPS is not None:  # dq_lanes(...)
+        return _switches.FORCE_DQ_LANE_GROUPS
     if causal_dropout:
         return 1
 
@@ -325,12 +312,13 @@ def dq_lane_groups(RW: int, DP: int, causal_dropout: bool = False) -> int:
 
 
 def s_dp_split(split: bool | None):
-    """Within: :data:`FORCE_SPLIT_S_DP` is ``split``; kernels and launch plans dropped on entry and on exit."""
+    """Within: ``_switches.FORCE_SPLIT_S_DP`` is ``split``; kernels and launch plans dropped on entry and on exit."""
     return _rebuilt_with("FORCE_SPLIT_S_DP", split)
 
 
 def dq_lanes(groups: int | None):
-    """Within: :data:`FORCE_DQ_LANE_GROUPS` is ``groups``; kernels and launch plans dropped on entry and on exit."""
+    """Within: ``_switches.FORCE_DQ_LANE_GROUPS`` is ``groups``; kernels and launch plans dropped on entry and on
+    exit."""
     return _rebuilt_with("FORCE_DQ_LANE_GROUPS", groups)
 
 
@@ -338,27 +326,37 @@ def p_ds_tiles(share: bool):
     """Within: the dK/dV kernel keeps P and dS in one tile (``share``) or in two, at every head dim, to time the two
     (lesson 10).  The kernels, the blocks-per-SM table and the launch plans built from the tiles are dropped on entry
     and on exit, so that each call builds what it runs."""
-    return _rebuilt_with("SHARE_P_DS_MIN_TD", 0 if share else 1 << 30)
+    return _rebuilt_with("SHARE_P_DS", bool(share))
 
 
 @contextmanager
 def _rebuilt_with(name: str, value):
-    """Within: this module's ``name`` is ``value``, with what was built from it dropped on entry and on exit."""
-    saved = globals()[name]
-    globals()[name] = value
+    """Within: the switch ``_switches.<name>`` is ``value``; what was built from it is dropped on entry and on exit."""
+    saved = getattr(_switches, name)
+    setattr(_switches, name, value)
     _drop_tile_builds()
     try:
         yield
     finally:
-        globals()[name] = saved
+        setattr(_switches, name, saved)
         _drop_tile_builds()
+
+
+#: Caches of what is built from the tile layout (the kernel factories register theirs: :func:`built_from_tiles`).
+_TILE_BUILDS: list = []
+
+
+def built_from_tiles(cached):
+    """Register an ``lru_cache``-d factory whose results depend on the tile switches; returns it (a decorator)."""
+    _TILE_BUILDS.append(cached)
+    return cached
 
 
 def _drop_tile_builds() -> None:
     from ... import _launch_plan
-    from .backward import dkdv_kernel
 
-    dkdv_kernel.cache_clear()
+    for cached in _TILE_BUILDS:
+        cached.cache_clear()
     kvq_blocks_per_sm.cache_clear()
     _launch_plan._PLANS.clear()
 
@@ -370,7 +368,7 @@ def geometry_kv(d: int, TM: int, TN: int, dtype) -> dict:
     a, vec, TD, DP = _columns(d, dtype)
     Bc, Br = TY * TM, TX * TN
     KS, QS, PS = Bc + vec, DP + vec, Bc + vec
-    share = TD >= SHARE_P_DS_MIN_TD
+    share = TD >= SHARE_P_DS_MIN_TD if _switches.SHARE_P_DS is None else _switches.SHARE_P_DS  # p_ds_tiles(...)
     # K_j^T, V_j^T, Q_i, dO_i (row-major), P, dS (or P then dS), L, D
     tiles = (DP * KS, DP * KS, Br * QS, Br * QS) + ((Br * PS,) if share else (Br * PS, Br * PS)) + (Br, Br)
     return dict(Br=Br, Bc=Bc, TD=TD, DP=DP, KS=KS, QS=QS, PS=PS, tiles=tiles, share_p_ds=share,
@@ -418,9 +416,6 @@ DQ_SPLIT_MIN_EFFICIENCY = 0.7
 _UNCAPPED_KVQ_REGISTERS = {5: 136, 6: 128, 8: 168}
 #: What ptxas took for the other uncapped builds measured: 159-168 (sm_75 at d = 64, sm_90 at d = 128).
 _UNCAPPED_KVQ_DEFAULT = 168
-#: Tests and benchmarks set this to run a given number of dQ copies (0: the two-pass backward) whatever
-#: the device; None: :func:`split_dq_copies` chooses.
-FORCE_DQ_COPIES: int | None = None
 _REGISTERS_PER_SM = 65536  # every GPU from cc 5.0 on
 _MAX_BLOCKS_PER_SM = 16
 
@@ -461,9 +456,9 @@ def dq_copies(BHkv: int, Tc: int, dq_bytes: int, slots: int, limit: int = DQ_COP
 
 def split_dq_copies(BH: int, G: int, Nq: int, Nk: int, d: int, dtype, block) -> int:
     """:func:`dq_copies` for a call on this device (0: the two-pass backward runs), block = (Br, Bc);
-    :data:`FORCE_DQ_COPIES` where set."""
-    if FORCE_DQ_COPIES is not None:
-        return FORCE_DQ_COPIES
+    ``_switches.FORCE_DQ_COPIES`` where set."""
+    if _switches.FORCE_DQ_COPIES is not None:
+        return _switches.FORCE_DQ_COPIES
     info = device.info()
     Br, Bc = block
     slots = info.sm_count * kvq_blocks_per_sm(Br, Bc, d, dtype, info.compute_capability, info.shared_mem_per_sm)

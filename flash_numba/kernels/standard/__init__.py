@@ -154,13 +154,11 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
     ``{"q", "k", "v", "S", "P", "O", "L", "ml"}`` (``ml``: m_i and l_i, (BH, 2, Nq)).
     Running the launches in order computes what :func:`forward` computes.
     """
-    from ...api import resolve_block
     from ...hbm import Counters
 
     prob, ops = _inputs.prepare({"q": q, "k": k, "v": v}, causal=causal, scale=scale)
-    dtype = "bfloat16" if prob.dtype_name == "bfloat16" else prob.dtype  # (resolve_block takes NumPy dtypes)
-    block = SPEC.block(prob.d, dtype, "forward", block) if dtype == "bfloat16" else resolve_block(
-        "standard", prob.d, dtype, block, "forward")
+    SPEC.check_supported(prob.d, prob.dtype_name, arg="q")
+    block = SPEC.block(prob.d, prob.dtype_name, "forward", block)
     steps, out = _forward_steps(prob, ops, block, Counters(False))
     return steps, {**{name: ops[name].dev for name in ("q", "k", "v")}, **out}
 

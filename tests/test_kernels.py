@@ -1,0 +1,718 @@
+"""The test matrix: the checks every kernel must pass, once for each kernel and each storage dtype it runs.
+
+Every check below runs for every spec in :data:`flash_numba.kernels.NAMES` and every dtype in its
+``dtypes`` (a kernel appended to NAMES gets the whole matrix); a check that needs a feature runs
+where the spec does not list it in ``lacks`` (``KernelSpec.has``).  Per-kernel files keep only the
+kernel's own rules (its block choice, its IO model's closed form, its variants).
+
+What a result is held to, against the float64 reference computed from the same (rounded) inputs:
+
+* **float32, float64**: ``max |x - ref| / max(max |ref|, 1) <= floor``, the arithmetic's bound
+  ``floor = 4 u (d + Nk + 8)`` (u the unit roundoff of the accumulation dtype: a dot product of n terms
+  is off by at most about n u; O and the gradients chain a length-d product, the exp and a length-Nk
+  product).
+* **float16, bfloat16**: Dao-AILab's rule, the error at most ``DAO`` times that of a plain
+  implementation done and rounded in the same dtype (:func:`plain`), plus the floor of the float32
+  accumulation and the output's own rounding (u; on a handful of outputs the plain error can be a
+  lucky fraction of an ulp).  Where there is no plain baseline (grouped, strided, dropout), the floor plus
+  ``ROUNDINGS`` roundings to the storage dtype of quantities of size ``max |ref|`` (inputs rounded
+  once, P and dS stored at most once each on the way, the output rounded once).
+
+Sizes are the simulator's (N <= 29, d <= 16) and awkward: N = 1, 17, Nq != Nk both ways, blocks that
+cut the sequences (``small_block``), causal rows that see no key.  Outputs are poisoned (NaN-filled
+before launch, tests/conftest.py), so an element a kernel forgets shows up as NaN.  bfloat16 inputs are
+``ml_dtypes.bfloat16`` arrays (flash_numba's host path for bfloat16), compared in float64 from their
+uint16 words.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import flash_numba as fn
+from flash_numba import _switches, iomodel, kernels, reference
+
+DAO = 3  # Dao-AILab's rule: at most ~2x a plain same-precision implementation's error; 3 leaves room for the draw
+ROUNDINGS = 4
+HALF = ("float16", "bfloat16")
+
+MATRIX = [pytest.param(name, dtype, id=f"{name}-{dtype}") for name in kernels.NAMES
+          for dtype in kernels.get(name).dtypes]
+
+
+def matrix(feature=None, dtypes=None):
+    """The (kernel, dtype) pairs that run a check: those whose spec has ``feature``, at ``dtypes`` (None: all)."""
+    return [p for p in MATRIX if (feature is None or kernels.get(p.values[0]).has(feature))
+            and (dtypes is None or p.values[1] in dtypes)]
+
+
+# ---------------------------------------------------------------------------------- dtypes and bounds
+
+
+def unit_roundoff(dtype: str) -> float:
+    return {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}[dtype]
+
+
+def acc_name(dtype: str) -> str:
+    """The accumulation dtype: float64 for float64 storage, else float32."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def floor(dtype: str, Nk: int, d: int) -> float:
+    """The accumulation's bound (module docstring)."""
+    return 4 * unit_roundoff(acc_name(dtype)) * (d + Nk + 8)
+
+
+def feature_tol(dtype: str, Nk: int, d: int) -> float:
+    """The bound where there is no plain baseline (module docstring)."""
+    extra = ROUNDINGS * 2 * unit_roundoff(dtype) if dtype in HALF else 0.0
+    return floor(dtype, Nk, d) + extra
+
+
+def bf16_round(x):
+    """float64/float32 values rounded to bfloat16 (nearest even), as float32."""
+    words = bf16_words(x)
+    return (words.astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_words(x):
+    """bfloat16 words (uint16) of float values: round to nearest even, NaN kept NaN."""
+    x = np.asarray(x, np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    words = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), words)
+
+
+def stored(x, dtype: str):
+    """Float values as a kernel's input in ``dtype`` (bfloat16: an ``ml_dtypes.bfloat16`` array)."""
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 host arrays are ml_dtypes.bfloat16")
+        return bf16_words(x).view(ml_dtypes.bfloat16)
+    return np.asarray(x).astype(dtype)
+
+
+def as64(x, dtype: str | None = None):
+    """A result (host or device array) as float64; bfloat16 results from their 16-bit words."""
+    x = np.asarray(x.copy_to_host() if hasattr(x, "copy_to_host") else x)
+    if dtype == "bfloat16" or x.dtype == np.uint16 or x.dtype.name == "bfloat16":
+        return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
+
+
+def err(got, want, dtype=None) -> float:
+    """max |got - want| / max(max |want|, 1): relative, absolute where every entry is below 1 (gradients
+    that cancel to rounding noise); NaN in ``got`` where ``want`` is finite fails."""
+    got, want = as64(got, dtype), np.asarray(want, np.float64)
+    fin = np.isfinite(want)
+    assert np.array_equal(np.isfinite(got), fin), "non-finite entries where the reference has none"
+    if not fin.any():
+        return 0.0
+    return float(np.abs(got[fin] - want[fin]).max() / max(np.abs(want[fin]).max(), 1.0))
+
+
+def inputs(rng, dtype, lead, Nq, Nk, d, Hkv=None, spread=1.0):
+    """q, k, v, do in ``dtype`` and their float64 values (q and k times ``spread``); ``Hkv``: k and v with
+    that many heads (grouped-query attention, lead[-1] query heads)."""
+    kv_lead = lead if Hkv is None else lead[:-1] + (Hkv,)
+    raw = (spread * rng.standard_normal(lead + (Nq, d)), spread * rng.standard_normal(kv_lead + (Nk, d)),
+           rng.standard_normal(kv_lead + (Nk, d)), rng.standard_normal(lead + (Nq, d)))
+    xs = tuple(stored(x, dtype) for x in raw)
+    return xs, tuple(as64(x, dtype) for x in xs)
+
+
+def small_block(name, d, dtype):
+    """A block of the kernel's that cuts the test sizes into several blocks (None: fixed tiles)."""
+    spec = kernels.get(name)
+    if not spec.uses_blocks:
+        return None
+    dt = np.dtype(np.uint16 if dtype == "bfloat16" else dtype)
+    for block in ((16, 16), (8, 16), (16, 32), (32, 16), (32, 32)):
+        try:
+            for pass_ in ("forward", "backward"):
+                spec.block(d, dt, pass_, block, budget=fn.device.STATIC_SHARED_LIMIT)
+            return block
+        except ValueError:
+            continue
+    raise AssertionError(f"{name} takes none of the small blocks at d = {d}")
+
+
+def backwards(name):
+    """The ``deterministic`` values whose backwards differ: (True, False) with an atomic backward."""
+    return (True, False) if kernels.get(name).supports_atomic else (True,)
+
+
+def run(name, q, k, v, do, *, causal=False, block=None, count_hbm=False, deterministic=True, **kw):
+    f = fn.attention_forward(q, k, v, kernel=name, causal=causal, block=block, count_hbm=count_hbm, **kw)
+    b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=name, causal=causal, block=block, count_hbm=count_hbm,
+                              deterministic=deterministic, **kw) if kernels.get(name).has("backward") else None
+    return f, b
+
+
+# ------------------------------------------------------------------------- the plain baseline (Dao's rule)
+
+
+def _plain_ops(dtype):
+    """(work dtype, rounding) of an implementation done and rounded in ``dtype``."""
+    if dtype == "bfloat16":
+        return np.float32, bf16_round
+    return np.dtype(dtype).type, lambda x: x
+
+
+def plain(q, k, v, do, *, causal, dtype, scale=None):
+    """o and (dq, dk, dv) of attention with every operation done and rounded in ``dtype`` (P kept from the
+    forward, as autograd keeps it): the baseline of Dao-AILab's rule.  Sums in the storage dtype (float16: NumPy
+    sums in float32 and rounds; bfloat16: float32 sums rounded to bfloat16), the same on every machine."""
+    W, R = _plain_ops(dtype)
+    mm = reference.plain_matmul
+    q, k, v, do = (np.asarray(x, np.float64).astype(W) for x in (q, k, v, do))
+    s = W(1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    S = R(mm(R(q * s), k.swapaxes(-1, -2)))
+    if causal:
+        S = np.where(reference.causal_mask(q.shape[-2], k.shape[-2]), S, W(-np.inf))
+    m = S.max(axis=-1, keepdims=True)
+    P = R(np.exp(R(S - np.where(np.isfinite(m), m, W(0)))))
+    l_ = R(P.sum(axis=-1, keepdims=True))
+    P = R(P / np.where(l_ > 0, l_, W(1)))
+    o = R(mm(P, v))
+    dv = R(mm(P.swapaxes(-1, -2), do))
+    dS = R(P * R(R(mm(do, v.swapaxes(-1, -2))) - R((do * o).sum(axis=-1, keepdims=True))))
+    return o, (R(R(mm(dS, k)) * s), R(R(mm(dS.swapaxes(-1, -2), q)) * s), dv)
+
+
+def check(got, want, dtype, Nk, d, plain_value=None, what=""):
+    """``got`` within the floor (float32, float64) or within Dao's rule against ``plain_value``."""
+    e = err(got, want, dtype)
+    bound = floor(dtype, Nk, d)
+    if dtype in HALF:  # plus the output's own rounding to the storage dtype, which no implementation avoids
+        bound = (bound + DAO * err(plain_value, want) + unit_roundoff(dtype) if plain_value is not None
+                 else feature_tol(dtype, Nk, d))
+    assert e <= bound, f"{what}: error {e:.3g} > {bound:.3g}"
+
+
+# ------------------------------------------------------------------------------ values against float64
+
+# (lead, Nq, Nk, d, causal): tiles cut by both sequences, Nq < Nk and Nq > Nk (rows that see no key when
+# causal), a single query row that sees every key, a single key (one query and one key:
+# test_a_single_query_and_key; several heads: the grouped, strided and dropout checks)
+SHAPES = [
+    ((1,), 17, 17, 8, False),
+    ((1, 1), 13, 29, 5, True),
+    ((), 29, 11, 4, True),
+    ((1,), 1, 9, 4, True),
+    ((1,), 9, 1, 4, True),
+]
+
+
+@pytest.mark.parametrize("lead, Nq, Nk, d, causal", SHAPES)
+@pytest.mark.parametrize("name, dtype", MATRIX)
+def test_values_against_float64(rng, name, dtype, lead, Nq, Nk, d, causal):
+    """Forward, then every backward from the kernel's own o and lse, against the float64 reference from the
+    same inputs; rows that see no key give o = 0, lse = -inf, dq = 0 exactly; nothing left unwritten."""
+    spec = kernels.get(name)
+    if causal and not spec.has("causal"):
+        pytest.skip(f"{name} lacks causal (its spec)")
+    assert _switches.POISON_OUTPUTS  # outputs start as NaN: an element never written fails below
+    (q, k, v, do), (q64, k64, v64, do64) = inputs(rng, dtype, lead, Nq, Nk, d)
+    block = small_block(name, d, dtype)
+    f = fn.attention_forward(q, k, v, kernel=name, causal=causal, block=block)
+    assert f.kernel == name and f.block == block
+    assert f.o.shape == q.shape and f.lse.shape == lead + (Nq,) and f.o.dtype == q.dtype
+    assert f.lse.dtype == np.dtype(acc_name(dtype))
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
+    plain_o, plain_grads = plain(q64, k64, v64, do64, causal=causal, dtype=dtype)
+    check(f.o, o_ref, dtype, Nk, d, plain_o, "o")
+    blind = np.isneginf(lse_ref)
+    assert np.array_equal(np.isneginf(f.lse), blind)
+    assert np.all(as64(f.o, dtype)[blind] == 0)
+    fin = ~blind
+    if fin.any():  # lse in the accumulation dtype: the floor relative to |lse|, plus S stored once in a half dtype
+        S = q64 @ k64.swapaxes(-1, -2) / math.sqrt(d)
+        bound = floor(dtype, Nk, d) * max(1.0, np.abs(lse_ref[fin]).max())
+        bound += 2 * unit_roundoff(dtype) * max(1.0, np.abs(S).max()) if dtype in HALF else 0.0
+        assert np.abs(f.lse[fin] - lse_ref[fin]).max() <= bound
+    if not spec.has("backward"):
+        return
+    o_in, lse_in = as64(f.o, dtype), np.asarray(f.lse, np.float64)
+    grads_ref = reference.attention_backward(q64, k64, v64, o_in, lse_in, do64, causal=causal)
+    for deterministic in backwards(name):
+        b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=name, causal=causal, block=block,
+                                  deterministic=deterministic)
+        assert b.kernel == name and b.block == f.block
+        for what, g, like, ref, base in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), (q, k, v), grads_ref, plain_grads):
+            assert g.shape == like.shape and g.dtype == like.dtype, what
+            check(g, ref, dtype, Nk, d, base, f"{what} (deterministic={deterministic})")
+        assert np.all(as64(b.dq, dtype)[blind] == 0)
+
+
+@pytest.mark.parametrize("name, dtype", MATRIX)
+def test_large_scores_stay_finite_and_within_the_rule(name, dtype):
+    """Scores of +-C + O(1) (rows alternate sign), v ~ 1000: an implementation that exponentiates without
+    subtracting the running max overflows.  Dao's rule against the plain implementation in every dtype
+    (its scores round alike: C u is not small), float32's C = 1e4, the half dtypes' 1e3 (causal)."""
+    half = dtype in HALF
+    C, causal, Nq, Nk, d = (1e3, True, 9, 11, 8) if half else (1e4, False, 9, 12, 8)
+    if causal and not kernels.get(name).has("causal"):
+        causal = False
+    rng = np.random.default_rng(6)
+    q, k, v, do = (rng.standard_normal((1, n, d)) for n in (Nq, Nk, Nk, Nq))
+    a = math.sqrt(C * math.sqrt(d))  # scale * a^2 = C
+    q[..., 0] = a * np.where(np.arange(Nq) % 2, 1, -1)
+    k[..., 0] = a
+    xs = tuple(stored(x, dtype) for x in (q, k, 1000 * v, 1e-3 * do))
+    q64, k64, v64, do64 = (as64(x, dtype) for x in xs)
+    f, b = run(name, *xs, causal=causal)
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
+    plain_o, plain_grads = plain(q64, k64, v64, do64, causal=causal, dtype=dtype)
+    assert np.isfinite(as64(f.o, dtype)).all() and np.isfinite(f.lse).all()
+    assert err(f.o, o_ref, dtype) <= DAO * err(plain_o, o_ref) + 1e-6
+    if b is None:
+        return
+    grads = reference.attention_backward(q64, k64, v64, o_ref, lse_ref, do64, causal=causal)
+    for what, g, base, want in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), plain_grads, grads):
+        assert np.isfinite(as64(g, dtype)).all(), what
+        assert err(g, want, dtype) <= DAO * err(base, want) + 1e-6, what
+
+
+# ------------------------------------------------------------------ counted bytes, determinism, poisoning
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name, dtype", matrix("count_hbm"))
+def test_counted_bytes_equal_the_io_model(rng, name, dtype, causal):
+    """Counted bytes == the IO model, launch by launch, for every backward; counting changes no bit of a
+    result; repeated calls (deterministic=True) are bitwise identical."""
+    spec = kernels.get(name)
+    if causal and not spec.has("causal"):
+        pytest.skip(f"{name} lacks causal (its spec)")
+    BH, Nq, Nk, d = 1, 9, 20, 4
+    (q, k, v, do), _ = inputs(rng, dtype, (BH,), Nq, Nk, d)
+    block = small_block(name, d, dtype)
+    dt = q.dtype
+    for deterministic in backwards(name):
+        fc, bc = run(name, q, k, v, do, causal=causal, block=block, count_hbm=True, deterministic=deterministic)
+        assert fc.hbm == iomodel.forward(name, BH, Nq, Nk, d, dt, causal, fc.block)
+        assert list(fc.hbm.per_kernel) == [n for n in spec.launches("forward") if n in fc.hbm.per_kernel]
+        plain_runs = [run(name, q, k, v, do, causal=causal, block=block, deterministic=deterministic)
+                      for _ in range(2 if deterministic else 1)]
+        for f, b in plain_runs:
+            assert f.hbm is None and np.array_equal(f.o, fc.o) and np.array_equal(f.lse, fc.lse)
+        if bc is None:
+            continue
+        assert bc.hbm == iomodel.backward(name, BH, Nq, Nk, d, dt, causal, bc.block, deterministic=deterministic)
+        assert set(bc.hbm.per_kernel) <= set(spec.launches("backward", deterministic))
+        for f, b in plain_runs[: 2 if deterministic else 0]:  # the atomic backward may round dQ differently
+            for x, y in zip((b.dq, b.dk, b.dv), (bc.dq, bc.dk, bc.dv)):
+                assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("count", (False, True), ids=("plain", "count"))
+@pytest.mark.parametrize("name, dtype", MATRIX)
+def test_default_blocks_at_sizes_that_fit_no_block(rng, name, dtype, count):
+    """Nq = 13, Nk = 11, d = 7 (count: causal, Nq and Nk swapped), the kernel's own blocks: an index past an
+    array's end raises IndexError in the simulator, a forgotten element stays NaN; counts == model."""
+    spec = kernels.get(name)
+    if count and not (spec.has("count_hbm") and spec.has("causal")):
+        pytest.skip(f"{name} lacks count_hbm or causal (its spec)")
+    Nq, Nk, causal, d = (11, 13, True, 7) if count else (13, 11, False, 7)
+    (q, k, v, do), (q64, k64, v64, do64) = inputs(rng, dtype, (1,), Nq, Nk, d)
+    f, b = run(name, q, k, v, do, causal=causal, count_hbm=count)
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
+    plain_o, plain_grads = plain(q64, k64, v64, do64, causal=causal, dtype=dtype)
+    check(f.o, o_ref, dtype, Nk, d, plain_o, "o")
+    if b is not None:
+        grads = reference.attention_backward(q64, k64, v64, o_ref, lse_ref, do64, causal=causal)
+        for what, g, ref, base in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), grads, plain_grads):
+            check(g, ref, dtype, Nk, d, base, what)
+    if count:
+        assert f.hbm == iomodel.forward(name, 1, Nq, Nk, d, q.dtype, causal, f.block)
+        assert b is None or b.hbm == iomodel.backward(name, 1, Nq, Nk, d, q.dtype, causal, b.block)
+    else:
+        assert f.hbm is None and (b is None or b.hbm is None)
+
+
+# ------------------------------------------------------------------------------------- edge values
+
+
+@pytest.mark.parametrize("name, dtype", MATRIX)
+def test_a_single_query_and_key(rng, name, dtype):
+    """N = 1: softmax of one score is 1, so o = v, lse = s, dv = do and dq = dk = 0 (up to rounding)."""
+    (q, k, v, do), (q64, k64, v64, do64) = inputs(rng, dtype, (1,), 1, 1, 5)
+    f, b = run(name, q, k, v, do)
+    u = unit_roundoff(dtype)
+    np.testing.assert_allclose(as64(f.o, dtype), v64, rtol=2 * u)
+    s = float(q64[0, 0] @ k64[0, 0]) / math.sqrt(5)
+    tol = floor(dtype, 1, 5) + (2 * u * max(1.0, abs(s)) if dtype in HALF else 0.0)  # S stored in a half dtype
+    np.testing.assert_allclose(f.lse, [[s]], rtol=tol, atol=tol)
+    if b is not None:
+        np.testing.assert_allclose(as64(b.dv, dtype), do64, rtol=2 * u)
+        size = np.abs(do64).sum() * np.abs(v64).max() * np.abs(k64).max()  # |dS| <= its rounding, times |k|
+        assert np.abs(as64(b.dq, dtype)).max() <= 4 * u * size and np.abs(as64(b.dk, dtype)).max() <= 4 * u * size
+
+
+@pytest.mark.parametrize("name, dtype", MATRIX)
+def test_scale_zero_is_uniform_attention(rng, name, dtype):
+    """scale = 0: row i attends uniformly to its visible keys: o_i = their mean, lse_i = log(count), dq = dk = 0."""
+    causal = kernels.get(name).has("causal")
+    Nq, Nk = 5, 7
+    (q, k, v, do), (_, _, v64, do64) = inputs(rng, dtype, (1,), Nq, Nk, 3)
+    f, b = run(name, q, k, v, do, causal=causal, scale=0.0)
+    visible = reference.causal_mask(Nq, Nk) if causal else np.ones((Nq, Nk), bool)
+    count = visible.sum(axis=1)
+    tol = floor(dtype, Nk, 3) + 2 * unit_roundoff(dtype)
+    np.testing.assert_allclose(as64(f.o, dtype)[0], (visible @ v64[0]) / count[:, None], rtol=tol, atol=tol)
+    np.testing.assert_allclose(f.lse[0], np.log(count), rtol=floor(dtype, Nk, 3))
+    if b is not None:
+        assert np.all(as64(b.dq, dtype) == 0) and np.all(as64(b.dk, dtype) == 0)
+        np.testing.assert_allclose(as64(b.dv, dtype)[0], (visible / count[:, None]).T @ do64[0], rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------------- grouped-query attention
+
+
+# (lead of q, heads of k and v, Nq, Nk, d, causal): G = 2 over a batch of 2 (kv head b Hkv + h // G), a key
+# block walking two query blocks of each query head of its group; multi-query with one query row
+GQA = [((2, 2), 1, 17, 9, 4, False), ((1, 4), 1, 1, 17, 8, True)]
+
+
+@pytest.mark.parametrize("lead, Hkv, Nq, Nk, d, causal", GQA)
+@pytest.mark.parametrize("name, dtype", matrix("grouped_query"))
+def test_grouped_query_attention(rng, name, dtype, lead, Hkv, Nq, Nk, d, causal):
+    """Query head h attends with key/value head h // G; dK, dV sum over the group.  Against the float64
+    reference, and the counted bytes against the IO model with G."""
+    spec = kernels.get(name)
+    causal = causal and spec.has("causal")
+    (q, k, v, do), (q64, k64, v64, do64) = inputs(rng, dtype, lead, Nq, Nk, d, Hkv=Hkv)
+    BH, G, block = int(np.prod(lead)), lead[-1] // Hkv, small_block(name, d, dtype)
+    count = spec.has("count_hbm")
+    f = fn.attention_forward(q, k, v, kernel=name, causal=causal, block=block, count_hbm=count)
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
+    check(f.o, o_ref, dtype, Nk, d, what="o")
+    assert not count or f.hbm == iomodel.forward(name, BH, Nq, Nk, d, q.dtype, causal, f.block, G=G)
+    if not spec.has("backward"):
+        return
+    grads_ref = reference.attention_backward(q64, k64, v64, as64(f.o, dtype), np.asarray(f.lse, np.float64), do64,
+                                             causal=causal)
+    for deterministic in backwards(name):
+        b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=name, causal=causal, block=block, count_hbm=count,
+                                  deterministic=deterministic)
+        for what, g, ref, like in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), grads_ref, (q, k, v)):
+            assert g.shape == like.shape, what
+            check(g, ref, dtype, Nk * G, d, what=f"{what} (deterministic={deterministic})")
+        if count:
+            want = iomodel.backward(name, BH, Nq, Nk, d, q.dtype, causal, b.block, deterministic=deterministic, G=G)
+            assert b.hbm == want and b.hbm.terms == want.terms
+
+
+@pytest.mark.parametrize("name, dtype", matrix("grouped_query", dtypes=HALF))
+def test_grouped_query_equals_repeated_kv_in_half_precision(rng, name, dtype):
+    """GQA is attention on K and V repeated over each group: O, L and dQ bitwise (the same arithmetic on the
+    same values), dK and dV the group sums.  Ours rounds each sum once to the storage dtype (after adding in
+    float32), the repeated call rounds every head's term: |diff| <= u (|sum| + sum |term|), plus float32
+    rounding of the sum (2^-24 per term, far below).  (float32 and float64 sum the group in their own
+    precision, where the order of the additions shows: test_grouped_query_attention holds them.)"""
+    causal = kernels.get(name).has("causal")
+    lead, Hkv, N, d, G = (1, 2), 1, 9, 4, 2
+    (q, k, v, do), _ = inputs(rng, dtype, lead, N, N, d, Hkv=Hkv)
+    kr, vr = (np.repeat(x, G, axis=-3) for x in (k, v))
+    f = fn.attention_forward(q, k, v, kernel=name, causal=causal)
+    fr = fn.attention_forward(q, kr, vr, kernel=name, causal=causal)
+    assert np.array_equal(f.o, fr.o) and np.array_equal(f.lse, fr.lse)
+    if not kernels.get(name).has("backward"):
+        return
+    b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=name, causal=causal)
+    br = fn.attention_backward(q, kr, vr, f.o, f.lse, do, kernel=name, causal=causal)
+    assert np.array_equal(b.dq, br.dq)
+    for g, gr in ((b.dk, br.dk), (b.dv, br.dv)):
+        terms = as64(gr, dtype).reshape(1, Hkv, G, N, d)
+        total = terms.sum(axis=2)
+        bound = unit_roundoff(dtype) * (np.abs(total) + np.abs(terms).sum(axis=2)) + 1e-6
+        assert g.shape == k.shape
+        assert np.all(np.abs(as64(g, dtype) - total) <= bound)
+
+
+# ------------------------------------------------------------------------------------------- dropout
+
+
+@pytest.mark.parametrize("causal, p", [(False, 0.25), (True, 0.5)])
+@pytest.mark.parametrize("name, dtype", matrix("dropout"))
+def test_dropout_matches_the_reference_with_the_same_mask(rng, name, dtype, causal, p):
+    """Grouped heads where the kernel has them (G = 2: the mask is per query head), Nq = 9, Nk = 20:
+    O and L, then every backward, against the reference with the same mask; counted bytes == the IO
+    model (no mask in HBM)."""
+    spec = kernels.get(name)
+    causal = causal and spec.has("causal")
+    Hkv = 1 if spec.has("grouped_query") else 2
+    lead, Nq, Nk, d, seed = (1, 2), 9, 20, 4, 2024
+    (q, k, v, do), (q64, k64, v64, do64) = inputs(rng, dtype, lead, Nq, Nk, d, Hkv=Hkv)
+    BH, G, block = 2, 2 // Hkv, small_block(name, d, dtype)
+    count = spec.has("count_hbm")
+    f = fn.attention_forward(q, k, v, kernel=name, causal=causal, block=block, count_hbm=count, dropout_p=p,
+                             dropout_seed=seed)
+    assert f.dropout_seed == seed
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal, dropout_p=p, dropout_seed=seed)
+    check(f.o, o_ref, dtype, Nk, d, what="o")
+    assert err(f.lse, lse_ref) <= feature_tol(dtype, Nk, d) * max(1.0, np.abs(lse_ref).max())
+    assert not count or f.hbm == iomodel.forward(name, BH, Nq, Nk, d, q.dtype, causal, f.block, G=G)
+    if not spec.has("backward"):
+        return
+    grads_ref = reference.attention_backward(q64, k64, v64, as64(f.o, dtype), np.asarray(f.lse, np.float64), do64,
+                                             causal=causal, dropout_p=p, dropout_seed=seed)
+    for deterministic in backwards(name):
+        b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=name, causal=causal, block=block, count_hbm=count,
+                                  deterministic=deterministic, dropout_p=p, dropout_seed=seed)
+        for what, g, ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), grads_ref):
+            check(g, ref, dtype, Nk * G, d, what=f"{what} (deterministic={deterministic})")
+        assert not count or b.hbm == iomodel.backward(name, BH, Nq, Nk, d, q.dtype, causal, b.block,
+                                                      deterministic=deterministic, G=G)
+
+
+@pytest.mark.parametrize("name, dtype", MATRIX)
+def test_dropout_p_zero_is_attention_without_dropout_bitwise(rng, name, dtype):
+    """dropout_p=0 (with or without a seed) runs the kernels without dropout: bitwise the same results, and
+    no seed in the result (every kernel, dropout or not)."""
+    causal = kernels.get(name).has("causal")
+    (q, k, v, do), _ = inputs(rng, dtype, (1, 1), 5, 9, 4)
+    plain_ = fn.attention_forward(q, k, v, kernel=name, causal=causal)
+    zero = fn.attention_forward(q, k, v, kernel=name, causal=causal, dropout_p=0.0, dropout_seed=3)
+    assert zero.dropout_seed is None and plain_.dropout_seed is None
+    assert np.array_equal(plain_.o, zero.o) and np.array_equal(plain_.lse, zero.lse)
+    if kernels.get(name).has("backward"):
+        b0 = fn.attention_backward(q, k, v, plain_.o, plain_.lse, do, kernel=name, causal=causal)
+        b1 = fn.attention_backward(q, k, v, plain_.o, plain_.lse, do, kernel=name, causal=causal, dropout_p=0)
+        assert all(np.array_equal(x, y) for x, y in zip((b0.dq, b0.dk, b0.dv), (b1.dq, b1.dk, b1.dv)))
+
+
+# ------------------------------------------------------------------------------------- strided inputs
+
+
+def _strided_check(name, dtype, xs, xs64, dev, causal, relayout):
+    """Forward and every backward on the device views ``dev`` (q, k, v, do) against the reference on the
+    float64 values; o strided too; outputs contiguous; counted bytes == the IO model (layout-free)."""
+    from test_strides import host
+
+    spec = kernels.get(name)
+    q, k = xs[0], xs[1]
+    q64, k64, v64, do64 = xs64
+    dq, dk, dv, ddo = dev
+    BH, G = int(np.prod(q.shape[:-2])), q.shape[-3] // k.shape[-3]
+    Nq, Nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    count, block = spec.has("count_hbm"), small_block(name, d, dtype)
+    f = fn.attention_forward(dq, dk, dv, kernel=name, causal=causal, block=block, count_hbm=count)
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
+    check(host(f.o), o_ref, dtype, Nk, d, what="o")
+    assert not count or f.hbm == iomodel.forward(name, BH, Nq, Nk, d, q.dtype, causal, f.block, G=G)
+    if not spec.has("backward"):
+        return
+    dev_o = relayout(host(f.o))
+    grads_ref = reference.attention_backward(q64, k64, v64, as64(host(f.o), dtype), as64(host(f.lse)), do64,
+                                             causal=causal)
+    for deterministic in backwards(name):
+        b = fn.attention_backward(dq, dk, dv, dev_o, f.lse, ddo, kernel=name, causal=causal, block=block,
+                                  count_hbm=count, deterministic=deterministic)
+        for what, g, ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), grads_ref):
+            assert g.is_c_contiguous(), what  # outputs: contiguous arrays of our own
+            check(host(g), ref, dtype, Nk * G, d, what=f"{what} (deterministic={deterministic})")
+        assert not count or b.hbm == iomodel.backward(name, BH, Nq, Nk, d, q.dtype, causal, b.block,
+                                                      deterministic=deterministic, G=G)
+
+
+@pytest.mark.parametrize("layout, causal, B, H", [("transposed", False, 2, 1), ("packed", True, 2, 2)])
+@pytest.mark.parametrize("name, dtype", MATRIX)
+def test_strided_views(rng, name, dtype, layout, causal, B, H):
+    """(B, H, N, d) = (B, H, 9, 4), q, k, v, o and dO all strided device views: x (B, N, H, d) seen as
+    (B, H, N, d) (``transposed``), or q, k, v slices of one packed (B, N, 3, H, d) buffer (``packed``)."""
+    from test_strides import packed, transposed
+
+    causal = causal and kernels.get(name).has("causal")
+    xs, xs64 = inputs(rng, dtype, (B, H), 9, 9, 4)
+    q, k, v, do = (np.asarray(x) for x in xs)
+    if layout == "transposed":
+        dev = tuple(transposed(x) for x in (q, k, v, do))
+        relayout = transposed
+    else:
+        dev = (*packed(q, k, v), packed(do, do)[1])
+        relayout = lambda o: packed(o, o, o)[2]  # noqa: E731
+    _strided_check(name, dtype, xs, xs64, dev, causal, relayout)
+
+
+@pytest.mark.parametrize("name, dtype", matrix("grouped_query"))
+def test_grouped_query_with_strided_kv(rng, name, dtype):
+    """GQA (Hq = 4, Hkv = 2) with k, v slices of one packed kv buffer, q transposed; Nq = 1, Nk = 17, d = 8."""
+    from test_strides import packed, transposed
+
+    causal = kernels.get(name).has("causal")
+    xs, xs64 = inputs(rng, dtype, (1, 4), 1, 17, 8, Hkv=2)
+    q, k, v, do = (np.asarray(x) for x in xs)
+    dev = (transposed(q), *packed(k, v), transposed(do))
+    _strided_check(name, dtype, xs, xs64, dev, causal, transposed)
+
+
+# ------------------------------------------------------------------------- NaN and Inf (docs/RELIABILITY.md)
+
+
+def _cuda_max(a, b):
+    """max() as CUDA compiles it for floats (fmax): a NaN operand is dropped, whichever side it is on."""
+    if a != a:
+        return b
+    if b != b:
+        return a
+    return a if a >= b else b
+
+
+def _cuda_min(a, b):
+    if a != a:
+        return b
+    if b != b:
+        return a
+    return a if a <= b else b
+
+
+@pytest.fixture(params=["python-max", "cuda-max"])
+def max_semantics(request, monkeypatch):
+    """Run the kernels with Python's max() (the simulator) or with CUDA's fmax semantics.
+
+    Python's max(a, nan) is a but max(nan, a) is nan; on a GPU Numba lowers float max/min to
+    fmax/fmin, which drop NaN on either side.  The kernels' module globals shadow the builtins.
+    """
+    import sys
+
+    if request.param == "cuda-max":
+        if not fn.device.SIMULATOR:
+            pytest.skip("on a GPU the kernels use fmax already")
+        for name in kernels.NAMES:
+            kernels.module(name)  # imported, with its submodules (flash2_fast's forward and backward)
+            for modname, mod in list(sys.modules.items()):
+                if modname == f"flash_numba.kernels.{name}" or modname.startswith(f"flash_numba.kernels.{name}."):
+                    monkeypatch.setattr(mod, "max", _cuda_max, raising=False)
+                    monkeypatch.setattr(mod, "min", _cuda_min, raising=False)
+    return request.param
+
+
+def _rows(mask2d):
+    return [int(i) for i in np.nonzero(mask2d)[0]]
+
+
+def classes(x):
+    """Element by element: 0 finite, 1 NaN, 2 +Inf, 3 -Inf."""
+    x = np.asarray(x, np.float64)
+    return np.select([np.isnan(x), np.isposinf(x), np.isneginf(x)], [1, 2, 3], 0)
+
+
+def assert_like_reference(got, want, tol, what, size=1.0):
+    """NaN, +Inf and -Inf exactly where the reference has them; finite values within ``tol`` of it:
+    max |got - want| / max(max |want|, size), with ``size`` at least 1 or the size of terms that cancel in
+    ``want`` (tests/test_reference.py's grad_sizes; tests/test_fuzz.py)."""
+    np.testing.assert_array_equal(classes(got), classes(want), err_msg=f"{what}: NaN/Inf pattern")
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    fin = np.isfinite(want)
+    if fin.any():
+        e = np.abs(got[fin] - want[fin]).max() / max(np.abs(want[fin]).max(), size, 1.0)
+        assert e <= tol, f"{what}: error {e:.2e} > {tol:.2e}"
+
+
+def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, backward_too=True):
+    """Forward and every backward of ``name`` held to the float64 reference, non-finite pattern included.
+
+    The backward gets the kernel's own o and lse (``lse_edit`` may change lse first), the reference
+    backward the same ones.  Returns the forward result."""
+    q, k, v, do = xs
+    q64, k64, v64, do64 = xs64
+    tol = feature_tol(dtype, k.shape[-2], q.shape[-1])
+    f = fn.attention_forward(q, k, v, kernel=name, causal=causal)
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
+    assert_like_reference(as64(f.o, dtype), o_ref, tol, "o")
+    assert_like_reference(f.lse, lse_ref, tol, "lse")
+    if backward_too and kernels.get(name).has("backward"):
+        lse = np.array(f.lse)
+        if lse_edit is not None:
+            lse_edit(lse)
+        want = reference.attention_backward(q64, k64, v64, as64(f.o, dtype), np.asarray(lse, np.float64), do64,
+                                            causal=causal)
+        for deterministic in backwards(name):
+            b = fn.attention_backward(q, k, v, f.o, lse, do, kernel=name, causal=causal, deterministic=deterministic)
+            for what, got, ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), want):
+                assert_like_reference(as64(got, dtype), ref, tol, f"{what} (deterministic={deterministic})")
+    return f
+
+
+def _special(rng, dtype, Nq, Nk, d, edit):
+    """Inputs of one head with ``edit(q, k, v)`` applied to their float64 values before storing."""
+    raw = [rng.standard_normal((1, n, d)) for n in (Nq, Nk, Nk, Nq)]
+    edit(*raw[:3])
+    xs = tuple(stored(x, dtype) for x in raw)
+    return xs, tuple(as64(x, dtype) for x in xs)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name, dtype", MATRIX)
+def test_nan_and_inf_in_a_row_of_q(rng, name, dtype, max_semantics):
+    """NaN in q row 3, +Inf in row 7 (scores of both signs), -Inf in row 9 against a positive column
+    of k (every score of row 9 is -inf): those rows of o and lse are NaN, the others finite and right.
+
+    The backward (with Python's max; it takes no max) gives NaN in dq rows 3, 7, 9 and in all of dk
+    and dv, as PyTorch does; every position and value as the reference.
+    """
+    def edit(q, k, v):
+        q[0, 3, 2], q[0, 7, 1], q[0, 9, 4] = np.nan, np.inf, -np.inf
+        k[0, :, 4] = np.abs(k[0, :, 4]) + 0.5
+
+    xs, xs64 = _special(rng, dtype, 11, 9, 7, edit)
+    f = check_like_reference(name, dtype, xs, xs64, backward_too=max_semantics == "python-max")
+    o = as64(f.o, dtype)
+    assert _rows(np.isnan(o[0]).all(axis=1)) == [3, 7, 9] and _rows(np.isnan(f.lse[0])) == [3, 7, 9]
+    assert np.isfinite(np.delete(o[0], [3, 7, 9], axis=0)).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name, dtype", matrix("causal"))
+def test_nan_in_k_and_inf_in_v(rng, name, dtype, max_semantics):
+    """Causal, N = 9.  NaN in k row 6: o rows 6..8 (those that see key 6) are NaN.  +Inf in v[3, 0]:
+    column 0 of o is +Inf on rows 3..8 (NaN where k made them NaN) and finite on rows 0..2, which
+    do not see key 3 (a masked key adds nothing: no 0 * Inf).  Backward as the reference."""
+    def edit(q, k, v):
+        k[0, 6, 2] = np.nan
+        v[0, 3, 0] = np.inf
+
+    xs, xs64 = _special(rng, dtype, 9, 9, 5, edit)
+    f = check_like_reference(name, dtype, xs, xs64, causal=True, backward_too=max_semantics == "python-max")
+    o = as64(f.o, dtype)
+    assert np.isnan(o[0, 6:]).all() and np.isposinf(o[0, 3:6, 0]).all()
+    assert np.isfinite(o[0, :3]).all() and np.isfinite(o[0, :6, 1:]).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name, dtype", matrix("causal"))
+def test_rows_the_causal_mask_hides_stay_zero_whatever_the_inputs(rng, name, dtype, max_semantics):
+    """Nq = 13 > Nk = 5, causal: rows 0..7 see no key.  NaN in q row 2 (hidden) and row 9, +Inf in
+    v[4, 3] (seen by row 12 only): hidden rows get o = 0, lse = -inf, dq = 0 and add nothing to dk, dv;
+    row 9 is NaN; everything else as the reference."""
+    def edit(q, k, v):
+        q[0, 2, 1], q[0, 9, 0] = np.nan, np.nan
+        v[0, 4, 3] = np.inf
+
+    xs, xs64 = _special(rng, dtype, 13, 5, 6, edit)
+    f = check_like_reference(name, dtype, xs, xs64, causal=True, backward_too=max_semantics == "python-max")
+    o = as64(f.o, dtype)
+    assert np.all(o[0, :8] == 0) and np.isneginf(f.lse[0, :8]).all() and np.isnan(f.lse[0, 9])
+    if max_semantics == "python-max" and kernels.get(name).has("backward"):
+        q, k, v, do = xs
+        b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=name, causal=True)
+        assert np.all(as64(b.dq, dtype)[0, :8] == 0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name, dtype", matrix("backward"))
+def test_backward_given_an_lse_of_minus_inf_or_minus_1000(rng, name, dtype, causal):
+    """The backward takes P = exp(S - L) with the L it is given, unclamped: for a row that sees keys,
+    L = -inf or -1000 gives P = +Inf there and non-finite gradients where the reference has them (no
+    clamp, no "row sees nothing" shortcut); rows the causal mask hides (Nq = 8 > Nk = 5) still add 0."""
+    if causal and not kernels.get(name).has("causal"):
+        pytest.skip(f"{name} lacks causal (its spec)")
+    xs, xs64 = _special(rng, dtype, 8, 5 if causal else 7, 4, lambda q, k, v: None)
+
+    def edit(lse):
+        lse[0, 4], lse[0, 6] = -np.inf, -1000.0
+
+    check_like_reference(name, dtype, xs, xs64, causal=causal, lse_edit=edit)
