@@ -16,7 +16,6 @@ from flash_numba import iomodel, kernels, reference
 from flash_numba.iomodel import terms
 
 from test_flash2 import err64
-from conftest import skip_unless_runs
 
 # (lead of q, heads of k and v, Nq, Nk, d): G = 2, and multi-query (G = Hq) with a single query row
 SHAPES = [((2, 2), 1, 17, 17, 8), ((1, 4), 1, 1, 17, 16)]  # batch 2 with G = 2: kv head b*Hkv + h // G

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .. import _switches
-from ..device import SIMULATOR, STATIC_SHARED_LIMIT, jit
+from ..device import SIMULATOR, jit
 from ._common import nb_type
 
 ALIGN = 16  # bytes: tiles start on a 16-byte boundary (vector loads)

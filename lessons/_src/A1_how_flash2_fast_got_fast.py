@@ -274,7 +274,6 @@ for d_ in (64, 128):
 # takes the first that fits (with 48 KB, and with an H200's 227 KB):
 
 # %%
-from flash_numba.kernels import _smem
 
 H200_OPTIN = device.SHARED_OPTIN_BY_CC[(9, 0)]
 for d_ in (32, 64, 96, 128):
