@@ -19,7 +19,8 @@ from .api import (  # noqa: E402
     standard_attention_backward,
     standard_attention_forward,
 )
-from ._inputs import DeviceMemoryError, as_bfloat16  # noqa: E402
+from ._inputs import as_bfloat16  # noqa: E402
+from ._memory import DeviceMemoryError  # noqa: E402
 from .decode import DecodeResult, attention_decode  # noqa: E402
 from .device import ConfigurationError, UnsupportedOnThisGPU  # noqa: E402
 from .hbm import HBMCount, KernelBytes  # noqa: E402

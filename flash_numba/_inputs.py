@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _launch_plan, _stream, _switches, _views
+from . import _launch_plan, _memory, _stream, _switches, _views
+from ._memory import DeviceMemoryError  # noqa: F401  (the package exports it from here)
 from .device import SIMULATOR
 
 MAX_HEAD_DIM = 128
@@ -513,61 +514,9 @@ def _torch_buffer(shape, dtype, value):
     return arr
 
 
-class DeviceMemoryError(MemoryError):
-    """A buffer of the call (an output, or a workspace such as standard attention's S and P) does not fit in the
-    GPU's free memory.  Raised before the buffer is allocated where its size is over :data:`CHECK_FREE_FROM`
-    (so before the call's first launch for every kernel that allocates its buffers first), or when the
-    allocation itself fails; the message names the bytes needed and free.  Nothing was launched with the
-    buffer, the CUDA context stays usable, and the next call that fits runs."""
-
-
-#: Buffers of at least this many bytes are checked against the GPU's free memory before they are allocated (a
-#: query of the driver, ~microseconds, against an allocation of that size; smaller ones only if they fail).
-CHECK_FREE_FROM = 1 << 26
-
-
-def _free_bytes() -> tuple[int, int]:
-    """(free, total) bytes of the current GPU, counting memory PyTorch's caching allocator holds unused as free."""
-    if _TORCH_DEVICE.get() is not None:
-        import torch
-
-        dev = _TORCH_DEVICE.get()
-        free, total = torch.cuda.mem_get_info(dev)
-        return free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev), total
-    from numba import cuda
-
-    free, total = cuda.current_context().get_memory_info()
-    return int(free), int(total)
-
-
-def _out_of_memory(shape, dtype, nbytes: int, free: int, total: int) -> DeviceMemoryError:
-    return DeviceMemoryError(
-        f"out of GPU memory: a {tuple(int(s) for s in shape)} {np.dtype(dtype).name} buffer of this call needs "
-        f"{nbytes:,} bytes, and {free:,} of the GPU's {total:,} bytes are free; use a smaller batch or sequence "
-        f"length (standard attention also stores S and P, B*H*Nq*Nk elements each)")
-
-
-def _is_out_of_memory(exc) -> bool:
-    """PyTorch's OutOfMemoryError, or a CUDA_ERROR_OUT_OF_MEMORY from Numba's allocator."""
-    return type(exc).__name__ == "OutOfMemoryError" or "CUDA_ERROR_OUT_OF_MEMORY" in str(exc)
-
-
 def _allocate(make, shape, dtype):
-    """``make()``, a device buffer of ``shape`` and ``dtype``: checked against the free memory first when large,
-    and a failed allocation turned into :class:`DeviceMemoryError`."""
-    if SIMULATOR:
-        return make()
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if nbytes >= CHECK_FREE_FROM:
-        free, total = _free_bytes()
-        if nbytes > free:
-            raise _out_of_memory(shape, dtype, nbytes, free, total)
-    try:
-        return make()
-    except Exception as exc:  # only an allocation that failed for want of memory is ours to explain
-        if not _is_out_of_memory(exc):
-            raise
-        raise _out_of_memory(shape, dtype, nbytes, *_free_bytes()) from exc
+    """``make()``, a buffer of this call: :func:`flash_numba._memory.allocate` with the call's PyTorch device."""
+    return _memory.allocate(make, shape, dtype, _TORCH_DEVICE.get())
 
 
 def empty(shape, dtype):

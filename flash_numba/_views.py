@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _stream
+from . import _memory, _stream
 from .device import SIMULATOR
 
 if SIMULATOR:
@@ -194,11 +194,9 @@ def _contiguous_copy(arr):
         return FakeCUDAArray(np.ascontiguousarray(arr._ary))
     from numba import cuda
 
-    from . import _inputs  # (it imports this module)
-
     shape = tuple(int(s) for s in arr.shape)
-    out = _inputs._allocate(lambda: cuda.device_array(shape, dtype=arr.dtype, stream=_stream.current()), shape,
-                            arr.dtype)
+    out = _memory.allocate(lambda: cuda.device_array(shape, dtype=arr.dtype, stream=_stream.current()), shape,
+                           arr.dtype)
     # Numba's element-wise assignment kernel, on out's stream, strides of both read at run time (not [...]:
     # a device array's __setitem__ takes no Ellipsis)
     out[:] = arr

@@ -485,13 +485,13 @@ def test_sanitize_reads_the_racecheck_summary():
 
 def test_an_allocation_that_cannot_fit_is_one_clear_error(monkeypatch):
     """Checked against the free memory before allocating (large buffers), and a failed allocation is explained."""
-    from flash_numba import _inputs
+    from flash_numba import _memory as _inputs
 
     monkeypatch.setattr(_inputs, "SIMULATOR", False)  # the check itself is host code: run it here too
-    monkeypatch.setattr(_inputs, "_free_bytes", lambda: (1000, 8000))
+    monkeypatch.setattr(_inputs, "free_bytes", lambda torch_device=None: (1000, 8000))
     made = []
     with pytest.raises(_inputs.DeviceMemoryError, match=r"needs 268,435,456 bytes, and 1,000 of the GPU's 8,000"):
-        _inputs._allocate(lambda: made.append(1), (1 << 26,), np.float32)
+        _inputs.allocate(lambda: made.append(1), (1 << 26,), np.float32)
     assert made == []  # refused before allocating
 
     class CudaAPIError(Exception):
@@ -501,13 +501,13 @@ def test_an_allocation_that_cannot_fit_is_one_clear_error(monkeypatch):
         raise CudaAPIError("[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY")
 
     with pytest.raises(_inputs.DeviceMemoryError, match=r"a \(4, 8\) float16 buffer of this call needs 64 bytes"):
-        _inputs._allocate(fails, (4, 8), np.float16)
+        _inputs.allocate(fails, (4, 8), np.float16)
 
     def bug():
         raise CudaAPIError("CUDA_ERROR_ILLEGAL_ADDRESS")
 
     with pytest.raises(CudaAPIError):  # not an allocation failure: not ours to explain
-        _inputs._allocate(bug, (4, 8), np.float16)
+        _inputs.allocate(bug, (4, 8), np.float16)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,8 @@ Every test of a committed CSV or log lives here, so that moving or pruning resul
 import numpy as np
 import pytest
 
-from flash_numba import device, recorded
+from flash_numba import device
+from flash_numba.course import recorded
 from flash_numba.kernels import flash2_fast
 
 

@@ -36,6 +36,7 @@ from ... import _inputs
 from ...compile_check import Compiled, compile_kernel, count_variants
 from .._common import COUNTER_TYPE
 from .._launch import launch
+from .._spec import lazy
 from .._decode_spec import DecodeSpec
 from .kernels import (COMBINE_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME,
                       WARPS, combine_kernel, geometry, keys_in_flight, rows_per_block, split_kernel)
@@ -119,19 +120,21 @@ def run(prob, ops, counters):
 def _flops(prob) -> dict:
     """FLOPs per launch: 4 d per (query row, visible key) in the split kernel (S = q.k and P V: a multiply
     and an add each); 2 d per (row, split that saw a key) in the combine."""
-    from ...iomodel import flash_decode as model
-
-    vis = model.visible_pairs(prob)
+    vis = _model("visible_pairs")(prob)
     out = {launches(prob.num_splits)[0]: 4 * prob.d * vis}
     if prob.num_splits > 1:
-        out[COMBINE_NAME] = 2 * prob.d * model.partial_rows(prob)
+        out[COMBINE_NAME] = 2 * prob.d * _model("partial_rows")(prob)
     return out
 
 
-def _io(prob):
-    from ...iomodel import flash_decode as model
+def _model(name):
+    """A function of the IO model, :mod:`flash_numba.iomodel.flash_decode`, which imports this module's launch
+    names: looked up at the call (``_spec.lazy``), so that neither module imports the other at import."""
+    return lazy("flash_numba.iomodel.flash_decode", name)
 
-    return model.decode(prob)
+
+def _io(prob):
+    return _model("decode")(prob)
 
 
 #: The counted builds of the tier use one shape (rows a block, paged, split, causal): the counters are integer code.
