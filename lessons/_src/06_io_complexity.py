@@ -141,15 +141,16 @@ plt.show()
 # %% [markdown]
 # ## Bytes against N, and against d
 #
-# For every kernel in the package (`flash_numba.kernels.NAMES`), the IO model at growing $N$ (one head,
-# $d = 64$, float32, the blocks this device would choose). On a log-log plot a $\Theta(N^2)$ count is a
+# For every kernel in the package that runs float32 (`flash_numba.kernels.NAMES`; the tensor-core kernel runs
+# half precision only), the IO model at growing $N$ (one head, $d = 64$, float32, the blocks this device would
+# choose). On a log-log plot a $\Theta(N^2)$ count is a
 # line of slope 2. All of them have slope 2: at fixed $d$ and $M$, FlashAttention's saving is a constant
 # factor in bytes, of order $M / d^2$. What grows with $N$ is standard attention's *memory* (lesson 2).
 
 # %%
 Ngrid = [256, 512, 1024, 2048, 4096, 8192, 16384]
 series = {}
-for name in kernels.NAMES:
+for name in (n for n in kernels.NAMES if "float32" in kernels.get(n).dtypes):
     blk = fn.resolve_block(name, 64, np.float32)
     series[name] = [iomodel.forward(name, 1, n_, n_, 64, np.float32, False, blk).total for n_ in Ngrid]
 slopes = {name: np.polyfit(np.log(Ngrid[-3:]), np.log(b[-3:]), 1)[0] for name, b in series.items()}
