@@ -2,7 +2,10 @@
 
 Every check below runs for every spec in :data:`flash_numba.kernels.NAMES` and every dtype in its
 ``dtypes`` (a kernel appended to NAMES gets the whole matrix); a check that needs a feature runs
-where the spec does not list it in ``lacks`` (``KernelSpec.has``).  Per-kernel files keep only the
+where the spec does not list it in ``lacks`` (``KernelSpec.has``; a kernel that lacks ``masked_nonfinite``,
+flash2_tc, is held to the reference on what no masked Inf or NaN reaches: :func:`check_like_reference`).  Each
+check runs its head dim or the smallest above it that the kernel runs (:func:`dim`: flash2_tc's multiples of 16),
+and a block that both passes take (:func:`small_block`).  Per-kernel files keep only the
 kernel's own rules (its block choice, its IO model's closed form, its variants).
 
 What a result is held to, against the float64 reference computed from the same (rounded) inputs:
@@ -757,8 +760,9 @@ def test_nan_in_k_and_inf_in_v(rng, name, dtype, max_semantics):
 def test_rows_the_causal_mask_hides_stay_zero_whatever_the_inputs(rng, name, dtype, max_semantics):
     """Nq = 13 > Nk = 5, causal: rows 0..7 see no key.  NaN in q row 2 (hidden) and row 9, +Inf in
     v[4, 3] (seen by row 12 only): hidden rows get o = 0, lse = -inf, dq = 0 and add nothing to dk, dv;
-    row 9 is NaN; everything else as the reference (a kernel that lacks masked_nonfinite: column 3 of rows 8..11,
-    which have key 4 masked, and the backward but for the hidden rows' dq, are not held: :func:`check_like_reference`)."""
+    row 9 is NaN; everything else as the reference (a kernel that lacks masked_nonfinite: column 3 of rows
+    8..11, which have key 4 masked, and the backward but for the hidden rows' dq, are not held:
+    :func:`check_like_reference`)."""
     def edit(q, k, v):
         q[0, 2, 1], q[0, 9, 0] = np.nan, np.nan
         v[0, 4, 3] = np.inf
