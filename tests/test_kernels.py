@@ -658,21 +658,28 @@ def assert_like_reference(got, want, tol, what, size=1.0):
 
 
 def masked_reach(xs64, causal):
-    """Where a kernel that lacks ``masked_nonfinite`` may differ from the reference: (o entries, backward or not).
+    """Where a kernel that lacks ``masked_nonfinite`` may differ from the reference: o, dq, dk, dv (bool arrays).
 
-    o[i, c] when a key that row i sees no part of (the causal mask) but that shares its causal diagonal with row i's
-    visible keys has a non-finite v[j, c] (counted for every masked key: a tile may hold any of them); rows the
-    mask hides (o = 0) are held.  The backward, wherever any operand (q, k, v, dO) is non-finite under the causal
-    mask: its products meet masked P, dS = 0 against all four."""
+    Its products meet a masked P = 0 (dS = 0) against whatever the operand holds: o[i, c] when a masked key j of a
+    row that sees some key has a non-finite v[j, c] (P V); dq row i when a masked key j of row i has a non-finite
+    k[j] or v[j] (dS K; dP = dO V^T); dk row j when a masked row i has a non-finite q[i] or v[j] (dS^T Q); dv row j
+    when a masked row i has a non-finite dO[i] (P^T dO).  Every masked key counts (a tile may hold any of them);
+    rows the mask hides keep o = 0, lse = -inf."""
     q64, k64, v64, do64 = xs64
     Nq, Nk = q64.shape[-2], k64.shape[-2]
-    reach = np.zeros(q64.shape[:-1] + (v64.shape[-1],), bool)
+    none = tuple(np.zeros(x.shape, bool) for x in (q64, q64, k64, v64))
     if not causal:
-        return reach, False
-    visible = reference.causal_mask(Nq, Nk)
-    masked = ~visible & visible.any(axis=1, keepdims=True)  # masked entries of rows that see some key
-    reach |= (masked.astype(np.int64) @ (~np.isfinite(v64)).astype(np.int64)) > 0
-    return reach, not all(np.isfinite(x).all() for x in xs64)
+        return none
+    masked = ~reference.causal_mask(Nq, Nk)  # (Nq, Nk), every head alike
+    seeing = masked & ~masked.all(axis=1, keepdims=True)  # of rows that see some key
+    bad = {n: ~np.isfinite(x) for n, x in zip("qkvo", xs64)}  # "o": dO
+    rows = {n: bad[n].any(axis=-1).astype(np.int64) for n in bad}  # (..., N): a non-finite entry in that row
+    m = masked.astype(np.int64)
+    o = (seeing.astype(np.int64) @ bad["v"].astype(np.int64)) > 0
+    dq = ((rows["k"] | rows["v"]) @ m.T) > 0  # row i: a masked key j with a non-finite k[j] or v[j]
+    dk = ((rows["q"] @ m) > 0) | ((rows["v"] > 0) & masked.any(axis=0))  # row j: a masked row i with q[i] bad
+    dv = (rows["o"] @ m) > 0  # row j: a masked row i with a non-finite dO[i]
+    return o, *(np.broadcast_to(r[..., None], x.shape) for r, x in zip((dq, dk, dv), (q64, k64, v64)))
 
 
 def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, backward_too=True):
@@ -683,18 +690,16 @@ def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, 
 
     A kernel that lacks ``masked_nonfinite`` (flash2_tc: its mma multiplies a masked P = 0 by an Inf or NaN, as
     PyTorch and FlashAttention-2 do; docs/RELIABILITY.md) is held to the same on what no masked non-finite operand
-    reaches (:func:`masked_reach`): every other entry of o, all of lse; its backward is held only where no operand
-    is non-finite under the causal mask."""
+    reaches (:func:`masked_reach`): every other entry of o and of each gradient, all of lse."""
     q, k, v, do = xs
     q64, k64, v64, do64 = xs64
     tol = feature_tol(dtype, k.shape[-2], q.shape[-1])
     f = fn.attention_forward(q, k, v, kernel=name, causal=causal)
     o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
-    reach, backward_reached = (np.zeros(o_ref.shape, bool), False) if kernels.get(name).has("masked_nonfinite") \
-        else masked_reach(xs64, causal)
-    assert_like_reference(as64(f.o, dtype)[~reach], o_ref[~reach], tol, "o")
+    reach = masked_reach(xs64, causal and not kernels.get(name).has("masked_nonfinite"))
+    assert_like_reference(as64(f.o, dtype)[~reach[0]], o_ref[~reach[0]], tol, "o")
     assert_like_reference(f.lse, lse_ref, tol, "lse")
-    if backward_too and kernels.get(name).has("backward") and not backward_reached:
+    if backward_too and kernels.get(name).has("backward"):
         lse = np.array(f.lse)
         if lse_edit is not None:
             lse_edit(lse)
@@ -702,8 +707,8 @@ def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, 
                                             causal=causal)
         for deterministic in backwards(name):
             b = fn.attention_backward(q, k, v, f.o, lse, do, kernel=name, causal=causal, deterministic=deterministic)
-            for what, got, ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), want):
-                assert_like_reference(as64(got, dtype), ref, tol, f"{what} (deterministic={deterministic})")
+            for what, got, ref, out in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), want, reach[1:]):
+                assert_like_reference(as64(got, dtype)[~out], ref[~out], tol, f"{what} (deterministic={deterministic})")
     return f
 
 
