@@ -679,7 +679,9 @@ def masked_reach(xs64, causal):
     dq = ((rows["k"] | rows["v"]) @ m.T) > 0  # row i: a masked key j with a non-finite k[j] or v[j]
     dk = ((rows["q"] @ m) > 0) | ((rows["v"] > 0) & masked.any(axis=0))  # row j: a masked row i with q[i] bad
     dv = (rows["o"] @ m) > 0  # row j: a masked row i with a non-finite dO[i]
-    return o, *(np.broadcast_to(r[..., None], x.shape) for r, x in zip((dq, dk, dv), (q64, k64, v64)))
+    dk, dv = (r.any(axis=0, keepdims=True) if r.shape[0] != k64.shape[0] else r for r in (dk, dv))  # a group
+    return np.broadcast_to(o, q64.shape), *(np.broadcast_to(r[..., None], x.shape)
+                                            for r, x in zip((dq, dk, dv), (q64, k64, v64)))
 
 
 def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, backward_too=True):
