@@ -23,9 +23,13 @@ PASSES = ("forward", "backward")
 
 #: The storage dtypes the package knows, by name, in the order errors list them.
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
-#: What a call may ask of a kernel beyond a plain forward; a spec's ``lacks`` names those it does not do (the API
-#: refuses such a call naming the argument, the test matrix runs every check a kernel does not lack).
-FEATURES = ("backward", "causal", "dropout", "grouped_query", "count_hbm")
+#: What a call may ask of a kernel beyond a plain forward (:data:`CALL_FEATURES`), and the guarantees a kernel may
+#: not give: ``masked_nonfinite``, a masked (query, key) entry adds nothing even against an Inf or NaN operand (no
+#: 0 * Inf inside a product; flash2_tc's mma multiplies a masked P = 0 by V, K, Q or dO, as PyTorch and
+#: FlashAttention-2 do, docs/RELIABILITY.md).  A spec's ``lacks`` names those it does not have (the API refuses a
+#: call that asks for one, naming the argument; the test matrix runs every check a kernel does not lack).
+CALL_FEATURES = ("backward", "causal", "dropout", "grouped_query", "count_hbm")
+FEATURES = (*CALL_FEATURES, "masked_nonfinite")
 
 
 def check_pass(pass_: str) -> None:
@@ -236,7 +240,7 @@ class KernelSpec:
                  ("count_hbm", count_hbm, "count_hbm"))
         for feature, wanted, arg in asked:
             if wanted and feature in self.lacks:
-                does = ", ".join(f for f in FEATURES if f not in self.lacks) or "a plain forward only"
+                does = ", ".join(f for f in CALL_FEATURES if f not in self.lacks) or "a plain forward only"
                 raise ValueError(f"{arg}: {self.name} has no {feature.replace('_', '-')}; it does {does}")
 
     @property

@@ -198,4 +198,5 @@ SPEC = KernelSpec(
     choose_atomic_block=choose_atomic_block, register_rule=register_cap, dynamic_shared=True,
     dtypes=("float16", "bfloat16"), head_dims=_head_dims, head_dims_text=layout.HEAD_DIMS_TEXT,
     min_cc={"float16": (7, 5), "bfloat16": (8, 0)},
+    lacks={"masked_nonfinite"},  # a masked P = 0 meets V (K, Q, dO) inside the mma: 0 * Inf = NaN (forward.py)
 )
