@@ -167,6 +167,7 @@ class KernelSpec:
     flops: Callable | None = None  # (pass_, BH, Nq, Nk, d, causal, deterministic=True) -> {launch: FLOPs}
     compile_groups: tuple = ()  # the compile tier's groups for this kernel beyond compile_check.GROUPS
     lacks: frozenset = frozenset()  # FEATURES it does not have (default: none)
+    forward_only: tuple = ()  # storage dtypes it runs forward only (their backward is not built yet)
     doc: str = ""  # what the kernel is: its module's docstring (``spec.__doc__`` returns it)
 
     def __post_init__(self):
@@ -226,10 +227,13 @@ class KernelSpec:
             raise ValueError(f"{arg or 'd'}: head dim d = {d} is not supported by {self.name}; {why}")
         raise UnsupportedOnThisGPU(f"{what} is not supported on this GPU; {why}")  # a ValueError; the CLI: one line
 
-    def has(self, feature: str) -> bool:
-        """Whether the kernel does ``feature`` (one of :data:`FEATURES`)."""
+    def has(self, feature: str, dtype=None) -> bool:
+        """Whether the kernel does ``feature`` (one of :data:`FEATURES`), in storage ``dtype`` where given (a
+        dtype of :attr:`forward_only` has no backward)."""
         if feature not in FEATURES:
             raise ValueError(f"feature: expected one of {', '.join(FEATURES)}, got {feature!r}")
+        if feature == "backward" and dtype is not None and dtype_name(dtype) in self.forward_only:
+            return False
         return feature not in self.lacks
 
     def check_call(self, pass_: str, causal: bool = False, dropout_p: float = 0.0, G: int = 1,

@@ -317,5 +317,6 @@ SPEC = KernelSpec(
     forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
     dtypes=("float16", "bfloat16", "float32", "float64"), min_cc={"bfloat16": (8, 0)},
+    forward_only=("bfloat16",),  # the forward's products on tensor cores; no bfloat16 backward yet
     compile_groups=((("bfloat16",), (64,)),),
 )
