@@ -191,7 +191,8 @@ def _dtype_of(x) -> str:
 def run(name, q, k, v, do, *, causal=False, block=None, count_hbm=False, deterministic=True, **kw):
     f = fn.attention_forward(q, k, v, kernel=name, causal=causal, block=block, count_hbm=count_hbm, **kw)
     b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=name, causal=causal, block=block, count_hbm=count_hbm,
-                              deterministic=deterministic, **kw) if kernels.get(name).has("backward", _dtype_of(q)) else None
+                              deterministic=deterministic, **kw) if kernels.get(name).has("backward", _dtype_of(q)) \
+        else None
     return f, b
 
 
