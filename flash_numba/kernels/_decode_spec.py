@@ -40,6 +40,7 @@ class DecodeSpec:
     choose_splits: Callable
     compile_groups: tuple = ()
     max_registers: Mapping[str, int] = field(default_factory=dict)
+    atomic_backward_launches: tuple = ()  # as KernelSpec's: launches with floating-point atomics (none here)
     doc: str = ""
     pass_: str = PASS
 
