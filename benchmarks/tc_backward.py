@@ -14,10 +14,10 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 
 import flash_numba as fn
+from flash_numba.tools.timing import torch_median_ms
 
 TDT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -50,20 +50,6 @@ def torch_same(q, k, v, do, causal, scale):
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
     o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     return torch.autograd.grad(o, (q, k, v), do)
-
-
-def cuda_time(fn, reps=10):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
 
 
 def main():
@@ -110,21 +96,21 @@ def main():
             scale = d ** -0.5
             o, lse = ours_forward(q, k, v, False, scale)
             row = dict(d=d, dtype=dt)
-            row["ours_fwd"] = cuda_time(lambda: ours_forward(q, k, v, False, scale))
+            row["ours_fwd"] = torch_median_ms(lambda: ours_forward(q, k, v, False, scale))
             for atomic in (False, True):
-                row["ours_bwd_atomic" if atomic else "ours_bwd_det"] = cuda_time(
+                row["ours_bwd_atomic" if atomic else "ours_bwd_det"] = torch_median_ms(
                     lambda: ours(q, k, v, o, lse, do, False, scale, atomic))
-                row["ours_fwd_bwd_atomic" if atomic else "ours_fwd_bwd_det"] = cuda_time(
+                row["ours_fwd_bwd_atomic" if atomic else "ours_fwd_bwd_det"] = torch_median_ms(
                     lambda: ours(q, k, v, *ours_forward(q, k, v, False, scale), do, False, scale, atomic))
-            row["torch_flash_fwd"] = cuda_time(lambda: forward_torch(q, k, v, False, scale))
+            row["torch_flash_fwd"] = torch_median_ms(lambda: forward_torch(q, k, v, False, scale))
             qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
 
             def fb():
                 oo = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, scale=scale)
                 torch.autograd.grad(oo, (qq, kk, vv), do)
-            row["torch_flash_fwd_bwd"] = cuda_time(fb)
+            row["torch_flash_fwd_bwd"] = torch_median_ms(fb)
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION):
-                row["torch_efficient_fwd_bwd"] = cuda_time(fb)
+                row["torch_efficient_fwd_bwd"] = torch_median_ms(fb)
             times.append(row)
             print(row, flush=True)
     with open(os.path.join(out, "times.csv"), "w", newline="") as f:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -62,22 +61,6 @@ def visible_pairs(N: int, causal: bool) -> int:
     return N * (N + 1) // 2 if causal else N * N
 
 
-def time_ms(fn, reps: int, warmup: int = 3) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def run_timings(out: str, N: int = 4096, B: int = 4, H: int = 8, reps: int = 20,
                 dtypes=("float16", "bfloat16")) -> list[dict]:
     import torch
@@ -85,6 +68,7 @@ def run_timings(out: str, N: int = 4096, B: int = 4, H: int = 8, reps: int = 20,
 
     import flash_numba as fn
     from flash_numba.kernels.flash2_tc import layout
+    from flash_numba.tools.timing import torch_median_ms
 
     rows = []
     path = os.path.join(out, "tc_forward.csv")
@@ -118,7 +102,7 @@ def run_timings(out: str, N: int = 4096, B: int = 4, H: int = 8, reps: int = 20,
                                     return torch.nn.functional.scaled_dot_product_attention(q, k, v,
                                                                                             is_causal=causal)
                         try:
-                            ms = time_ms(call, reps)
+                            ms = torch_median_ms(call, repeats=reps, warmup=3)
                         except Exception as exc:  # a backend that refuses: recorded, not fatal
                             print(f"{impl} {dtype_name} d={d}: {type(exc).__name__}: {exc}", file=sys.stderr)
                             continue
