@@ -32,6 +32,7 @@ from numba import cuda
 import flash_numba as fn
 from flash_numba import device, iomodel, kernels
 from flash_numba.course import lessonkit, recorded
+from flash_numba.course import tensor_cores as tcx
 from flash_numba.course import exercises as ex
 
 SIM = device.SIMULATOR
@@ -233,6 +234,36 @@ b128 = iomodel.forward("flash1", 1, 4096, 4096, 64, np.float32, False, (64, 128)
 lessonkit.compare_prediction("bytes(Bc = 64) / bytes(Bc = 128)", my_prediction, round(b64 / b128, 2))
 
 # %% [markdown]
+# ## Bytes and time in float16, on tensor cores
+#
+# In half precision both standard attention and `flash2_tc` run their products on tensor cores, so what
+# separates them is $S$ and $P$ going through HBM. First the bytes, from the IO models: $B \cdot H = 32$,
+# $N = 4096$, $d = 64$, float16, each with the blocks it takes. **Predict** the ratio of standard's bytes to
+# flash2_tc's.
+
+# %%
+my_byte_ratio = None  # standard's bytes / flash2_tc's, float16, N = 4096, d = 64
+
+# %%
+f16 = np.dtype(np.float16)
+std16 = iomodel.forward("standard", 32, 4096, 4096, 64, f16, False, fn.resolve_block("standard", 64, f16))
+tc16 = iomodel.forward("flash2_tc", 32, 4096, 4096, 64, f16, False, fn.resolve_block("flash2_tc", 64, f16))
+byte_ratio = std16.total / tc16.total
+lessonkit.compare_prediction("standard bytes / flash2_tc bytes", my_byte_ratio, round(byte_ratio, 1))
+times16 = tcx.forward_times(d=64, dtype="float16", causal=False)
+std_ms = sum(float(r["ms"]) for r in tcx.standard_launch_shares(4096, 64))
+tc_ms = times16["flash2_tc (sm80 path)"][0]
+print(f"bytes: standard {std16.total / 1e9:.2f} GB, flash2_tc {tc16.total / 1e9:.2f} GB ({byte_ratio:.1f}x)")
+print(f"time (recorded, H200): standard {std_ms:.3f} ms, flash2_tc {tc_ms:.3f} ms ({std_ms / tc_ms:.1f}x)")
+print(f"  sources: {tcx.SHARES_SOURCE}; {tcx.TC_SOURCE}")
+
+# %% [markdown]
+# The time falls by more than the bytes (4.5x against 3.0x): with the products on tensor cores, standard
+# attention pays for the traffic of $S$ and $P$, as the paper says, and its product kernels also wait on
+# their tile loads (lesson 2 measures each launch). In float32 on CUDA cores (the tables above) the products
+# themselves take most of the time, and the same byte ratio buys much less.
+
+# %% [markdown]
 # ## What to take away
 #
 # * Theorem 2 counts flash1's HBM accesses exactly: $2Nd + T_c(3Nd + 4N)$ elements, $T_c = \lceil N/B_c \rceil$.
@@ -250,6 +281,7 @@ assert all(b1 > b2 for (_, b1), (_, b2) in zip(sweep, sweep[1:])), "bytes fall a
 assert all(abs(s - 2) < 0.1 for s in slopes.values()), slopes
 assert all(r2 < r1 for r1, r2 in zip(d_ratio, d_ratio[1:])), "flash1's advantage shrinks as d grows"
 assert (not sweep_ms) == SIM
+assert byte_ratio > 1 and std_ms > tc_ms, "float16 on tensor cores: S and P cost standard bytes and time"
 if recorded.available():
     big = {r["kernel"]: r for r in recorded.ncu_per_call() if r["N"] == 4096}
     gap = {x: big["standard"][x] / big["flash2_fast"][x] for x in ("counted", "dram")}
