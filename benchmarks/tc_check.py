@@ -67,7 +67,7 @@ def run_timings(out: str, N: int = 4096, B: int = 4, H: int = 8, reps: int = 20,
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import flash_numba as fn
-    from flash_numba.kernels.flash2_tc import layout
+    from flash_numba import _switches
     from flash_numba.tools.timing import torch_median_ms
 
     rows = []
@@ -89,7 +89,7 @@ def run_timings(out: str, N: int = 4096, B: int = 4, H: int = 8, reps: int = 20,
                         if p == "sm75" and dtype_name == "bfloat16":
                             continue
                         if impl == "flash2_tc":
-                            layout.FORCE_PATH = p
+                            _switches.TC_PATH = p
 
                             def call():
                                 return fn.attention_forward(q, k, v, kernel="flash2_tc", causal=causal)
@@ -107,7 +107,7 @@ def run_timings(out: str, N: int = 4096, B: int = 4, H: int = 8, reps: int = 20,
                             print(f"{impl} {dtype_name} d={d}: {type(exc).__name__}: {exc}", file=sys.stderr)
                             continue
                         finally:
-                            layout.FORCE_PATH = None
+                            _switches.TC_PATH = None
                         row = dict(implementation=impl, path=p, dtype=dtype_name, B=B, H=H, N=N, d=d,
                                    causal=causal, ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1), gpu=gpu)
                         w.writerow(row)
@@ -121,18 +121,18 @@ def small_case() -> None:
     import numpy as np
 
     import flash_numba as fn
-    from flash_numba.kernels.flash2_tc import layout
+    from flash_numba import _switches
 
     rng = np.random.default_rng(0)
     for path, dtype_name, causals in (("sm80", "float16", (False, True)), ("sm80", "bfloat16", (True,)),
                                       ("sm75", "float16", (True,))):
-        layout.FORCE_PATH = path
+        _switches.TC_PATH = path
         for causal in causals:
             x = [rng.standard_normal((2, 77, 64)).astype(np.float32) for _ in range(3)]
             x = [a.astype(np.float16) if dtype_name == "float16" else fn.as_bfloat16(a) for a in x]
             r = fn.attention_forward(*x, kernel="flash2_tc", causal=causal)
             assert np.isfinite(np.asarray(r.lse)).all()
-    layout.FORCE_PATH = None
+    _switches.TC_PATH = None
     print("small case done")
 
 

@@ -29,6 +29,10 @@ under another).  Nothing here imports anything: any module may read it.
 ``SPLIT_DV_DK``
     flash2_fast's split dK/dV kernel also splits dV and dK across warps where it can (False only to
     measure it).
+``TC_PATH``
+    The tensor-core kernels' instruction path, "sm75" (a T4's mma.m16n8k8, no cp.async) or "sm80"
+    (m16n8k16), whatever the GPU, so that an H200 runs what a T4 runs; None: the environment's
+    ``FLASH_NUMBA_TC_PATH``, else the GPU's compute capability (``kernels/flash2_tc/layout.path``).
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ FORCE_SPLIT_S_DP: bool | None = None
 FORCE_DQ_LANE_GROUPS: int | None = None
 SHARE_P_DS: bool | None = None
 SPLIT_DV_DK: bool = True
+TC_PATH: str | None = None
 
 NAMES = ("POISON_OUTPUTS", "DYNAMIC_ABOVE", "FORCE_DQ_COPIES", "FORCE_SPLIT_S_DP", "FORCE_DQ_LANE_GROUPS",
-         "SHARE_P_DS", "SPLIT_DV_DK")
+         "SHARE_P_DS", "SPLIT_DV_DK", "TC_PATH")
 
 
 def values() -> tuple:

@@ -13,7 +13,6 @@ from . import _inputs, _launch_plan, _stream, _switches, device, kernels
 from .hbm import Counters, HBMCount
 from .iomodel import terms
 from .kernels import _dropout
-from .kernels.flash2_tc import layout as _tc_layout
 
 # Numba's CUDA simulator runs one kernel at a time per process (its threads keep the
 # launch's state in module globals): calls from several Python threads take turns.
@@ -109,7 +108,7 @@ def _plan_key(pass_, kernel, tensors, stream, count_hbm, dropout_p, dropout_seed
             or dropout_p != 0.0:
         return None
     return _launch_plan.key(pass_, kernel, tensors, (*options, _stream.handle(stream), *_switches.values(),
-                                                     _tc_layout.FORCE_PATH, os.environ.get("FLASH_NUMBA_TC_PATH")))
+                                                     os.environ.get("FLASH_NUMBA_TC_PATH")))
 
 
 def _forward(kernel, q, k, v, causal, scale, block, count_hbm, dropout_p=0.0, dropout_seed=None,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import flash_numba as fn
-from flash_numba import iomodel, kernels, reference
+from flash_numba import _switches, iomodel, kernels, reference
 from flash_numba.kernels._bf16 import from_bf16_bits, round_to_bf16
 from flash_numba.kernels.flash2_tc import layout
 
@@ -76,7 +76,7 @@ def check_dao(o, q64, k64, v64, causal, G, dtype_name, o_ref=None):
 @pytest.mark.parametrize("path, dtype_name", PATH_DTYPES)
 @pytest.mark.parametrize("lead, Nq, Nk, d, causal, G", CASES)
 def test_forward_dao_rule(rng, monkeypatch, path, dtype_name, lead, Nq, Nk, d, causal, G):
-    monkeypatch.setattr(layout, "FORCE_PATH", path)
+    monkeypatch.setattr(_switches, "TC_PATH", path)
     (q, k, v), (q64, k64, v64) = inputs(rng, lead, Nq, Nk, d, G, dtype_name)
     res = fn.attention_forward(q, k, v, kernel="flash2_tc", causal=causal, count_hbm=True)
     assert res.kernel == "flash2_tc" and res.o.dtype == (np.float16 if dtype_name == "float16" else np.uint16)
@@ -94,7 +94,7 @@ def test_the_two_paths_agree_closely(rng, monkeypatch):
     (q, k, v), _ = inputs(rng, (2,), 33, 40, 32, 1, "float16")
     outs = []
     for p in layout.PATHS:
-        monkeypatch.setattr(layout, "FORCE_PATH", p)
+        monkeypatch.setattr(_switches, "TC_PATH", p)
         outs.append(fn.attention_forward(q, k, v, kernel="flash2_tc").o.astype(np.float64))
     assert np.abs(outs[0] - outs[1]).max() <= 2 * U["float16"]
 
@@ -141,7 +141,7 @@ def test_backward_runs_flash2_tc_and_says_so(rng, dtype_name):
 
 
 def test_bfloat16_refused_on_the_sm75_path(rng, monkeypatch):
-    monkeypatch.setattr(layout, "FORCE_PATH", "sm75")
+    monkeypatch.setattr(_switches, "TC_PATH", "sm75")
     (q, k, v), _ = inputs(rng, (1,), 4, 4, 16, 1, "bfloat16")
     with pytest.raises(ValueError, match="sm_75 path"):
         fn.attention_forward(q, k, v, kernel="flash2_tc")
@@ -169,7 +169,7 @@ def test_spec_support_rules():
 
 
 def test_environment_forces_the_sm75_path(monkeypatch):
-    monkeypatch.setattr(layout, "FORCE_PATH", None)
+    monkeypatch.setattr(_switches, "TC_PATH", None)
     monkeypatch.setenv("FLASH_NUMBA_TC_PATH", "sm75")
     assert layout.path((9, 0)) == "sm75"
     monkeypatch.setenv("FLASH_NUMBA_TC_PATH", "sm70")
@@ -214,7 +214,7 @@ def test_gpu_forward_dao_rule(rng, dtype_name, Nq, d, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize("Nq, d, causal", [(97, 64, True), (1000, 128, False), (4099, 64, False)])
 def test_gpu_sm75_path_dao_rule(rng, monkeypatch, Nq, d, causal):
-    monkeypatch.setattr(layout, "FORCE_PATH", "sm75")
+    monkeypatch.setattr(_switches, "TC_PATH", "sm75")
     (q, k, v), (q64, k64, v64) = inputs(rng, (2,), Nq, Nq + 3, d, 1, "float16")
     res = fn.attention_forward(q, k, v, kernel="flash2_tc", causal=causal)
     assert np.isfinite(res.o).all()

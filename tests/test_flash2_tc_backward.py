@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import flash_numba as fn
-from flash_numba import iomodel, reference
+from flash_numba import _switches, iomodel, reference
 from flash_numba.kernels import _bf16
-from flash_numba.kernels.flash2_tc import layout
 
 
 
@@ -113,7 +112,7 @@ def test_gqa_and_dropout(rng):
 
 
 def test_sm75_path(rng, monkeypatch):
-    monkeypatch.setattr(layout, "FORCE_PATH", "sm75")
+    monkeypatch.setattr(_switches, "TC_PATH", "sm75")
     _check(rng, (1,), 17, 17, 16, True, "float16", False)
 
 

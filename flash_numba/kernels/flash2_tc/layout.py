@@ -15,7 +15,7 @@ Shared memory holds K_j and V_j row-major, each row padded by 8 elements (16 byt
 Instruction paths (:func:`path`): "sm80" (mma.m16n8k16, float16 and bfloat16; cc >= 8.0) and "sm75"
 (two mma.m16n8k8 for each k16 step, float16 only: a T4 has neither m16n8k16 nor bfloat16).  The sm_75 path
 runs on every later GPU too; ``FLASH_NUMBA_TC_PATH=sm75`` in the environment (read at each launch) or
-:data:`FORCE_PATH` forces it, so an H200 can run what a T4 runs.
+``flash_numba._switches.TC_PATH`` forces it, so an H200 can run what a T4 runs.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+
+from ... import _switches
 
 FORWARD_NAME = "flash2_tc forward"
 Br = 64  # query rows a block: 4 warps x 16
@@ -35,8 +37,6 @@ LN2 = 0.6931471805599453
 FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}  # no nnan/ninf: masked scores stay -inf
 MAX_HEAD_DIM = 128
 HEAD_DIMS_TEXT = "16 to 128, a multiple of 16"
-#: "sm75" or "sm80" to force an instruction path (tests); None: the environment, else the GPU's cc.
-FORCE_PATH: str | None = None
 PATHS = ("sm80", "sm75")
 
 
@@ -47,8 +47,8 @@ def runs_head_dim(d: int) -> bool:
 
 def path(cc) -> str:
     """The instruction path for a GPU of compute capability ``cc`` (None: the simulator): "sm75" below 8.0,
-    "sm80" from 8.0; :data:`FORCE_PATH` or the environment's ``FLASH_NUMBA_TC_PATH`` override it."""
-    forced = FORCE_PATH or os.environ.get("FLASH_NUMBA_TC_PATH") or None
+    "sm80" from 8.0; ``_switches.TC_PATH`` or the environment's ``FLASH_NUMBA_TC_PATH`` override it."""
+    forced = _switches.TC_PATH or os.environ.get("FLASH_NUMBA_TC_PATH") or None
     if forced is not None:
         if forced not in PATHS:
             raise ValueError(f"FLASH_NUMBA_TC_PATH: {forced!r} is not an instruction path; use sm80 or sm75")
