@@ -10,7 +10,7 @@ from flash_numba.kernels.flash2_fast import layout
 
 def test_every_switch_has_a_documented_default():
     assert _switches.POISON_OUTPUTS  # every test runs poisoned (tests/conftest.py)
-    assert _switches.values()[1:] == (device.STATIC_SHARED_LIMIT, None, None, None, None, True)
+    assert _switches.values()[1:] == (device.STATIC_SHARED_LIMIT, None, None, None, None, True, None)
     for name in _switches.NAMES:
         assert f"``{name}``" in _switches.__doc__, name
 
@@ -29,3 +29,7 @@ def test_the_switches_take_effect(monkeypatch, rng):
     with layout.p_ds_tiles(True):
         assert layout.geometry_kv(16, 2, 1, np.float32)["share_p_ds"]
     assert not layout.geometry_kv(16, 2, 1, np.float32)["share_p_ds"]
+    from flash_numba.kernels.flash2_tc import layout as tc_layout
+
+    monkeypatch.setattr(_switches, "TC_PATH", "sm75")
+    assert tc_layout.path((9, 0)) == "sm75"
