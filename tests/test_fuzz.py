@@ -116,8 +116,8 @@ def test_every_kernel_matches_the_reference_nan_and_inf_included(kernel, determi
         scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
         q, k, v, do = (np.pad(x, ((0, 0), (0, 0), (0, d_run - x.shape[-1]))) for x in (q, k, v, do))
     dtype, Nk, d = q.dtype, k.shape[-2], q.shape[-1]
-    reach = matrix.masked_reach(tuple(x.astype(np.float64) for x in (q, k, v, do)),
-                                causal and not spec.has("masked_nonfinite"))
+    reach = matrix.masked_reach(tuple(x.astype(np.float64) for x in (q, k, v, do)), causal,
+                                not spec.has("masked_nonfinite"))
     kw = dict(causal=causal, scale=scale)
     S = np.abs(reference._scores(q.astype(np.float64), k.astype(np.float64), 1 / math.sqrt(d) if scale is None
                                  else scale, False))

@@ -669,20 +669,22 @@ def assert_like_reference(got, want, tol, what, size=1.0):
         assert e <= tol, f"{what}: error {e:.2e} > {tol:.2e}"
 
 
-def masked_reach(xs64, causal):
-    """Where a kernel that lacks ``masked_nonfinite`` may differ from the reference: o, dq, dk, dv (bool arrays).
+def masked_reach(xs64, causal, lacking=True):
+    """Where a kernel that lacks ``masked_nonfinite`` (``lacking``) may differ from the reference: o, dq, dk, dv
+    (bool arrays; none where the kernel has it).
 
     Its products meet a masked P = 0 (dS = 0) against whatever the operand holds: o[i, c] when a masked key j of a
     row that sees some key has a non-finite v[j, c] (P V); dq row i when a masked key j of row i has a non-finite
     k[j] or v[j] (dS K; dP = dO V^T); dk row j when a masked row i has a non-finite q[i] or v[j] (dS^T Q); dv row j
     when a masked row i has a non-finite dO[i] (P^T dO).  Every masked key counts (a tile may hold any of them);
-    rows the mask hides keep o = 0, lse = -inf."""
+    rows the mask hides keep o = 0, lse = -inf.  Causal or not, dk and dv row j when k[j] is non-finite: the
+    rows of zeros that pad a query block give S = 0 * Inf = NaN there, and P, dS of NaN against their zero dO, Q."""
     q64, k64, v64, do64 = xs64
     Nq, Nk = q64.shape[-2], k64.shape[-2]
     none = tuple(np.zeros(x.shape, bool) for x in (q64, q64, k64, v64))
-    if not causal:
+    if not lacking:
         return none
-    masked = ~reference.causal_mask(Nq, Nk)  # (Nq, Nk), every head alike
+    masked = ~reference.causal_mask(Nq, Nk) if causal else np.zeros((Nq, Nk), bool)  # (Nq, Nk), every head alike
     seeing = masked & ~masked.all(axis=1, keepdims=True)  # of rows that see some key
     bad = {n: ~np.isfinite(x) for n, x in zip("qkvo", xs64)}  # "o": dO
     rows = {n: bad[n].any(axis=-1).astype(np.int64) for n in bad}  # (..., N): a non-finite entry in that row
@@ -691,16 +693,18 @@ def masked_reach(xs64, causal):
     dq = ((rows["k"] | rows["v"]) @ m.T) > 0  # row i: a masked key j with a non-finite k[j] or v[j]
     dk = ((rows["q"] @ m) > 0) | ((rows["v"] > 0) & masked.any(axis=0))  # row j: a masked row i with q[i] bad
     dv = (rows["o"] @ m) > 0  # row j: a masked row i with a non-finite dO[i]
+    dk, dv = dk | (rows["k"] > 0), dv | (rows["k"] > 0)  # padding rows of zeros against a non-finite k[j]
     dk, dv = (r.any(axis=0, keepdims=True) if r.shape[0] != k64.shape[0] else r for r in (dk, dv))  # a group
     return np.broadcast_to(o, q64.shape), *(np.broadcast_to(r[..., None], x.shape)
                                             for r, x in zip((dq, dk, dv), (q64, k64, v64)))
 
 
-def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, backward_too=True):
+def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, backward_too=True, **kw):
     """Forward and every backward of ``name`` held to the float64 reference, non-finite pattern included.
 
     The backward gets the kernel's own o and lse (``lse_edit`` may change lse first), the reference
-    backward the same ones.  Returns the forward result.
+    backward the same ones; ``kw`` (dropout's ``dropout_p``, ``dropout_seed``) goes to both.  Returns the forward
+    result.
 
     A kernel that lacks ``masked_nonfinite`` (flash2_tc: its mma multiplies a masked P = 0 by an Inf or NaN, as
     PyTorch and FlashAttention-2 do; docs/RELIABILITY.md) is held to the same on what no masked non-finite operand
@@ -708,9 +712,9 @@ def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, 
     q, k, v, do = xs
     q64, k64, v64, do64 = xs64
     tol = feature_tol(dtype, k.shape[-2], q.shape[-1])
-    f = fn.attention_forward(q, k, v, kernel=name, causal=causal)
-    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal)
-    reach = masked_reach(xs64, causal and not kernels.get(name).has("masked_nonfinite"))
+    f = fn.attention_forward(q, k, v, kernel=name, causal=causal, **kw)
+    o_ref, lse_ref = reference.attention_forward(q64, k64, v64, causal=causal, **kw)
+    reach = masked_reach(xs64, causal, not kernels.get(name).has("masked_nonfinite"))
     assert_like_reference(as64(f.o, dtype)[~reach[0]], o_ref[~reach[0]], tol, "o")
     assert_like_reference(f.lse, lse_ref, tol, "lse")
     if backward_too and kernels.get(name).has("backward", dtype):
@@ -718,9 +722,10 @@ def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, 
         if lse_edit is not None:
             lse_edit(lse)
         want = reference.attention_backward(q64, k64, v64, as64(f.o, dtype), np.asarray(lse, np.float64), do64,
-                                            causal=causal)
+                                            causal=causal, **kw)
         for deterministic in backwards(name):
-            b = fn.attention_backward(q, k, v, f.o, lse, do, kernel=name, causal=causal, deterministic=deterministic)
+            b = fn.attention_backward(q, k, v, f.o, lse, do, kernel=name, causal=causal, deterministic=deterministic,
+                                      **kw)
             for what, got, ref, out in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), want, reach[1:]):
                 assert_like_reference(as64(got, dtype)[~out], ref[~out], tol, f"{what} (deterministic={deterministic})")
     return f
@@ -772,6 +777,79 @@ def test_nan_in_k_and_inf_in_v(rng, name, dtype, max_semantics):
     assert np.isnan(o[0, 6:]).all() and np.isposinf(o[0, 3:6, 0]).all()
     unseen = o[0, :3] if kernels.get(name).has("masked_nonfinite") else o[0, :3, 1:]  # rows 0..2: key 3 masked
     assert np.isfinite(unseen).all() and np.isfinite(o[0, :6, 1:]).all()
+
+
+#: The visible-zero checks run one dtype a kernel (float32 where it runs it: the products are the same code in every
+#: dtype) and standard's float16, whose forward multiplies P V on tensor cores (its masked tiles on CUDA cores)
+VISIBLE_ZERO = [p for p in MATRIX if p.values[1] == ("float32" if "float32" in kernels.get(p.values[0]).dtypes
+                                                      else kernels.get(p.values[0]).dtypes[0])
+                or p.values == ("standard", "float16")]
+
+
+def _underflowing_key(q, k, j):
+    """Key j's score scale * q_i . k_j made -1e4 + O(1) on every row (column 0: q = 1, k_j = -1e4 sqrt(d), the
+    other keys 0): its probability is exactly 0 in float16 .. float64 (exp(-1e4) underflows even in float64),
+    while the other keys' scores stay O(1)."""
+    q[..., 0] = 1.0
+    k[..., 0] = 0.0
+    k[..., j, 0] = -1e4 * math.sqrt(q.shape[-1])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name, dtype", VISIBLE_ZERO)
+def test_a_visible_probability_of_zero_meets_inf_and_nan(rng, name, dtype):
+    """IEEE arithmetic on visible entries: a visible key whose P is exactly 0 still multiplies its operands, so
+    0 * Inf = NaN and 0 * NaN = NaN reach the result as in the reference (and PyTorch); only masked keys add nothing.
+
+    Causal, Nq = 11 > Nk = 9 (rows 0, 1 see no key; rows 2, 3 see keys 0 .. 1 and 0 .. 2 masked for key 2; rows from
+    4 on see key 2 and the keys before it), one block holding the diagonal.  Key 2's score is -1e4 below the others
+    (:func:`_underflowing_key`) in heads 0 and 2, -inf (k[2, 0] = -inf against q[:, 0] = 1) in head 1.  Head 0:
+    +Inf in v[2, 1] and NaN in v[2, 3]: o[4:, 1] and o[4:, 3] are NaN (P V), and dS = 0 * (dP - D) is NaN on
+    key 2 for those rows.  Head 1: dS_i2 = 0 against k[2, 0] = -inf: dq[4:] NaN (dS K).  Head 2: +Inf in dO[6, 1]:
+    dv[2, 1] NaN (P^T dO).  Every entry held to the reference's NaN, +Inf and -Inf positions and its values; flash2_tc
+    (lacks masked_nonfinite) on what no masked Inf or NaN reaches (:func:`check_like_reference`)."""
+    d = dim(name, dtype, 4)
+    raw = [rng.standard_normal((1, 3, n, d)) for n in (11, 9, 9, 11)]
+    q, k, v, do = raw
+    for h in range(3):
+        _underflowing_key(q[:, h], k[:, h], 2)
+    v[0, 0, 2, 1], v[0, 0, 2, 3] = np.inf, np.nan
+    k[0, 1, 2, 0] = -np.inf
+    do[0, 2, 6, 1] = np.inf
+    xs = tuple(stored(x, dtype) for x in raw)
+    xs64 = tuple(as64(x, dtype) for x in xs)
+    want, _ = reference.attention_forward(*xs64[:3], causal=True)
+    assert np.isnan(want[0, 0, 4:, [1, 3]]).all() and np.isfinite(want[0, 0, 2:4]).all()  # the case is drawn
+    f = check_like_reference(name, dtype, xs, xs64, causal=True)
+    o = as64(f.o, dtype)
+    assert np.isnan(o[0, 0, 4:, [1, 3]]).all() and np.all(o[0, :, :2] == 0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name, dtype", [p for p in VISIBLE_ZERO if kernels.get(p.values[0]).has("dropout")])
+def test_a_dropped_entry_meets_inf(rng, name, dtype):
+    """Dropout (p = 0.5), causal, Nq = Nk = 9: a dropped visible entry has Zs P = 0, and 0 * Inf = NaN, as in the
+    reference and PyTorch.  Head 0: +Inf in v[1, 2]: o[i, 2] is NaN on the rows i >= 1 that dropped key 1, +Inf on
+    those that kept it.  Head 1: +Inf in dO[5, 0]: dv[j, 0] NaN for the keys j <= 5 that row 5 dropped."""
+    d, seed = dim(name, dtype, 4), 7
+    raw = [rng.standard_normal((1, 2, 9, d)) for _ in range(4)]
+    raw[2][0, 0, 1, 2] = np.inf
+    raw[3][0, 1, 5, 0] = np.inf
+    xs = tuple(stored(x, dtype) for x in raw)
+    xs64 = tuple(as64(x, dtype) for x in xs)
+    kept = _dropout_keep(seed, 2, 9, 9)
+    dropped = ~kept & reference.causal_mask(9, 9)
+    assert dropped[0, 1:, 1].any() and dropped[1, 5, :6].any()  # the case is drawn
+    f = check_like_reference(name, dtype, xs, xs64, causal=True, dropout_p=0.5, dropout_seed=seed)
+    o = as64(f.o, dtype)
+    assert np.isnan(o[0, 0, 1:, 2][dropped[0, 1:, 1]]).all()
+
+
+def _dropout_keep(seed, BH, Nq, Nk):
+    """Dropout's keep mask (BH, Nq, Nk) at p = 0.5, as the kernels and the reference draw it."""
+    from flash_numba.kernels import _dropout
+
+    return _dropout.keep_mask(seed, np.arange(BH), Nq, Nk, 0.5)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

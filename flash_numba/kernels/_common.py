@@ -147,10 +147,12 @@ else:
 
 
 @jit(device=True, forceinline=True)
-def madd_unless_zero(c, a, b):
-    """``c + a * b``, or ``c`` where ``a == 0``: a probability (or dS) of 0, a masked entry,
-    adds nothing, even against an Inf or NaN in ``b`` (``0 * Inf`` is NaN)."""
-    return c + a * b if a != 0 else c
+def madd_if(c, a, b, seen):
+    """``c + a * b`` where ``seen``, else ``c``: a masked (query, key) entry adds nothing, even against an Inf or
+    NaN in ``b``; a visible one always multiplies, so a P (dS, dropout's Zs P) of exactly 0 against Inf or NaN
+    gives NaN, as IEEE arithmetic, the reference and PyTorch do (docs/RELIABILITY.md, section 2).  The test is
+    the mask's, never the value's."""
+    return c + a * b if seen else c
 
 
 _EXP_MAX, _EXP2_MAX, _INF32 = np.float32(709.78), np.float32(1023.99), np.float32(np.inf)

@@ -33,11 +33,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, types, uint32, uint64
+from numba import cuda, int32, types, uint32, uint64
 
 from ..device import jit
 from . import _vec
-from ._common import acc_nb_type, batch_head, element, fmax, madd_unless_zero, nan_max
+from ._common import acc_nb_type, batch_head, element, fmax, madd_if, nan_max
 
 #: Threads per block: TY rows of TX threads (a half warp each).
 TY, TX = 8, 16
@@ -414,16 +414,37 @@ def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool, columns: tu
     return store
 
 
+def masked_lim(mask: str, TM: int):
+    """Device function ``(diag, ty) -> lim`` of a product over a tile the causal diagonal crosses
+    (:func:`strided_product`, :func:`micro_product`, ``mask`` "keys" or "queries"): entry (k, row ty*TM + a) of A is visible iff
+    ``k - a <= lim`` ("keys": k steps over the keys, A's rows are queries) or ``a - k <= lim`` ("queries").
+
+    ``diag`` is the block's diagonal offset ``r0 + (Nk - Nq) - c0`` (query r0 + r sees key c0 + c iff
+    ``c - r <= diag``, :mod:`.causal`); k - a and a - k are constants once NVVM unrolls the loops, so the test is one
+    integer compare per (k, a), as ``a != 0`` was.
+    """
+    assert mask in ("keys", "queries"), mask
+    KEYS = mask == "keys"
+
+    @jit(device=True, forceinline=True)
+    def lim(diag, ty):
+        return int32(diag) + int32(ty * TM) if KEYS else int32(diag) - int32(ty * TM)
+
+    return lim
+
+
 @functools.lru_cache(maxsize=None)
 def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col: int, b_step: int, pair: bool,
-                  zero_first: bool, acc_name: str, skip_zero: bool = False, quads: int = 0):
+                  zero_first: bool, acc_name: str, mask: str = "", quads: int = 0):
     """Device function ``(c1, c2, A1, A2, B1, B2, ty, tx)``: c1 += A1^T B1 (and c2 += A2^T B2 with ``pair``).
 
     A thread's TM x TN micro-tile, over ``steps`` rows k of the flat shared tiles: its
     TM values ``A[k * S_A + ty*TM + a]`` times its TN values
-    ``B[tx*b_start + k*b_step + b*b_col]``; ``zero_first`` sets c1 (c2) to 0 first; ``skip_zero``:
-    a 0 in A adds nothing, even against Inf or NaN in B (a select per multiply-add, for the
-    blocks that hold masked entries: :func:`~._common.madd_unless_zero`).  ``quads``: B's values come in
+    ``B[tx*b_start + k*b_step + b*b_col]``; ``zero_first`` sets c1 (c2) to 0 first.  ``mask`` (for the blocks
+    that the causal diagonal crosses): "keys" where k steps over keys and A's rows are queries, "queries" the other
+    way round; the function then takes a last argument ``diag`` (:func:`masked_lim`), and a masked entry of A adds
+    nothing, even against Inf or NaN in B, while a visible one multiplies, 0 or not (a select per multiply-add:
+    :func:`~._common.madd_if`; IEEE's 0 * Inf = NaN, docs/RELIABILITY.md).  ``quads``: B's values come in
     groups of 4, ``quads`` apart: ``B[tx*b_start + k*b_step + (b % 4)*b_col + (b // 4)*quads]`` (see
     :func:`thread_columns`).
 
@@ -437,16 +458,17 @@ def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col:
     """
     ACC = acc_nb_type(np.dtype(acc_name))
     ZERO = _zero(acc_name)
-    PAIR, ZERO_FIRST, SKIP_ZERO = pair, zero_first, skip_zero
+    PAIR, ZERO_FIRST, MASK, KEYS = pair, zero_first, bool(mask), mask == "keys"
     N_U, SA_U, BS_U, ONE_U = np.uint32(steps), np.uint32(S_A), np.uint32(b_step), np.uint32(1)
     offsets = tuple((b % 4) * b_col + (b // 4) * quads if quads else b * b_col for b in range(TN))
+    lim_of = masked_lim(mask or "keys", TM)
 
     @jit(device=True, forceinline=True)
     def b_offset(b):
         return offsets[b]
 
     @jit(device=True, forceinline=True)
-    def product(c1, c2, A1, A2, B1, B2, ty, tx):
+    def product(c1, c2, A1, A2, B1, B2, ty, tx, diag):
         av = cuda.local.array(TM, ACC)
         bv = cuda.local.array(TM, ACC)
         xv = cuda.local.array(TN, ACC)
@@ -457,6 +479,7 @@ def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col:
                     c1[a, b] = ZERO
                     if PAIR:
                         c2[a, b] = ZERO
+        lim = lim_of(diag, ty) if MASK else int32(0)
         ai = uint32(ty * TM)
         bi = uint32(tx * b_start)
         k = uint32(0)
@@ -470,12 +493,14 @@ def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col:
                 if PAIR:
                     yv[b] = B2[bi + uint32(b_offset(b))]
             for a in range(TM):
-                for b in range(TN):
-                    if SKIP_ZERO:
-                        c1[a, b] = madd_unless_zero(c1[a, b], av[a], xv[b])
+                if MASK:
+                    seen = (int32(k) - int32(a) if KEYS else int32(a) - int32(k)) <= lim
+                    for b in range(TN):
+                        c1[a, b] = madd_if(c1[a, b], av[a], xv[b], seen)
                         if PAIR:
-                            c2[a, b] = madd_unless_zero(c2[a, b], bv[a], yv[b])
-                    else:
+                            c2[a, b] = madd_if(c2[a, b], bv[a], yv[b], seen)
+                else:
+                    for b in range(TN):
                         c1[a, b] += av[a] * xv[b]
                         if PAIR:
                             c2[a, b] += bv[a] * yv[b]
@@ -483,7 +508,14 @@ def strided_product(TM: int, TN: int, steps: int, S_A: int, b_start: int, b_col:
             bi += BS_U
             k += ONE_U
 
-    return product
+    if MASK:
+        return product
+
+    @jit(device=True, forceinline=True)
+    def unmasked(c1, c2, A1, A2, B1, B2, ty, tx):
+        product(c1, c2, A1, A2, B1, B2, ty, tx, 0)
+
+    return unmasked
 
 
 FULL_MASK = 0xFFFFFFFF
@@ -587,21 +619,45 @@ def tile_loader(R: int, C: int, RS: int, CS: int, acc_name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def micro_product(TM: int, TN: int, K: int, AS: int, BS: int, acc_name: str, skip_zero: bool = False):
+def micro_product(TM: int, TN: int, K: int, AS: int, BS: int, acc_name: str, mask: str = ""):
     """``product(A, a0, B, b0, acc)``: ``acc[a, b] += sum_k A[a0 + k AS + a] * B[b0 + k BS + b]``.
 
     ``A`` and ``B`` are flat shared buffers holding ``K`` rows of stride ``AS``
     and ``BS``; the thread's ``TM`` (``TN``) values of row k are adjacent, so
-    with 16-byte aligned buffers and offsets they come in vector loads.  With
-    ``skip_zero`` a 0 in A adds nothing, even against Inf or NaN in B (a select per
-    multiply-add, for tiles that hold masked entries: :func:`~._common.madd_unless_zero`).
+    with 16-byte aligned buffers and offsets they come in vector loads.  ``mask`` (tiles the causal diagonal
+    crosses): "keys" (k steps over keys, A's rows a0 + a are queries) or "queries" (the other way round), with
+    ``a0 = ty * TM``; then ``product(A, a0, B, b0, acc, diag, ty)`` (:func:`masked_lim`): a masked entry of A adds
+    nothing, even against Inf or NaN in B, a visible one multiplies, 0 or not (a select per multiply-add:
+    :func:`~._common.madd_if`).
     """
     ACC = getattr(types, acc_name)
-    SKIP_ZERO = skip_zero
+    MASK, KEYS = bool(mask), mask == "keys"  # product_masked is built only with a mask
     K_U, AS_U, BS_U, ONE_U = np.uint32(K), np.uint32(AS), np.uint32(BS), np.uint32(1)
+    lim_of = masked_lim(mask or "keys", TM)
 
     @jit(device=True, fastmath=FASTMATH)
-    def product(A, a0, B, b0, acc):
+    def product_masked(A, a0, B, b0, acc, diag, ty):
+        av = cuda.local.array(TM, ACC)
+        bv = cuda.local.array(TN, ACC)
+        lim = lim_of(diag, ty)
+        ai = uint32(a0)
+        bi = uint32(b0)
+        k = uint32(0)
+        while k < K_U:
+            for a in range(TM):
+                av[a] = A[ai + uint32(a)]
+            for b in range(TN):
+                bv[b] = B[bi + uint32(b)]
+            for a in range(TM):
+                seen = (int32(k) - int32(a) if KEYS else int32(a) - int32(k)) <= lim
+                for b in range(TN):
+                    acc[a, b] = madd_if(acc[a, b], av[a], bv[b], seen)
+            ai += AS_U
+            bi += BS_U
+            k += ONE_U
+
+    @jit(device=True, fastmath=FASTMATH)
+    def product(A, a0, B, b0, acc):  # the same loop, unmasked, written out: not inlined by Numba, kept as it compiled
         av = cuda.local.array(TM, ACC)
         bv = cuda.local.array(TN, ACC)
         ai = uint32(a0)
@@ -614,15 +670,12 @@ def micro_product(TM: int, TN: int, K: int, AS: int, BS: int, acc_name: str, ski
                 bv[b] = B[bi + uint32(b)]
             for a in range(TM):
                 for b in range(TN):
-                    if SKIP_ZERO:
-                        acc[a, b] = madd_unless_zero(acc[a, b], av[a], bv[b])
-                    else:
-                        acc[a, b] += av[a] * bv[b]
+                    acc[a, b] += av[a] * bv[b]
             ai += AS_U
             bi += BS_U
             k += ONE_U
 
-    return product
+    return product_masked if MASK else product
 
 
 @functools.lru_cache(maxsize=None)

@@ -66,10 +66,11 @@ from ..device import STATIC_SHARED_LIMIT, jit
 from ._launch import launch
 from ._common import (COUNTER_TYPE, acc_nb_type, add_counts, array_type, element, exp_ieee, group_step, head_grid,
                       input_type, kv_head)
-from ._common import madd_unless_zero, nan_max, rounded_mul
+from ._common import nan_max, rounded_mul
 from . import _dropout
 from ._spec import KernelSpec, launch_flops
 from ._tile_ops import load_rows
+from .causal import key_limit_dev as key_limit
 from .causal import sees_no_key_dev as sees_no_key
 from .causal import visible_dev as visible
 from .causal import visible_kv_blocks_dev as visible_kv_blocks
@@ -107,8 +108,9 @@ def _constants(d, Br, Bc, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _steps(d, Br, Bc, dtype, count):
-    """Device functions that Algorithms 1 and 4 (and their init kernels) share, for one shape, dtype and COUNT.
+def _steps(d, Br, Bc, dtype, count, causal):
+    """Device functions that Algorithms 1 and 4 (and their init kernels) share, for one shape, dtype, COUNT and
+    ``causal``.
 
     * ``zero_fill(X, bh, tid) -> nw``: X[bh] = 0 for an (N, d) accumulator in HBM, thread tid of T
       taking every T-th element; nw: the bytes written when counting, else 0.
@@ -117,15 +119,20 @@ def _steps(d, Br, Bc, dtype, count):
       the SRAM tiles A and B (zeros past row N); nr plus the bytes read when counting.
     * ``key_block(j, k, v, hkv, Nk, K_j, V_j, tid, nr) -> (c0, cols, nr)``: key block j's first key and
       length (the last block may be partial), K_j and V_j loaded (``load_pair``).
-    * ``row_times_col(A, B, r, x, cols) -> sum_c A[r, c] B[c, x]``: a 0 in A adds nothing, even against
-      Inf or NaN in B (masked entries of P~_ij or dS_ij).
+    * ``row_times_col(A, B, r, x, n) -> sum_{c < n} A[r, c] B[c, x]``: the sum over the first n columns only,
+      each product taken (IEEE: a P~ or dS of exactly 0 against Inf or NaN in B gives NaN).
+    * ``seen_keys(row, c0, cols, Nq, Nk) -> n``: how many of the keys c0 .. c0 + cols - 1 query row sees (with
+      causal, the first n of them): where row_times_col stops, so that a masked key adds nothing, even against
+      Inf or NaN (docs/RELIABILITY.md, section 2).
+    * ``first_seeing_row(c, r0, rows, Nq, Nk) -> r``: the first of the query rows r0 .. r0 + rows - 1 that sees
+      key c (all from there on do; ``rows`` when none does): where a key's sum over rows starts.
     * ``convert(dst, src, bh, e, nr, nw) -> (nr, nw)``: element e of the float32 accumulator src[bh]
       written to dst[bh] in the storage dtype (float16), and the bytes counted.
 
     Inlined by Numba (``inline="always"``): the kernels compile as with these lines written out in them.
     """
     ACC, D, T, ISZ, ASZ, _ = _constants(d, Br, Bc, dtype)
-    COUNT, ZERO = count, ACC(0)
+    COUNT, ZERO, CAUSAL = count, ACC(0), causal
 
     @jit(device=True, inline="always")
     def zero_fill(X, bh, tid):
@@ -155,11 +162,21 @@ def _steps(d, Br, Bc, dtype, count):
         return c0, min(Bc, Nk - c0), load_pair(K_j, k, V_j, v, hkv, c0, Nk, tid, nr)
 
     @jit(device=True, inline="always")
-    def row_times_col(A, B, r, x, cols):
+    def row_times_col(A, B, r, x, n):
         s = ZERO
-        for c in range(cols):
-            s = madd_unless_zero(s, A[r, c], B[c, x])
+        for c in range(n):
+            s += A[r, c] * B[c, x]
         return s
+
+    @jit(device=True, inline="always")
+    def seen_keys(row, c0, cols, Nq, Nk):
+        return max(0, min(cols, key_limit(row, c0, Nq, Nk, CAUSAL) + 1))
+
+    @jit(device=True, inline="always")
+    def first_seeing_row(c, r0, rows, Nq, Nk):
+        if not CAUSAL:
+            return 0
+        return min(rows, max(0, c - (Nk - Nq) - r0))  # query c - (Nk - Nq) is the first that sees key c
 
     @jit(device=True, inline="always")
     def convert(dst, src, bh, e, nr, nw):
@@ -170,7 +187,8 @@ def _steps(d, Br, Bc, dtype, count):
         return nr, nw
 
     return SimpleNamespace(zero_fill=zero_fill, sizes=sizes, load_pair=load_pair, key_block=key_block,
-                           row_times_col=row_times_col, convert=convert)
+                           row_times_col=row_times_col, seen_keys=seen_keys, first_seeing_row=first_seeing_row,
+                           convert=convert)
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,9 +201,10 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     ZERO, NEG_INF, NAN = ACC(0), ACC(-math.inf), ACC(math.nan)
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))  # scale * S rounded as the backward recomputes it
     drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
-    st = _steps(d, Br, Bc, dtype, count)
+    st = _steps(d, Br, Bc, dtype, count, causal)
     zero_fill, sizes, key_block, row_times_col, convert = (st.zero_fill, st.sizes, st.key_block, st.row_times_col,
                                                            st.convert)
+    seen_keys = st.seen_keys
 
     @jit
     def init_O_l_m(O, l, m, counter):
@@ -288,7 +307,9 @@ def _forward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                 for idx in range(tid, rows * D, T):
                     r = idx // D
                     x = idx % D
-                    pv = row_times_col(S_ij, V_j, r, x, cols)  # (P~_ij V_j)[r, x]; a masked key's P~ adds nothing
+                    # (P~_ij V_j)[r, x] over the keys row r0 + r sees: a masked key adds nothing, a visible one's
+                    # P~ multiplies even where it is 0 (IEEE: 0 * Inf = NaN)
+                    pv = row_times_col(S_ij, V_j, r, x, seen_keys(r0 + r, c0, cols, Nq, Nk))
                     O[bh, r0 + r, x] = w_old[r] * O[bh, r0 + r, x] + w_new[r] * pv
                     if COUNT:
                         nr += ASZ
@@ -324,9 +345,10 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
     CAUSAL, COUNT, ZERO = causal, count, ACC(0)
     drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
-    st = _steps(d, Br, Bc, dtype, count)
+    st = _steps(d, Br, Bc, dtype, count, causal)
     zero_fill, sizes, load_pair, key_block = st.zero_fill, st.sizes, st.load_pair, st.key_block
     row_times_col, convert = st.row_times_col, st.convert
+    seen_keys, first_seeing_row = st.seen_keys, st.first_seeing_row
 
     @jit
     def init_dQ(dQ, counter):
@@ -408,16 +430,18 @@ def _backward_kernels(d, Br, Bc, dtype, causal, count, dropout=False):
                     for x in range(D):
                         pdo = ZERO
                         dsq = ZERO
-                        for r in range(rows):  # masked entries (P = dS = 0) add nothing, even against Inf or NaN
-                            pdo = madd_unless_zero(pdo, P_ij[r, c], dO_i[r, x])
-                            dsq = madd_unless_zero(dsq, dS_ij[r, c], Q_i[r, x])
+                        # over the rows that see key c0 + c: a masked entry adds nothing, even against Inf or
+                        # NaN; a visible one multiplies, 0 or not (IEEE)
+                        for r in range(first_seeing_row(c0 + c, r0, rows, Nq, Nk), rows):
+                            pdo += P_ij[r, c] * dO_i[r, x]
+                            dsq += dS_ij[r, c] * Q_i[r, x]
                         dV_j[c, x] += pdo  # line 16: dV_j <- dV_j + P_ij^T dO_i
                         dK_j[c, x] += scale * dsq  # line 22: dK_j <- dK_j + scale dS_ij^T Q_i
                 # line 21: dQ_i <- dQ_i + scale dS_ij K_j, read from and written to HBM
                 for idx in range(tid, rows * D, T):
                     r = idx // D
                     x = idx % D
-                    dsk = row_times_col(dS_ij, K_j, r, x, cols)  # (dS_ij K_j)[r, x]; masked entries add nothing
+                    dsk = row_times_col(dS_ij, K_j, r, x, seen_keys(r0 + r, c0, cols, Nq, Nk))  # over the keys seen
                     dQ[bh, r0 + r, x] += scale * dsk
                     if COUNT:
                         nr += ASZ

@@ -30,9 +30,9 @@ def _block_step(d: int, Br: int, Bc: int, transposed: bool, causal: bool, dropou
     This thread's entries of S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, then P_ij = exp(scale S_ij - L_i)
     and dS_ij = P_ij * (Zs dP_ij - D_i) (0 where masked; Zs the dropout mask regenerated, 1 without
     dropout) into the shared tiles, a barrier, and the products into the accumulators (a masked entry
-    adds nothing, even against Inf or NaN).  ``transposed`` (the dK, dV kernel: its thread rows are the
-    keys): S^T, dP^T; Zs P_ij^T into P, dS_ij^T into dS; acc1 = dV_j += P_ij^T dO_i and acc2 = dK_j +=
-    dS_ij^T Q_i over the query rows that exist.  Otherwise (the dQ kernel): dS_ij into dS and
+    adds nothing, even against Inf or NaN; a visible one multiplies, 0 or not).  ``transposed`` (the dK, dV
+    kernel: its thread rows are the keys): S^T, dP^T; Zs P_ij^T into P, dS_ij^T into dS; acc1 = dV_j +=
+    P_ij^T dO_i and acc2 = dK_j += dS_ij^T Q_i over the query rows that exist.  Otherwise (the dQ kernel): dS_ij into dS and
     acc1 = dQ_i += dS_ij K_j over the keys that exist (acc2 and P unused).
     """
     TRANSPOSED, CAUSAL = transposed, causal
@@ -56,9 +56,9 @@ def _block_step(d: int, Br: int, Bc: int, transposed: bool, causal: bool, dropou
         cuda.syncthreads()
         masked = CAUSAL and crosses_diagonal(i0, j0, Bc, Nq, Nk)  # uniform; False without a mask
         if TRANSPOSED:
-            add_products(acc1, acc2, P, dS, dO_i, Q_i, min(Br, Nq - i0), masked, ty, tx, Bc, d)
+            add_products(acc1, acc2, P, dS, dO_i, Q_i, min(Br, Nq - i0), masked, i0, j0, Nq, Nk, ty, tx, Bc, d)
         else:
-            add_products(acc1, acc1, dS, dS, K_j, K_j, min(Bc, Nk - j0), masked, ty, tx, Br, d)
+            add_products(acc1, acc1, dS, dS, K_j, K_j, min(Bc, Nk - j0), masked, i0, j0, Nq, Nk, ty, tx, Br, d)
 
     return step
 

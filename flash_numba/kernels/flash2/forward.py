@@ -136,16 +136,16 @@ def _forward_kernel(d, Br, Bc, dtype, causal, count, dropout=False, grouped=Fals
             cuda.syncthreads()
 
             # Line 10: O_i += P~_ij V_j (over the keys that exist: the last block may be partial);
-            # a masked key's P~ is 0 and adds nothing, even where V_j holds Inf or NaN (only blocks
-            # on the diagonal hold masked keys: the test is uniform over the block, and constant
-            # False without a causal mask)
+            # a masked key adds nothing, even where V_j holds Inf or NaN, and a visible key's P~ multiplies
+            # even where it is 0 (IEEE: 0 * Inf = NaN).  Only blocks on the diagonal hold masked keys:
+            # the test is uniform over the block, and constant False without a causal mask
             masked = CAUSAL and crosses_diagonal(i0, j0, Bc, Nq, Nk)
             for c in range(min(Bc, Nk - j0)):
                 for xb in range(XB):
                     v_row[xb] = V_j[c, min(tx + TX * xb, d - 1)]
                 for a in range(RA):
                     p = P_ij[min(ty + TY * a, Br - 1), c]
-                    if not (masked and p == 0):
+                    if not masked or visible(i0 + ty + TY * a, j0 + c, Nq, Nk, CAUSAL):
                         for xb in range(XB):
                             O[a, xb] += p * v_row[xb]
 

@@ -129,20 +129,22 @@ def p_ds_tile(RA: int, CB: int, Br: int, Bc: int, transposed: bool, causal: bool
 
 @functools.lru_cache(maxsize=None)
 def accumulate(RA: int, XB: int, pair: bool, acc_name: str):
-    """Device function ``(acc1, acc2, A1, A2, B1, B2, n, masked, ty, tx, nA, d)``: acc1 += A1 B1 (acc2 += A2 B2).
+    """Device function ``(acc1, acc2, A1, A2, B1, B2, n, masked, i0, j0, Nq, Nk, ty, tx, nA, d)``: acc1 += A1 B1
+    (acc2 += A2 B2).
 
     A thread's RA x XB entries (rows ty + 8a, columns tx + 16 xb) of a (rows x d) accumulator,
     summed over k < n: ``A[row, k] * B[k, column]`` (rows of A past nA and columns past d repeat the
     last one: those entries are never stored).  With ``pair`` (the dK, dV kernel: dV_j += P_ij^T dO_i,
-    dK_j += dS_ij^T Q_i) two accumulators in one loop, otherwise only acc1 (dQ_i += dS_ij K_j).  With
-    ``masked`` (uniform over the block), an entry of A that is 0 (in both A1 and A2) adds nothing, even
-    against Inf or NaN in B.
+    dK_j += dS_ij^T Q_i; A's rows are keys j0 + row, k the queries i0 + k) two accumulators in one loop,
+    otherwise only acc1 (dQ_i += dS_ij K_j; A's rows are queries i0 + row, k the keys j0 + k).  With ``masked``
+    (uniform over the block: it holds masked entries), an entry whose query does not see its key adds nothing,
+    even against Inf or NaN in B; every visible entry multiplies, 0 or not (IEEE: 0 * Inf = NaN).
     """
     ACC = acc_nb_type(np.dtype(acc_name))
     PAIR = pair
 
     @jit(device=True, forceinline=True)
-    def acc_product(acc1, acc2, A1, A2, B1, B2, n, masked, ty, tx, nA, d):
+    def acc_product(acc1, acc2, A1, A2, B1, B2, n, masked, i0, j0, Nq, Nk, ty, tx, nA, d):
         b1 = cuda.local.array(XB, ACC)
         b2 = cuda.local.array(XB, ACC)
         for k in range(n):
@@ -155,7 +157,8 @@ def accumulate(RA: int, XB: int, pair: bool, acc_name: str):
                 u = min(ty + TY * a, nA - 1)
                 a1 = A1[u, k]
                 a2 = A2[u, k]  # unused without pair
-                if not (masked and a1 == 0 and (not PAIR or a2 == 0)):  # a masked entry adds nothing
+                r, c = (k, ty + TY * a) if PAIR else (ty + TY * a, k)  # query row, key column of the entry
+                if not masked or visible(i0 + r, j0 + c, Nq, Nk, True):  # a masked entry adds nothing
                     for xb in range(XB):
                         acc1[a, xb] += a1 * b1[xb]
                         if PAIR:

@@ -41,11 +41,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, int64, uint32, uint64
+from numba import cuda, int32, int64, uint32, uint64
 
 from ...device import jit
 from .. import _dropout, _smem, _tile_ops
-from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_unless_zero, nb_type
+from .._common import acc_nb_type, add_counts, exp2_ieee, group_step, kv_head, madd_if, nb_type
 from .._common import rounded_mul
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
@@ -73,6 +73,13 @@ SPLIT_THREADS, SPLIT_X = NT // 2, 8
 #: Elements each thread of ``zero_kernel`` zeroes: 512 MB of copies took 0.32 ms with one (1.6 TB/s) and 0.12 with
 #: four (2026-11-30, benchmarks/results/h200-2026-11-30-s8/F/ncu.csv and G/ncu_zero.csv).
 ZEROS_PER_THREAD = 4
+
+
+@jit(device=True, forceinline=True)
+def _row_key_limit(r, c, Nq, Nk, causal):
+    """:func:`..causal.key_limit` for query r, and -1 (no key) for a row past Nq that pads the query block: its P and
+    dS are selected to 0 whatever S, which its row of zeros makes NaN against an infinite key (0 * Inf)."""
+    return key_limit(r, c, Nq, Nk, causal) if r < Nq else -1
 
 
 def _kernel_constants(dtype_name: str):
@@ -129,11 +136,12 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     # of dO_i, Q_i rows on all banks), else 16 apart (scalar reads)
     X0, XOFF, XCOL, QUADS = _tile_ops.thread_columns(TD)
     dv_dk_product = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, True, False, acc, False, QUADS)
-    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, True, False, acc, True, QUADS)
+    # on blocks the diagonal crosses: P, dS (queries k x keys ty*TM + a), a masked entry adding nothing
+    dv_dk_masked = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, True, False, acc, "queries", QUADS)
     # P and dS in one tile (layout.SHARE_P_DS_MIN_TD): the two products one after the other
     SHARE = g["share_p_ds"]
     one_product = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, False, False, acc, False, QUADS)
-    one_masked = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, False, False, acc, True, QUADS)
+    one_masked = _tile_ops.strided_product(TM, TD, Br, PS, X0, XCOL, QS, False, False, acc, "queries", QUADS)
     store = _tile_ops.strided_store(TM, TD, d, True, count, (X0, XOFF))  # the products' columns
     PS_U = np.uint32(PS)
     launch = BACKWARD_KVQ_NAME if atomic_dq else BACKWARD_KV_NAME
@@ -148,16 +156,17 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
     TD2 = 2 * TD
     KV_COLS = tuple(u % 4 + 32 * (u // 4) for u in range(TD2))
     kv_product = _tile_ops.strided_product(TM, TD2, Br, PS, 4, 1, QS, False, False, acc, False, 32)
-    kv_masked = _tile_ops.strided_product(TM, TD2, Br, PS, 4, 1, QS, False, False, acc, True, 32)
+    kv_masked = _tile_ops.strided_product(TM, TD2, Br, PS, 4, 1, QS, False, False, acc, "queries", 32)
     kv_store = _tile_ops.strided_store(TM, TD2, d, False, count, (4, KV_COLS))
 
-    def dq_partial(skip_zero: bool):
-        """``partial(dqp, kq, ds4, KT, dSs, lane, warp)``: dqp = this step's dS_ij K_j for the lane's rows and
-        columns; ``skip_zero``: a dS of 0 adds nothing (a select per multiply-add, diagonal blocks only)."""
-        SKIP_ZERO = skip_zero
+    def dq_partial(masked: bool):
+        """``partial(dqp, kq, ds4, KT, dSs, lane, warp, diag)``: dqp = this step's dS_ij K_j for the lane's rows and
+        columns; ``masked`` (blocks the diagonal crosses, ``diag = r0 + (Nk - Nq) - c0``): a masked entry adds
+        nothing, even against Inf or NaN in K_j, a visible one multiplies, dS = 0 or not (a select per multiply-add)."""
+        MASKED = masked
 
         @jit(device=True, forceinline=True)
-        def partial(dqp, kq, ds4, KT, dSs, lane, warp):
+        def partial(dqp, kq, ds4, KT, dSs, lane, warp, diag):
             for a in range(RH):
                 for u in range(NX):
                     dqp[a, u] = ZERO
@@ -168,6 +177,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                 first += lane // LG_U * RH_U
             kqi = col * KS_U  # K_j^T[col, c]
             dsi = first * uint32(PS)  # dS_ij[first, c]
+            lim = int32(diag) + int32(first)  # row first + a sees key c + t iff c + t - a <= lim
             c = uint32(0)
             while c < BC_U:
                 for u in range(NX):
@@ -180,8 +190,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         ds4[t] = dSs[dsi + uint32(a * PS + t)]
                     for u in range(NX):
                         for t in range(4):
-                            if SKIP_ZERO:
-                                dqp[a, u] = madd_unless_zero(dqp[a, u], ds4[t], kq[u, t])
+                            if MASKED:
+                                seen = int32(c) + int32(t - a) <= lim
+                                dqp[a, u] = madd_if(dqp[a, u], ds4[t], kq[u, t], seen)
                             else:
                                 dqp[a, u] += ds4[t] * kq[u, t]
                 kqi += FOUR_U
@@ -262,16 +273,16 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             cuda.syncthreads()
 
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
-            edge = c0 + Bc > Nk or diagonal  # uniform over the block
+            edge = c0 + Bc > Nk or r0 + Br > Nq or diagonal  # uniform over the block: entries to select to 0
             if SPLIT:
                 # P = exp(S - L) (recomputed with the given L, unclamped) by role 0, stored row-major; then role 1
                 # reads it back for the same entries: dS = P * (Zs dP - D), and Zs P over P (Zs: dropout's factor,
-                # regenerated).  Both 0 where masked or past Nk
+                # regenerated).  Both 0 where masked, past Nk or past Nq
                 if role == 0:
                     s_or_dp_product(sT, sT, KT, KT, Qs, Qs, ry, rx)
                     for b in range(TN2):
                         rl = rx + SPLIT_X * b  # this thread's query b
-                        lim = key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)  # keys c0 + ry*TM + a, a <= lim
+                        lim = _row_key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)  # keys c0 + ry*TM + a, a <= lim
                         at = uint32(rl) * PS_U + uint32(ry * TM)  # TM adjacent keys of query rl: 16-byte stores
                         L2 = Ls[rl]
                         for a in range(TM):
@@ -288,7 +299,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         Dv = Ds[rl]
                         lim = TM  # no key masked
                         if edge:
-                            lim = key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)
+                            lim = _row_key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)
                         rk = drop_row(drop_head(seed, bh), r0 + rl)  # dropout's hash of the row
                         at = uint32(rl) * PS_U + uint32(ry * TM)
                         for a in range(TM):
@@ -307,12 +318,12 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             else:
                 s_dp_product(sT, dpT, KT, VT, Qs, dOs, ty, tx)
                 # P = exp(S - L) (recomputed with the given L, unclamped), dS = P * (Zs dP - D), both selected
-                # to 0 where masked or past Nk; stored row-major, P as Zs P (Zs: dropout's factor, regenerated)
+                # to 0 where masked, past Nk or Nq; stored row-major, P as Zs P (Zs: dropout's factor, regenerated)
                 for b in range(TN):
                     rl = tx + TX * b  # this thread's query b
                     L2 = Ls[rl]
                     Dv = Ds[rl]
-                    lim = key_limit(r0 + rl, c0 + ty * TM, Nq, Nk, CAUSAL)  # keys c0 + ty*TM + a, a <= lim
+                    lim = _row_key_limit(r0 + rl, c0 + ty * TM, Nq, Nk, CAUSAL)  # keys c0 + ty*TM + a, a <= lim
                     rk = drop_row(head, r0 + rl)  # dropout's hash of the row
                     for a in range(TM):
                         p = exp2_ieee(MUL_RN(scale_log2, sT[a, b]) - L2)  # rounded as in the forward
@@ -330,9 +341,10 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                             dSs[at + uint32(a)] = dpT[a, b]
                 cuda.syncthreads()
 
+            diag = r0 + (Nk - Nq) - c0  # query r0 + r sees key c0 + c iff c - r <= diag (the masked products)
             if SHARE:  # dV_j += P^T dO_i; then dS over P (every thread done with P); dK_j += dS^T Q_i below
                 if diagonal:
-                    one_masked(dv_acc, dv_acc, Ps, Ps, dOs, dOs, ty, tx)
+                    one_masked(dv_acc, dv_acc, Ps, Ps, dOs, dOs, ty, tx, diag)
                 else:
                     one_product(dv_acc, dv_acc, Ps, Ps, dOs, dOs, ty, tx)
                 cuda.syncthreads()
@@ -349,31 +361,31 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                             dSs[at + uint32(a)] = dpT[a, b]
                 cuda.syncthreads()
                 if diagonal:
-                    one_masked(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx)
+                    one_masked(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx, diag)
                 else:
                     one_product(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx)  # scale applied to dK at the end
-            elif SPLIT_KV:  # scale applied to dK at the end; masked entries (P = dS = 0) add nothing
+            elif SPLIT_KV:  # scale applied to dK at the end; masked entries add nothing
                 if role == 0:
                     if diagonal:
-                        kv_masked(kv_acc, kv_acc, Ps, Ps, dOs, dOs, ry, rx)
+                        kv_masked(kv_acc, kv_acc, Ps, Ps, dOs, dOs, ry, rx, diag)
                     else:
                         kv_product(kv_acc, kv_acc, Ps, Ps, dOs, dOs, ry, rx)
                 elif diagonal:
-                    kv_masked(kv_acc, kv_acc, dSs, dSs, Qs, Qs, ry, rx)
+                    kv_masked(kv_acc, kv_acc, dSs, dSs, Qs, Qs, ry, rx, diag)
                 else:
                     kv_product(kv_acc, kv_acc, dSs, dSs, Qs, Qs, ry, rx)
-            elif diagonal:  # masked entries (P = dS = 0) add nothing, even against Inf or NaN in dO_i, Q_i
-                dv_dk_masked(dv_acc, dk_acc, Ps, dSs, dOs, Qs, ty, tx)
+            elif diagonal:  # masked entries add nothing, even against Inf or NaN in dO_i, Q_i; visible ones do, 0 too
+                dv_dk_masked(dv_acc, dk_acc, Ps, dSs, dOs, Qs, ty, tx, diag)
             else:
                 dv_dk_product(dv_acc, dk_acc, Ps, dSs, dOs, Qs, ty, tx)  # scale applied to dK at the end
 
             if ATOMIC_DQ:
                 # dQ_i += dS_ij K_j: per 4 keys, a 16-byte load of K_j^T per dQ column (KS = 4 mod 32
                 # words: a quarter-warp hits distinct banks) and one of dS per row, broadcast to the lane group
-                if diagonal:  # dS = 0 (masked) adds nothing, even against Inf or NaN in K_j
-                    dq_masked(dqp, kq, ds4, KT, dSs, lane, warp)
+                if diagonal:  # a masked entry adds nothing, even against Inf or NaN in K_j
+                    dq_masked(dqp, kq, ds4, KT, dSs, lane, warp, diag)
                 else:
-                    dq_plain(dqp, kq, ds4, KT, dSs, lane, warp)
+                    dq_plain(dqp, kq, ds4, KT, dSs, lane, warp, diag)
                 col = lane  # as in dq_partial (written out twice: a shared helper reorders the PTX)
                 first = uint32(r0) + warp * uint32(RW)
                 if GROUPED:
@@ -425,7 +437,7 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
     load_stats = _tile_ops.stats_loader(Br, acc, count, with_d=False)  # L_i only: D_i is computed here
     s_dp_product = _tile_ops.strided_product(TM, TN, DP, QS, TN, 1, KS, True, True, acc)  # S = Q K^T, dP = dO V^T
     dq_product = _tile_ops.strided_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc)  # dS_ij K_j
-    dq_masked = _tile_ops.strided_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, True)  # 0 adds nothing
+    dq_masked = _tile_ops.strided_product(TM, TD, Bc, PS, KS, TX * KS, 1, False, False, acc, "keys")  # masked: none
     store = _tile_ops.strided_store(TM, TD, d, False, count)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
@@ -497,8 +509,8 @@ def dq_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: bo
                     dST[(tx * TN + b) * PS + ty * TM + a] = ds
             cuda.syncthreads()
 
-            if diagonal:  # masked entries (dS = 0) add nothing, even against Inf or NaN in K_j
-                dq_masked(dq_acc, dq_acc, dST, dST, KT, KT, ty, tx)
+            if diagonal:  # masked entries add nothing, even against Inf or NaN in K_j; visible ones do, dS = 0 or not
+                dq_masked(dq_acc, dq_acc, dST, dST, KT, KT, ty, tx, r0 + (Nk - Nq) - c0)
             else:
                 dq_product(dq_acc, dq_acc, dST, dST, KT, KT, ty, tx)  # dQ_i += dS K_j, scale applied at the end
 

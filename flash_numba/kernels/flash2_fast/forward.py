@@ -83,7 +83,7 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
     # of V_j's rows on all banks), else TD adjacent ones (_tile_ops.thread_columns)
     O0, OCOL, OB, QUADS = _tile_ops.thread_columns(TD, "adjacent")
     pv_product = _tile_ops.strided_product(TM, TD, Bc, PS, O0, OB, DP, False, False, acc, False, QUADS)
-    pv_masked = _tile_ops.strided_product(TM, TD, Bc, PS, O0, OB, DP, False, False, acc, True, QUADS)
+    pv_masked = _tile_ops.strided_product(TM, TD, Bc, PS, O0, OB, DP, False, False, acc, "keys", QUADS)
     DROPOUT, (drop_head, drop_row, drop) = dropout, _dropout.factor(dropout, acc)
     PS_U = np.uint32(PS)
 
@@ -169,8 +169,8 @@ def forward_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, coun
                     PT[at + uint32(a)] = s[a, b]
             cuda.syncthreads()
 
-            if diagonal:  # a masked key's P is 0: it adds nothing, even where V_j holds Inf or NaN
-                pv_masked(acc, acc, PT, PT, Vs, Vs, ty, tx)
+            if diagonal:  # a masked key adds nothing, even against Inf or NaN in V_j; a visible one does, P = 0 or not
+                pv_masked(acc, acc, PT, PT, Vs, Vs, ty, tx, row0 + (Nk - Nq) - col0)
             else:  # (past Nk, V_j is zero-filled)
                 pv_product(acc, acc, PT, PT, Vs, Vs, ty, tx)
 

@@ -101,7 +101,8 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                  T: int | None = None):
     """The split kernel for head dim d (a multiple of 16 bytes), storage ``dtype_name``, ``RT`` rows a block,
     a ``paged`` cache, ``split`` (partials out) or not (o and lse out), ``causal`` (bottom-right among the new
-    tokens; only then can a key the block reads be masked for a row, so only then does P V test p != 0),
+    tokens; only then can a key the block reads be masked for a row, so only then does P V test the mask: a
+    masked key adds nothing, a visible one multiplies, p = 0 or not, as IEEE arithmetic and the reference do),
     ``count``ing bytes; ``T`` keys in flight a lane group (None: :func:`keys_in_flight`; the benchmark measures
     others)."""
     g = geometry(d, dtype_name)
@@ -279,8 +280,8 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                             p = sc[t * RT + r]
                             if not CAUSAL:  # every key read is visible (a key past the chunk has p = 0, v = 0)
                                 ov += p * vf[t * V + x]
-                            elif p != ZERO:  # a masked key adds nothing, even an Inf or NaN value
-                                ov += p * vf[t * V + x]
+                            elif j0 + int64(grp) + NG * t <= lim[r]:  # a masked key adds nothing, even an Inf
+                                ov += p * vf[t * V + x]  # or NaN value; a visible one multiplies, p = 0 or not
                         oacc[r * V + x] = ov
                 j0 += KEYS
             lo = hi

@@ -72,7 +72,8 @@ def product_plan(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count:
     * ``load(a_in, b_in, h_a, h_b, r0, c0, Nq, Nk, A, Bs, tid) -> elements``: after a barrier, tile
       (r0, c0) of head h_a of ``a_in`` and the rows of head h_b of ``b_in`` that it multiplies, then a barrier;
     * ``accumulate(A, Bs, acc, ty, tx, r0, c0, Nq, Nk)``: acc += the thread's part of the product;
-      a 0 in A adds nothing on a tile that the diagonal crosses (causal), Inf or NaN in B or not;
+      on a tile that the diagonal crosses (causal) a masked entry of A adds nothing, Inf or NaN in B or not,
+      and a visible one multiplies, 0 or not (IEEE, as the reference);
     * ``finish(c_out, h, row0, n_rows, ty, tx, alpha, acc, counter, nr, nw)``: acc *= alpha, stored at
       rows row0 + ty*TM .. of head h (n_rows rows in all), and the bytes counted when ``count``.
     """
@@ -89,7 +90,8 @@ def product_plan(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count:
     load_a = tile_loader(Br, Bc, 1, AS, acc_name) if by_rows else tile_loader(Br, Bc, AS, 1, acc_name)
     load_b = tile_loader(K, d, DP, 1, acc_name)
     product = micro_product(TM, TD, K, AS, DP, acc_name)
-    product_masked = micro_product(TM, TD, K, AS, DP, acc_name, True)  # a 0 in A_ij adds nothing
+    # on a tile the diagonal crosses, a masked entry adds nothing (A_ij^T: k over keys; A_ij: k over queries)
+    product_masked = micro_product(TM, TD, K, AS, DP, acc_name, "keys" if by_rows else "queries")
     store = tile_store(TM, TD, dtype.name)
 
     @jit(device=True, inline="always")
@@ -113,8 +115,8 @@ def product_plan(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count:
 
     @jit(device=True, inline="always")
     def accumulate(A, Bs, acc, ty, tx, r0, c0, Nq, Nk):
-        if CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk):  # masked entries (A = 0) add nothing, Inf/NaN or not
-            product_masked(A, ty * TM, Bs, tx * TD, acc)
+        if CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk):  # masked entries add nothing, Inf/NaN or not
+            product_masked(A, ty * TM, Bs, tx * TD, acc, r0 + (Nk - Nq) - c0, ty)
         else:
             product(A, ty * TM, Bs, tx * TD, acc)
 

@@ -23,7 +23,8 @@ one ldmatrix.x4 of P_ij (the A fragment) and, per 16 columns of d, one ldmatrix.
 fragments of two n8 tiles: V is stored by rows, B wants columns), 2 mma; O_i stays in fp32
 registers until the end; with dropout each P_ij tile is multiplied in shared memory by dropout's factor
 (regenerated from the seed) and rounded back to 16 bits first.  A causal tile whose V_j holds an Inf or
-NaN is multiplied on CUDA cores instead, so that a masked key adds nothing (0 * Inf would be NaN).
+NaN is multiplied on CUDA cores instead, so that a masked key adds nothing (0 * Inf would be NaN); a visible
+key multiplies, its P 0 or not (IEEE, as the reference).
 
 Measured on the H200 (benchmarks/results/h200-2026-12-01-standard-tc/, B*H = 32, N = 4096, d = 64, float16):
 scores 1.36 ms (2.1x its bytes at the copy rate), the softmax 0.58 ms (0.93x), P V 1.02 ms (1.6x): 2.97 ms
@@ -54,7 +55,7 @@ from numba import cuda, float32, int32, types, uint32
 
 from .. import _mma
 from .. import _dropout
-from .._common import add_counts, madd_unless_zero, nan_max, rounded_mul
+from .._common import add_counts, madd_if, nan_max, rounded_mul
 from .._tile_ops import NT, fast_kernel
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import sees_no_key_dev as sees_no_key
@@ -271,8 +272,8 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
     read in the visible tiles only (P: zeros above the diagonal, as the softmax wrote them); ``b``
     (BH / G, Nk, d) input, head bh // G; ``c`` (BH, Nq, d); ``vec_a``, ``vec_b``: the rows of a, b
     start on 16 bytes (16-byte loads).  A tile that the causal diagonal crosses and whose V_j holds an Inf
-    or NaN is multiplied on CUDA cores, skipping the masked P_ij = 0 (an mma would add 0 * Inf = NaN), as
-    the CUDA-core kernel does: masked keys add nothing (docs/RELIABILITY.md).
+    or NaN is multiplied on CUDA cores, skipping the masked entries (an mma would add 0 * Inf = NaN), as
+    the CUDA-core kernel does: masked keys add nothing, visible ones multiply, P = 0 or not (docs/RELIABILITY.md).
     """
     assert Br == BR and Bc in BCS, (Br, Bc)
     DP = padded_d(d)
@@ -325,14 +326,15 @@ def rowprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
                 for e in range(tid, Bc * d, NT):
                     if not math.isfinite(to_float(Bs[(e // d) * RS + e % d])):
                         bad = int32(1)
-                if cuda.syncthreads_or(bad):  # rare: this tile on CUDA cores, a 0 in A_ij adding nothing
+                if cuda.syncthreads_or(bad):  # rare: this tile on CUDA cores, a masked key adding nothing
+                    lim = r0 + 16 * w + g + (Nk - Nq) - c0  # the lane's first row sees keys c0 + kk, kk <= lim
                     for kk in range(Bc):  # (the key loop outside: acc's indices stay constants, in registers)
                         a_lo = to_float(As[(16 * w + g) * AS + kk])
                         a_hi = to_float(As[(16 * w + g + 8) * AS + kk])
                         for nt in range(DTILES):
                             for e in range(4):
                                 b = to_float(Bs[kk * RS + 8 * nt + 2 * t + e % 2])
-                                acc[nt, e] = madd_unless_zero(acc[nt, e], a_hi if e >= 2 else a_lo, b)
+                                acc[nt, e] = madd_if(acc[nt, e], a_hi if e >= 2 else a_lo, b, kk <= lim + 8 * (e // 2))
                     continue
             for kk in range(KSTEPS):  # C_i += A_ij B_j, 16 keys a step
                 a0, a1, a2, a3 = ldm(As, a_at + uint32(16 * kk))
