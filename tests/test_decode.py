@@ -172,6 +172,31 @@ def test_large_scores_and_a_masked_infinite_value(rng):
     assert np.abs(r.o[0, 0, 0] - o_ref[0, 0, 0]).max() < 1e-3
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_visible_probability_of_zero_meets_inf(rng):
+    """Causal, L = 9, two new tokens (token 0 sees keys 0..7, token 1 keys 0..8).  Key 3's score is -1e4 below the
+    others (q[:, 0] = 1, k[:, 0] = 0 but k[3, 0] = -1e4 sqrt(d)): its P underflows to 0 (in float64 too), and
+    against +Inf in v[3, 2] gives NaN in o[:, 2], as IEEE arithmetic and the reference do (docs/RELIABILITY.md,
+    section 2).  At d = 128 (float32) the block's 4 lane groups take keys 4 apart: key 3 shares its group's
+    online softmax with key 7, whose score is O(1), so its p is 0 in the group's P V too.  +Inf in v[8, 1],
+    which token 0 does not see: its o stays finite there, token 1's is +Inf.  One split and two (the combine's
+    weight 2^(lse2_s - LSE2) of 0 against a split's NaN or Inf is NaN too)."""
+    d = 128
+    q, k, v, seqlens, _ = make(rng, 1, 1, 1, 2, d, (9,), np.float32)
+    q[..., 0], k[..., 0] = 1.0, 0.0
+    k[0, 0, 3, 0] = -1e4 * np.sqrt(d)
+    v[0, 0, 3, 2], v[0, 0, 8, 1] = np.inf, np.inf
+    o_ref, lse_ref = decode_reference(q, k, v, seqlens, causal=True)
+    assert np.isnan(o_ref[0, 0, :, 2]).all() and np.isfinite(o_ref[0, 0, 0, [0, 1, 3]]).all()  # the case is drawn
+    assert np.isposinf(o_ref[0, 0, 1, 1])
+    for splits in (1, 2):
+        r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, num_splits=splits, causal=True)
+        o = np.asarray(r.o, np.float64)
+        assert np.array_equal(np.isnan(o), np.isnan(o_ref)) and np.array_equal(np.isinf(o), np.isinf(o_ref))
+        fin = np.isfinite(o_ref)
+        assert np.abs(o[fin] - o_ref[fin]).max() < 1e-5 and np.abs(r.lse - lse_ref).max() < 1e-3
+
+
 def _args(rng, paged=True):
     q, k, v, seqlens, table = make(rng, 2, 4, 2, 1, 8, (6, 9), np.float32, page_size=4 if paged else None)
     return dict(q=q, k_cache=k, v_cache=v, cache_seqlens=seqlens, block_table=table)

@@ -786,63 +786,55 @@ VISIBLE_ZERO = [p for p in MATRIX if p.values[1] == ("float32" if "float32" in k
                 or p.values == ("standard", "float16")]
 
 
-def _underflowing_key(q, k, j):
-    """Key j's score scale * q_i . k_j made -1e4 + O(1) on every row (column 0: q = 1, k_j = -1e4 sqrt(d), the
-    other keys 0): its probability is exactly 0 in float16 .. float64 (exp(-1e4) underflows even in float64),
-    while the other keys' scores stay O(1)."""
-    q[..., 0] = 1.0
-    k[..., 0] = 0.0
-    k[..., j, 0] = -1e4 * math.sqrt(q.shape[-1])
-
-
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name, dtype", VISIBLE_ZERO)
 def test_a_visible_probability_of_zero_meets_inf_and_nan(rng, name, dtype):
     """IEEE arithmetic on visible entries: a visible key whose P is exactly 0 still multiplies its operands, so
     0 * Inf = NaN and 0 * NaN = NaN reach the result as in the reference (and PyTorch); only masked keys add nothing.
 
-    Causal, Nq = 11 > Nk = 9 (rows 0, 1 see no key; rows 2, 3 see keys 0 .. 1 and 0 .. 2 masked for key 2; rows from
-    4 on see key 2 and the keys before it), one block holding the diagonal.  Key 2's score is -1e4 below the others
-    (:func:`_underflowing_key`) in heads 0 and 2, -inf (k[2, 0] = -inf against q[:, 0] = 1) in head 1.  Head 0:
-    +Inf in v[2, 1] and NaN in v[2, 3]: o[4:, 1] and o[4:, 3] are NaN (P V), and dS = 0 * (dP - D) is NaN on
-    key 2 for those rows.  Head 1: dS_i2 = 0 against k[2, 0] = -inf: dq[4:] NaN (dS K).  Head 2: +Inf in dO[6, 1]:
-    dv[2, 1] NaN (P^T dO).  Every entry held to the reference's NaN, +Inf and -Inf positions and its values; flash2_tc
-    (lacks masked_nonfinite) on what no masked Inf or NaN reaches (:func:`check_like_reference`)."""
+    Causal, Nq = 10 > Nk = 8: rows 0, 1 see no key, row i >= 2 the keys up to i - 2 (the blocks cross the
+    diagonal).  Column 0 of q is 1 and of k 0, but for key 2, k[2, 0] = -inf (its score is -inf), and key 3,
+    k[3, 0] = -1e4 sqrt(d) (its score -1e4 + O(1): P underflows to 0 in every dtype, float64 too); the other
+    scores are O(1).  +Inf in v[3, 1], NaN in v[3, 3]: o[5:, 1] and o[5:, 3] are NaN (P V), rows 2..4 (key 3
+    masked) finite.  Row 4 (o finite) has dS_42 = 0 * (dP - D) = 0 against k[2, 0] = -inf: dq[4, 0] NaN (dS K), rows
+    2, 3 (key 2 masked) finite.  +Inf in dO[6, 1]: dv[2, 1] = 0 * Inf + .. NaN (P^T dO).  Every entry held to the
+    reference's NaN, +Inf and -Inf positions and its values; flash2_tc (lacks masked_nonfinite) on what no masked
+    Inf or NaN reaches (:func:`check_like_reference`)."""
     d = dim(name, dtype, 4)
-    raw = [rng.standard_normal((1, 3, n, d)) for n in (11, 9, 9, 11)]
+    raw = [rng.standard_normal((1, 1, n, d)) for n in (10, 8, 8, 10)]
     q, k, v, do = raw
-    for h in range(3):
-        _underflowing_key(q[:, h], k[:, h], 2)
-    v[0, 0, 2, 1], v[0, 0, 2, 3] = np.inf, np.nan
-    k[0, 1, 2, 0] = -np.inf
-    do[0, 2, 6, 1] = np.inf
+    q[..., 0], k[..., 0] = 1.0, 0.0
+    k[0, 0, 2, 0], k[0, 0, 3, 0] = -np.inf, -1e4 * math.sqrt(d)
+    v[0, 0, 3, 1], v[0, 0, 3, 3] = np.inf, np.nan
+    do[0, 0, 6, 1] = np.inf
     xs = tuple(stored(x, dtype) for x in raw)
     xs64 = tuple(as64(x, dtype) for x in xs)
-    want, _ = reference.attention_forward(*xs64[:3], causal=True)
-    assert np.isnan(want[0, 0, 4:, [1, 3]]).all() and np.isfinite(want[0, 0, 2:4]).all()  # the case is drawn
+    o_ref, lse_ref = reference.attention_forward(*xs64[:3], causal=True)
+    dq_ref, _, dv_ref = reference.attention_backward(*xs64[:3], o_ref, lse_ref, xs64[3], causal=True)
+    assert np.isnan(o_ref[0, 0, 5:, [1, 3]]).all() and np.isfinite(o_ref[0, 0, 2:5]).all()  # the case is drawn
+    assert np.isnan(dq_ref[0, 0, 4, 0]) and np.isfinite(dq_ref[0, 0, :4]).all() and np.isnan(dv_ref[0, 0, 2, 1])
     f = check_like_reference(name, dtype, xs, xs64, causal=True)
     o = as64(f.o, dtype)
-    assert np.isnan(o[0, 0, 4:, [1, 3]]).all() and np.all(o[0, :, :2] == 0)
+    assert np.isnan(o[0, 0, 5:, [1, 3]]).all() and np.all(o[0, 0, :2] == 0)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name, dtype", [p for p in VISIBLE_ZERO if kernels.get(p.values[0]).has("dropout")])
 def test_a_dropped_entry_meets_inf(rng, name, dtype):
     """Dropout (p = 0.5), causal, Nq = Nk = 9: a dropped visible entry has Zs P = 0, and 0 * Inf = NaN, as in the
-    reference and PyTorch.  Head 0: +Inf in v[1, 2]: o[i, 2] is NaN on the rows i >= 1 that dropped key 1, +Inf on
-    those that kept it.  Head 1: +Inf in dO[5, 0]: dv[j, 0] NaN for the keys j <= 5 that row 5 dropped."""
+    reference and PyTorch.  +Inf in v[1, 2]: o[i, 2] is NaN on the rows i >= 1 that dropped key 1, +Inf on those
+    that kept it.  +Inf in dO[5, 0]: dv[j, 0] NaN for the keys j <= 5 that row 5 dropped (dv = (Zs P)^T dO)."""
     d, seed = dim(name, dtype, 4), 7
-    raw = [rng.standard_normal((1, 2, 9, d)) for _ in range(4)]
+    raw = [rng.standard_normal((1, 1, 9, d)) for _ in range(4)]
     raw[2][0, 0, 1, 2] = np.inf
-    raw[3][0, 1, 5, 0] = np.inf
+    raw[3][0, 0, 5, 0] = np.inf
     xs = tuple(stored(x, dtype) for x in raw)
     xs64 = tuple(as64(x, dtype) for x in xs)
-    kept = _dropout_keep(seed, 2, 9, 9)
-    dropped = ~kept & reference.causal_mask(9, 9)
-    assert dropped[0, 1:, 1].any() and dropped[1, 5, :6].any()  # the case is drawn
+    dropped = ~_dropout_keep(seed, 1, 9, 9)[0] & reference.causal_mask(9, 9)
+    assert dropped[1:, 1].any() and dropped[5, :6].any()  # the case is drawn
     f = check_like_reference(name, dtype, xs, xs64, causal=True, dropout_p=0.5, dropout_seed=seed)
     o = as64(f.o, dtype)
-    assert np.isnan(o[0, 0, 1:, 2][dropped[0, 1:, 1]]).all()
+    assert np.isnan(o[0, 0, 1:, 2][dropped[1:, 1]]).all() and np.isposinf(o[0, 0, 1:, 2][~dropped[1:, 1]]).all()
 
 
 def _dropout_keep(seed, BH, Nq, Nk):
