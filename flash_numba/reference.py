@@ -48,6 +48,10 @@ section 2, says how, and what it leaves open):
   ``o = NaN`` and ``lse = NaN``.
 * A masked key contributes nothing, whatever its values: a NaN or Inf in k or v
   at a position a row cannot see never reaches that row (no ``0 * Inf``).
+* A visible entry always contributes its product, even where its probability (dS,
+  dropout's ``Z * P``) is exactly 0 (a score far below the row's max, a ``-inf``
+  score, a dropped entry): ``0 * Inf = NaN`` and ``0 * NaN = NaN`` reach the result,
+  as IEEE arithmetic gives and PyTorch does (:func:`_masked_matmul` skips by the mask only).
 * The backward takes ``P = exp(S - L)`` with the ``L`` it is given, unclamped,
   on visible entries (0 on masked ones), and ``D = rowsum(dO * O)``.
 

@@ -2,19 +2,20 @@
 
 Hypothesis draws a problem (Nq, Nk in 1..24, d in {1, 3, 8, 16}, float16/32/64, causal or not,
 one or two query heads sharing the key/value head),
-a regime of scores (unit, scores of +-1e4 (1e3 in float16), a tiny or a huge scale), up to three
-NaN or Inf entries in q, k, v and up to two rows whose lse the backward is given as -inf or -1000.
+a regime of scores (unit, scores of +-1e4 (1e3 in float16), a tiny or a huge scale, or unit scores but one
+key's 1e4 below the others, "underflow"), up to three NaN or Inf entries in q, k, v and up to two rows whose
+lse the backward is given as -inf or -1000.
 Each kernel must put NaN, +Inf and -Inf where the reference does, in o, lse, dq, dk and dv, and
 agree with it elsewhere within 3x the error of attention done in the storage dtype (Dao-AILab's
 rule, as tests/test_reliability.py's large-score tests) or the arithmetic's bound, whichever is
 larger.  Holding each kernel to the reference's pattern holds them to each other.
 
-Not drawn, because the rule does not pin it (docs/RELIABILITY.md, section 2): a visible entry whose
-probability is exactly 0 (a -inf score, or exp underflow) against an Inf or NaN operand, where
-IEEE arithmetic gives 0 * Inf = NaN and a kernel's masked-block product skips the entry.  So k gets
-NaN only (an infinite k_j with an ordinary q_i can make S_ij = -inf), v gets NaN or Inf only
-when the scores are O(1) (no probability underflows), and an lse is edited only on rows that see
-no key or more than one (see ``problems``).
+Visible entries follow IEEE arithmetic (docs/RELIABILITY.md, section 2): a visible entry whose probability is
+exactly 0 still multiplies its operands, so 0 * Inf = NaN.  The draws reach it two ways: an infinite k_j
+(+-Inf in k) makes S_ij = -inf on the rows whose q_i has the other sign there, and the "underflow" regime gives
+one key j a score 1e4 below the others (P_ij = 0 in float64 too) and puts a NaN or an Inf in v_j.  Not drawn:
+an lse edited on a row that sees exactly one key (see ``problems``), where dS = Inf * (rounding noise) is
++-Inf or NaN by the last bit.
 
 Examples per kernel: ``FLASH_NUMBA_FUZZ_EXAMPLES`` (default 4, derandomized: the same examples
 on every machine; each costs a few seconds in the simulator).
@@ -39,8 +40,9 @@ EXAMPLES = int(os.environ.get("FLASH_NUMBA_FUZZ_EXAMPLES", "4"))
 VARIANTS = [(k, True) for k in kernels.NAMES] + [(k, False) for k in kernels.NAMES if kernels.get(k).supports_atomic]
 #: regime -> (entries of q and k about this size, scale as a function of d and dtype); scores O(1)
 #: except "large", whose scores are +-C + O(1) as in tests/test_reliability.py's LARGE
-REGIMES = ("unit", "large", "tiny scale", "huge scale")
-SPECIALS = {"q": (math.nan, math.inf, -math.inf), "k": (math.nan,), "v": (math.nan, math.inf, -math.inf)}
+REGIMES = ("unit", "large", "tiny scale", "huge scale", "underflow")
+SPECIALS = {"q": (math.nan, math.inf, -math.inf), "k": (math.nan, math.inf, -math.inf),
+            "v": (math.nan, math.inf, -math.inf)}
 
 
 @st.composite
@@ -54,6 +56,7 @@ def problems(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     where = st.tuples(st.sampled_from("qkv"), st.integers(0, 23), st.integers(0, 15), st.integers(0, 2))
     specials = draw(st.lists(where, max_size=3))
+    low = draw(st.tuples(st.integers(0, 23), st.integers(0, 15), st.integers(0, 2)))  # "underflow": key, v's entry
     lse_edits = draw(st.lists(st.tuples(st.integers(0, 23), st.sampled_from([-math.inf, -1000.0])), max_size=2))
 
     rng = np.random.default_rng(seed)
@@ -70,10 +73,13 @@ def problems(draw):
         size = 1e-3 if dtype == np.float16 else 1e-10
         q, k = q * size, k * size
         scale = 1 / (size * size * math.sqrt(d))
+    elif regime == "underflow":  # key j's score -1e4 + O(1), the others O(1): its P is 0 in every dtype, and v_j
+        j = low[0] % Nk  # holds a NaN or an Inf
+        q[..., 0] = 1.0
+        k[..., j, 0] = -1e4 * math.sqrt(d)
+        v[..., j, low[1] % d] = SPECIALS["v"][low[2]]
     arrays = {"q": q, "k": k, "v": v}
     for name, row, col, kind in specials:
-        if name == "v" and regime == "large":
-            continue  # probabilities underflow to 0 there: see the module docstring
         x = arrays[name]
         x[-1, row % x.shape[1], col % d] = SPECIALS[name][kind % len(SPECIALS[name])]  # q: the group's last head
     q, k, v, do = (x.astype(dtype) for x in (q, k, v, do))
