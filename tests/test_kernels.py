@@ -677,8 +677,10 @@ def masked_reach(xs64, causal, lacking=True):
     row that sees some key has a non-finite v[j, c] (P V); dq row i when a masked key j of row i has a non-finite
     k[j] or v[j] (dS K; dP = dO V^T); dk row j when a masked row i has a non-finite q[i] or v[j] (dS^T Q); dv row j
     when a masked row i has a non-finite dO[i] (P^T dO).  Every masked key counts (a tile may hold any of them);
-    rows the mask hides keep o = 0, lse = -inf.  Causal or not, dk and dv row j when k[j] is non-finite: the
-    rows of zeros that pad a query block give S = 0 * Inf = NaN there, and P, dS of NaN against their zero dO, Q."""
+    rows the mask hides keep o = 0, lse = -inf.  Where the reference backward is given the reference's o (the fuzz
+    test), a row i whose o is reached has D_i = rowsum(dO_i o_i) reached too, so dS_ij: dk row j for every key j row i
+    sees.  Causal or not, dk and dv row j when k[j] is non-finite: the rows of zeros that pad a query block give
+    S = 0 * Inf = NaN there, and P, dS of NaN against their zero dO, Q."""
     q64, k64, v64, do64 = xs64
     Nq, Nk = q64.shape[-2], k64.shape[-2]
     none = tuple(np.zeros(x.shape, bool) for x in (q64, q64, k64, v64))
@@ -692,6 +694,7 @@ def masked_reach(xs64, causal, lacking=True):
     o = (seeing.astype(np.int64) @ bad["v"].astype(np.int64)) > 0
     dq = ((rows["k"] | rows["v"]) @ m.T) > 0  # row i: a masked key j with a non-finite k[j] or v[j]
     dk = ((rows["q"] @ m) > 0) | ((rows["v"] > 0) & masked.any(axis=0))  # row j: a masked row i with q[i] bad
+    dk |= (o.any(axis=-1).astype(np.int64) @ (~masked).astype(np.int64)) > 0  # row j: a row i whose o (D_i) is reached
     dv = (rows["o"] @ m) > 0  # row j: a masked row i with a non-finite dO[i]
     dk, dv = dk | (rows["k"] > 0), dv | (rows["k"] > 0)  # padding rows of zeros against a non-finite k[j]
     dk, dv = (r.any(axis=0, keepdims=True) if r.shape[0] != k64.shape[0] else r for r in (dk, dv))  # a group
