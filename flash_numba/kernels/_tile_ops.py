@@ -416,12 +416,13 @@ def strided_store(TM: int, TD: int, d: int, pair: bool, count: bool, columns: tu
 
 def masked_lim(mask: str, TM: int):
     """Device function ``(diag, ty) -> lim`` of a product over a tile the causal diagonal crosses
-    (:func:`strided_product`, :func:`micro_product`, ``mask`` "keys" or "queries"): entry (k, row ty*TM + a) of A is visible iff
-    ``k - a <= lim`` ("keys": k steps over the keys, A's rows are queries) or ``a - k <= lim`` ("queries").
+    (:func:`strided_product`, :func:`micro_product`; ``mask`` "keys" or "queries"): entry (k, row ty*TM + a)
+    of A is visible iff ``k - a <= lim`` ("keys": k steps over the keys, A's rows are queries) or
+    ``a - k <= lim`` ("queries": k steps over the queries, A's rows are keys).
 
     ``diag`` is the block's diagonal offset ``r0 + (Nk - Nq) - c0`` (query r0 + r sees key c0 + c iff
-    ``c - r <= diag``, :mod:`.causal`); k - a and a - k are constants once NVVM unrolls the loops, so the test is one
-    integer compare per (k, a), as ``a != 0`` was.
+    ``c - r <= diag``, :mod:`.causal`); k - a and a - k are constants once NVVM unrolls the loops, so the test
+    is one integer compare per (k, a), as the ``a != 0`` that it replaced was one float compare.
     """
     assert mask in ("keys", "queries"), mask
     KEYS = mask == "keys"
@@ -657,7 +658,7 @@ def micro_product(TM: int, TN: int, K: int, AS: int, BS: int, acc_name: str, mas
             k += ONE_U
 
     @jit(device=True, fastmath=FASTMATH)
-    def product(A, a0, B, b0, acc):  # the same loop, unmasked, written out: not inlined by Numba, kept as it compiled
+    def product(A, a0, B, b0, acc):  # unmasked: the loop as it was, written out (not force-inlined: its PTX unchanged)
         av = cuda.local.array(TM, ACC)
         bv = cuda.local.array(TN, ACC)
         ai = uint32(a0)

@@ -32,8 +32,8 @@ def _block_step(d: int, Br: int, Bc: int, transposed: bool, causal: bool, dropou
     dropout) into the shared tiles, a barrier, and the products into the accumulators (a masked entry
     adds nothing, even against Inf or NaN; a visible one multiplies, 0 or not).  ``transposed`` (the dK, dV
     kernel: its thread rows are the keys): S^T, dP^T; Zs P_ij^T into P, dS_ij^T into dS; acc1 = dV_j +=
-    P_ij^T dO_i and acc2 = dK_j += dS_ij^T Q_i over the query rows that exist.  Otherwise (the dQ kernel): dS_ij into dS and
-    acc1 = dQ_i += dS_ij K_j over the keys that exist (acc2 and P unused).
+    P_ij^T dO_i and acc2 = dK_j += dS_ij^T Q_i over the query rows that exist.  Otherwise (the dQ kernel):
+    dS_ij into dS and acc1 = dQ_i += dS_ij K_j over the keys that exist (acc2 and P unused).
     """
     TRANSPOSED, CAUSAL = transposed, causal
     ACC = acc_nb_type(np.dtype(acc_name))
