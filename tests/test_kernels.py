@@ -702,12 +702,13 @@ def masked_reach(xs64, causal, lacking=True):
                                             for r, x in zip((dq, dk, dv), (q64, k64, v64)))
 
 
-def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, backward_too=True, **kw):
+def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, backward_too=True, grads=None,
+                         **kw):
     """Forward and every backward of ``name`` held to the float64 reference, non-finite pattern included.
 
     The backward gets the kernel's own o and lse (``lse_edit`` may change lse first), the reference
     backward the same ones; ``kw`` (dropout's ``dropout_p``, ``dropout_seed``) goes to both.  Returns the forward
-    result.
+    result; each backward's result is appended to the list ``grads`` where one is given.
 
     A kernel that lacks ``masked_nonfinite`` (flash2_tc: its mma multiplies a masked P = 0 by an Inf or NaN, as
     PyTorch and FlashAttention-2 do; docs/RELIABILITY.md) is held to the same on what no masked non-finite operand
@@ -729,6 +730,8 @@ def check_like_reference(name, dtype, xs, xs64, *, causal=False, lse_edit=None, 
         for deterministic in backwards(name):
             b = fn.attention_backward(q, k, v, f.o, lse, do, kernel=name, causal=causal, deterministic=deterministic,
                                       **kw)
+            if grads is not None:
+                grads.append(b)
             for what, got, ref, out in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), want, reach[1:]):
                 assert_like_reference(as64(got, dtype)[~out], ref[~out], tol, f"{what} (deterministic={deterministic})")
     return f
@@ -816,9 +819,12 @@ def test_a_visible_probability_of_zero_meets_inf_and_nan(rng, name, dtype):
     dq_ref, _, dv_ref = reference.attention_backward(*xs64[:3], o_ref, lse_ref, xs64[3], causal=True)
     assert np.isnan(o_ref[0, 0, 5:, [1, 3]]).all() and np.isfinite(o_ref[0, 0, 2:5]).all()  # the case is drawn
     assert np.isnan(dq_ref[0, 0, 4, 0]) and np.isfinite(dq_ref[0, 0, :4]).all() and np.isnan(dv_ref[0, 0, 2, 1])
-    f = check_like_reference(name, dtype, xs, xs64, causal=True)
+    grads = []
+    f = check_like_reference(name, dtype, xs, xs64, causal=True, grads=grads)
     o = as64(f.o, dtype)
     assert np.isnan(o[0, 0, 5:, [1, 3]]).all() and np.all(o[0, 0, :2] == 0)
+    for b in grads:  # the visible cases themselves, where a kernel that lacks masked_nonfinite is not held above
+        assert np.isnan(as64(b.dq, dtype)[0, 0, 4, 0]) and np.isnan(as64(b.dv, dtype)[0, 0, 2, 1])
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -835,9 +841,12 @@ def test_a_dropped_entry_meets_inf(rng, name, dtype):
     xs64 = tuple(as64(x, dtype) for x in xs)
     dropped = ~_dropout_keep(seed, 1, 9, 9)[0] & reference.causal_mask(9, 9)
     assert dropped[1:, 1].any() and dropped[5, :6].any()  # the case is drawn
-    f = check_like_reference(name, dtype, xs, xs64, causal=True, dropout_p=0.5, dropout_seed=seed)
+    grads = []
+    f = check_like_reference(name, dtype, xs, xs64, causal=True, dropout_p=0.5, dropout_seed=seed, grads=grads)
     o = as64(f.o, dtype)
     assert np.isnan(o[0, 0, 1:, 2][dropped[1:, 1]]).all() and np.isposinf(o[0, 0, 1:, 2][~dropped[1:, 1]]).all()
+    for b in grads:
+        assert np.isnan(as64(b.dv, dtype)[0, 0, :6, 0][dropped[5, :6]]).all()
 
 
 def _dropout_keep(seed, BH, Nq, Nk):
