@@ -75,13 +75,6 @@ SPLIT_THREADS, SPLIT_X = NT // 2, 8
 ZEROS_PER_THREAD = 4
 
 
-@jit(device=True, forceinline=True)
-def _row_key_limit(r, c, Nq, Nk, causal):
-    """:func:`..causal.key_limit` for query r, and -1 (no key) for a row past Nq that pads the query block: its P and
-    dS are selected to 0 whatever S, which its row of zeros makes NaN against an infinite key (0 * Inf)."""
-    return key_limit(r, c, Nq, Nk, causal) if r < Nq else -1
-
-
 def _kernel_constants(dtype_name: str):
     """(accumulation dtype name, Numba ACC type, storage bytes, accumulation bytes)."""
     dtype = np.dtype(dtype_name)
@@ -202,6 +195,15 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         return partial
 
     dq_plain, dq_masked = dq_partial(False), dq_partial(True)
+    BRPS_U = np.uint32(Br * PS)
+
+    @jit(device=True, forceinline=True)
+    def zero_rows_past(X, n, tid):
+        """Rows n .. Br - 1 of the (Br, PS) tile X (P or dS) set to 0, the block's threads taking every NT-th entry."""
+        e = uint32(n) * PS_U + uint32(tid)
+        while e < BRPS_U:
+            X[e] = ZERO
+            e += uint32(NT)
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, rnd, scale, scale_log2, counter, q_lay, k_lay, v_lay,
@@ -273,7 +275,11 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
             cuda.syncthreads()
 
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
-            edge = c0 + Bc > Nk or r0 + Br > Nq or diagonal  # uniform over the block: entries to select to 0
+            edge = c0 + Bc > Nk or diagonal  # uniform over the block
+            # the last query block: its rows past Nq hold S = 0 * Inf = NaN against an infinite key (and dP = NaN
+            # against an infinite value): their P and dS are set to 0 in shared memory by a pass of the block's
+            # threads below (selected in the loops, as masked entries are, the test cost the atomic kernel spills)
+            pad = r0 + Br > Nq
             if SPLIT:
                 # P = exp(S - L) (recomputed with the given L, unclamped) by role 0, stored row-major; then role 1
                 # reads it back for the same entries: dS = P * (Zs dP - D), and Zs P over P (Zs: dropout's factor,
@@ -282,7 +288,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     s_or_dp_product(sT, sT, KT, KT, Qs, Qs, ry, rx)
                     for b in range(TN2):
                         rl = rx + SPLIT_X * b  # this thread's query b
-                        lim = _row_key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)  # keys c0 + ry*TM + a, a <= lim
+                        lim = key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)  # keys c0 + ry*TM + a, a <= lim
                         at = uint32(rl) * PS_U + uint32(ry * TM)  # TM adjacent keys of query rl: 16-byte stores
                         L2 = Ls[rl]
                         for a in range(TM):
@@ -299,7 +305,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         Dv = Ds[rl]
                         lim = TM  # no key masked
                         if edge:
-                            lim = _row_key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)
+                            lim = key_limit(r0 + rl, c0 + ry * TM, Nq, Nk, CAUSAL)
                         rk = drop_row(drop_head(seed, bh), r0 + rl)  # dropout's hash of the row
                         at = uint32(rl) * PS_U + uint32(ry * TM)
                         for a in range(TM):
@@ -323,7 +329,7 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                     rl = tx + TX * b  # this thread's query b
                     L2 = Ls[rl]
                     Dv = Ds[rl]
-                    lim = _row_key_limit(r0 + rl, c0 + ty * TM, Nq, Nk, CAUSAL)  # keys c0 + ty*TM + a, a <= lim
+                    lim = key_limit(r0 + rl, c0 + ty * TM, Nq, Nk, CAUSAL)  # keys c0 + ty*TM + a, a <= lim
                     rk = drop_row(head, r0 + rl)  # dropout's hash of the row
                     for a in range(TM):
                         p = exp2_ieee(MUL_RN(scale_log2, sT[a, b]) - L2)  # rounded as in the forward
@@ -339,6 +345,12 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         Ps[at + uint32(a)] = sT[a, b]
                         if not SHARE:
                             dSs[at + uint32(a)] = dpT[a, b]
+                cuda.syncthreads()
+            if pad:  # the rows past Nq: P (and dS) to 0, once every thread has stored its own
+                cuda.syncthreads()
+                zero_rows_past(Ps, Nq - r0, tid)
+                if not SHARE:
+                    zero_rows_past(dSs, Nq - r0, tid)
                 cuda.syncthreads()
 
             diag = r0 + (Nk - Nq) - c0  # query r0 + r sees key c0 + c iff c - r <= diag (the masked products)
@@ -360,6 +372,9 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         for a in range(TM):
                             dSs[at + uint32(a)] = dpT[a, b]
                 cuda.syncthreads()
+                if pad:
+                    zero_rows_past(dSs, Nq - r0, tid)
+                    cuda.syncthreads()
                 if diagonal:
                     one_masked(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx, diag)
                 else:
