@@ -195,15 +195,18 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
         return partial
 
     dq_plain, dq_masked = dq_partial(False), dq_partial(True)
-    BRPS_U = np.uint32(Br * PS)
+    BRPS_U, PASSES = np.uint32(Br * PS), -(-Br * PS // NT)
 
     @jit(device=True, forceinline=True)
-    def zero_rows_past(X, n, tid):
-        """Rows n .. Br - 1 of the (Br, PS) tile X (P or dS) set to 0, the block's threads taking every NT-th entry."""
-        e = uint32(n) * PS_U + uint32(tid)
-        while e < BRPS_U:
-            X[e] = ZERO
-            e += uint32(NT)
+    def zero_rows_past(X, Y, n, tid):
+        """Rows n .. Br - 1 of the (Br, PS) tiles X and Y (P and dS, or dS twice) set to 0, the block's threads taking
+        every NT-th entry."""
+        first = uint32(n) * PS_U
+        for t in range(PASSES):
+            e = uint32(tid) + uint32(t * NT)
+            if e >= first and e < BRPS_U:
+                X[e] = ZERO
+                Y[e] = ZERO
     drop_head, drop_row, drop = _dropout.factor(dropout, acc)
 
     def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, rnd, scale, scale_log2, counter, q_lay, k_lay, v_lay,
@@ -276,10 +279,6 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
 
             diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
             edge = c0 + Bc > Nk or diagonal  # uniform over the block
-            # the last query block: its rows past Nq hold S = 0 * Inf = NaN against an infinite key (and dP = NaN
-            # against an infinite value): their P and dS are set to 0 in shared memory by a pass of the block's
-            # threads below (selected in the loops, as masked entries are, the test cost the atomic kernel spills)
-            pad = r0 + Br > Nq
             if SPLIT:
                 # P = exp(S - L) (recomputed with the given L, unclamped) by role 0, stored row-major; then role 1
                 # reads it back for the same entries: dS = P * (Zs dP - D), and Zs P over P (Zs: dropout's factor,
@@ -345,12 +344,24 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         Ps[at + uint32(a)] = sT[a, b]
                         if not SHARE:
                             dSs[at + uint32(a)] = dpT[a, b]
+                if r0 + Br > Nq:  # the rows past Nq (see below): each thread zeroes the P and dS it stored
+                    for b in range(TN):
+                        if r0 + tx + TX * b >= Nq:
+                            at = uint32(tx + TX * b) * PS_U + uint32(ty * TM)
+                            for a in range(TM):
+                                Ps[at + uint32(a)] = ZERO
+                                dpT[a, b] = ZERO
+                                if not SHARE:
+                                    dSs[at + uint32(a)] = ZERO
                 cuda.syncthreads()
-            if pad:  # the rows past Nq: P (and dS) to 0, once every thread has stored its own
-                cuda.syncthreads()
-                zero_rows_past(Ps, Nq - r0, tid)
-                if not SHARE:
-                    zero_rows_past(dSs, Nq - r0, tid)
+            # the last query block: its rows past Nq hold S = 0 * Inf = NaN against an infinite key (and dP = NaN
+            # against an infinite value), so their P and dS are set to 0 after the loops above (selected inside
+            # them, as masked entries are, the test cost the atomic kernel spills): by each thread for its own
+            # entries without SPLIT, by a pass of the block's threads once all are stored with it
+            if SPLIT and r0 + Br > Nq:
+                if SHARE and not DROPOUT:
+                    cuda.syncthreads()  # the one path without a barrier after the stores above
+                zero_rows_past(Ps, Ps if SHARE else dSs, Nq - r0, tid)
                 cuda.syncthreads()
 
             diag = r0 + (Nk - Nq) - c0  # query r0 + r sees key c0 + c iff c - r <= diag (the masked products)
@@ -372,8 +383,8 @@ def dkdv_kernel(d: int, TM: int, TN: int, dtype_name: str, causal: bool, count: 
                         for a in range(TM):
                             dSs[at + uint32(a)] = dpT[a, b]
                 cuda.syncthreads()
-                if pad:
-                    zero_rows_past(dSs, Nq - r0, tid)
+                if SPLIT and r0 + Br > Nq:  # dS of the rows past Nq to 0, as above (without SPLIT: dpT is)
+                    zero_rows_past(dSs, dSs, Nq - r0, tid)
                     cuda.syncthreads()
                 if diagonal:
                     one_masked(dk_acc, dk_acc, dSs, dSs, Qs, Qs, ty, tx, diag)
