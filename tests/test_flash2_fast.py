@@ -509,3 +509,29 @@ def test_gpu_backward_atomic_dtypes(rng, dtype):
             assert err < 1e-12 * max(1.0, np.abs(r).max())
         else:
             assert err <= 2 * err_det + 1e-3, (err, err_det)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("split", [False, True])
+def test_rows_that_pad_the_query_block_add_nothing_against_an_infinite_key(rng, monkeypatch, split):
+    """k[2, 0] = -inf against q[:, 0] = 1: every row scores key 2 -inf (P = dS = 0, visible: dq[:, 0] NaN), so dk[2]
+    and dv[2] are finite in the reference; the rows of zeros that pad the last query block (Nq = 10, Br = 32) score
+    it 0 * -inf = NaN, and their P and dS must be set to 0, not multiplied.  S^T and dP^T split across warps or not
+    (the two ways the kernel zeroes those rows), the two-pass, split-copies and atomic backwards."""
+    from flash_numba.kernels.flash2_fast import layout
+    from test_kernels import assert_like_reference
+
+    q, k, v, do = (rng.standard_normal((1, n, 8)) for n in (10, 7, 7, 10))
+    q[..., 0], k[..., 0] = 1.0, 0.0
+    k[0, 2, 0] = -np.inf
+    q, k, v, do = (x.astype(np.float32) for x in (q, k, v, do))
+    f = fn.attention_forward(q, k, v, kernel="flash2_fast")
+    want = reference.attention_backward(q, k, v, f.o, f.lse, do)
+    assert np.isfinite(want[1][0, 2]).all() and np.isfinite(want[2][0, 2]).all() and np.isnan(want[0][0, :, 0]).all()
+    with layout.s_dp_split(split):
+        for copies, deterministic in ((0, True), (2, True), (None, False)):
+            monkeypatch.setattr(_switches, "FORCE_DQ_COPIES", copies)
+            b = fn.attention_backward(q, k, v, f.o, f.lse, do, kernel="flash2_fast", block=(32, 16),
+                                      deterministic=deterministic)
+            for name, got, ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), want):
+                assert_like_reference(got, ref, 1e-5, f"{name} (copies={copies}, deterministic={deterministic})")
