@@ -2,7 +2,7 @@
 
     ncu --profile-from-start off --section SpeedOfLight ... python benchmarks/ncu_probe.py WHAT [WHAT ...]
 
-WHAT: ``tc64``, ``tc128`` (flash2_tc forward, deterministic and atomic backward, float16, B*H = 32, N = 4096)
+WHAT: ``std64`` (standard attention's forward on tensor cores, float16, B*H = 32, N = 4096, d = 64), ``tc64``, ``tc128`` (flash2_tc forward, deterministic and atomic backward, float16, B*H = 32, N = 4096)
 and ``decode`` (attention_decode, B = 8, Hq = 32, Hkv = 8, d = 128, float16, 32k cache, Nq = 1).  Only the
 calls between ``cuda.profile_start()`` and ``cuda.profile_stop()`` are profiled (``--profile-from-start off``).
 """
@@ -28,6 +28,12 @@ def tc(d):
     return calls
 
 
+def std(d):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 32, 4096, d, device="cuda", generator=g, dtype=torch.float16) for _ in range(3))
+    return lambda: fn.standard_attention_forward(q, k, v)
+
+
 def decode():
     g = torch.Generator(device="cuda").manual_seed(0)
     B, Hq, Hkv, N, d = 8, 32, 8, 32768, 128
@@ -38,7 +44,8 @@ def decode():
 
 def main():
     what = sys.argv[1:] or ["tc64"]
-    runs = [tc(64) if w == "tc64" else tc(128) if w == "tc128" else decode() for w in what]
+    make = {"std64": lambda: std(64), "tc64": lambda: tc(64), "tc128": lambda: tc(128), "decode": decode}
+    runs = [make[w]() for w in what]
     for r in runs:  # compile and warm up outside the profiled range
         r()
     torch.cuda.synchronize()
