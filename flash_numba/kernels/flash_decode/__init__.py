@@ -34,16 +34,20 @@ import numpy as np
 
 from ... import _inputs
 from ...compile_check import Compiled, compile_kernel, count_variants
+from .. import _smem
 from .._common import COUNTER_TYPE
 from .._launch import launch
 from .._spec import lazy
 from .._decode_spec import DecodeSpec
+from . import tc
 from .kernels import (COMBINE_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME,
                       WARPS, combine_kernel, geometry, keys_in_flight, rows_per_block, split_kernel)
+from .tc import split_tc_kernel
 
-__all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_kernel", "combine_kernel", "geometry",
-           "rows_per_block", "keys_in_flight", "DTYPES", "MAX_SPLITS", "MAX_NQ", "SPLIT_NAME", "SPLIT_ONE_NAME",
-           "COMBINE_NAME"]
+__all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_kernel", "split_tc_kernel",
+           "combine_kernel", "geometry", "rows_per_block", "keys_in_flight", "DTYPES", "MAX_SPLITS", "MAX_NQ",
+           "SPLIT_NAME", "SPLIT_ONE_NAME", "COMBINE_NAME", "PATHS", "choose_path", "path_of", "row_tile",
+           "resident_blocks"]
 
 DTYPES = ("float16", "bfloat16", "float32")
 #: New query tokens a call may hold (speculative decoding's drafts).
@@ -54,6 +58,62 @@ MAX_NQ = 16
 RESIDENT_BLOCKS = 4
 #: The split rule's floor: keys a split reads at least (and two pages of a paged cache).
 MIN_KEYS_PER_SPLIT = 256
+#: The split kernel's two paths: "tc", tensor cores fed by a cp.async pipeline (:mod:`.tc`: sm_80+, float16 and
+#: bfloat16, d a multiple of 16), and "cuda", CUDA cores with 16-byte register loads (:mod:`.kernels`: every cc,
+#: every dtype and head dim).
+PATHS = ("tc", "cuda")
+
+
+def choose_path(d: int, dtype_name: str, cc) -> str:
+    """The split kernel's path for head dim d, storage ``dtype_name``, compute capability ``cc`` (None: the
+    simulator, which runs both): "tc" where :func:`.tc.runs` and cc >= 8.0 (cp.async, m16n8k16), else "cuda".
+    ``flash_numba._switches.DECODE_PATH`` or ``FLASH_NUMBA_DECODE_PATH`` in the environment force one ("tc" only
+    where it runs: a GPU below 8.0, or a dtype or head dim it does not run, is an error naming the switch)."""
+    import os
+
+    from ... import _switches
+
+    forced = _switches.DECODE_PATH or os.environ.get("FLASH_NUMBA_DECODE_PATH") or None
+    able = tc.runs(d, dtype_name) and (cc is None or tuple(cc) >= (8, 0))
+    if forced is None:
+        return "tc" if able else "cuda"
+    if forced not in PATHS:
+        raise ValueError(f"FLASH_NUMBA_DECODE_PATH: {forced!r} is not a path of flash_decode; use tc or cuda")
+    if forced == "tc" and not able:
+        raise ValueError(f"FLASH_NUMBA_DECODE_PATH: the tensor-core path runs float16 and bfloat16 at d = 16 .. 128 "
+                         f"(a multiple of 16) on compute capability 8.0 and up, not {dtype_name} at d = {d}"
+                         + ("" if cc is None else f" on {tuple(cc)}"))
+    return forced
+
+
+def path_of(prob) -> str:
+    """The path a problem runs: ``prob.path`` when set (:func:`flash_numba.decode.prepare` sets it), else
+    :func:`choose_path` for this device."""
+    if getattr(prob, "path", ""):
+        return prob.path
+    from ... import device
+
+    cc = None if device.SIMULATOR else device.info().compute_capability
+    return choose_path(prob.d, prob.dtype_name, cc)
+
+
+def row_tile(R: int, path: str) -> int:
+    """Query rows a split block computes for R = G * Nq rows of a KV head: the tensor-core kernel's m16 tile
+    (:data:`.tc.MMA_ROWS`), or the CUDA-core kernel's :func:`rows_per_block`."""
+    return tc.MMA_ROWS if path == "tc" else rows_per_block(R)
+
+
+def stages_of(prob) -> int:
+    """Pipeline stages of the tensor-core kernel (``prob.stages``, else :data:`.tc.STAGES`)."""
+    return getattr(prob, "stages", None) or tc.STAGES
+
+
+def resident_blocks(prob, path: str, shared_per_sm: int) -> int:
+    """Split blocks an SM runs at once: :data:`RESIDENT_BLOCKS` for the CUDA-core kernel (registers), the
+    tensor-core kernel's by its shared memory (:func:`.tc.resident_blocks`)."""
+    if path != "tc":
+        return RESIDENT_BLOCKS
+    return tc.resident_blocks(prob.d, stages_of(prob), tc.half_rows(prob.G * prob.Nq), shared_per_sm)
 
 
 def head_dim_ok(d: int) -> bool:
@@ -61,11 +121,12 @@ def head_dim_ok(d: int) -> bool:
     return 8 <= d <= 128 and d % 8 == 0
 
 
-def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int | None, sm_count: int) -> int:
+def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int | None, sm_count: int,
+                  resident: int = RESIDENT_BLOCKS) -> int:
     """``num_splits`` for ``num_splits=None``: as many splits as fill one wave of resident blocks, no more.
 
-    The grid has ``B * Hkv * row_tiles`` blocks per split and the GPU runs ``RESIDENT_BLOCKS * sm_count`` of
-    them at once (a wave).  Splits = ``wave // blocks``: the grid fills the GPU once without a partial second
+    The grid has ``B * Hkv * row_tiles`` blocks per split and the GPU runs ``resident * sm_count`` of
+    them at once (a wave; ``resident``: :func:`resident_blocks`, 4 for the CUDA-core kernel).  Splits = ``wave // blocks``: the grid fills the GPU once without a partial second
     wave (1 when one split already holds a wave), but no split shorter than :data:`MIN_KEYS_PER_SPLIT` keys of
     the longest sequence (nor than two pages): a split pays a block's start, its q, its merge and a partial row
     of d + 1 floats per query row, which a short chunk does not repay.  At most :data:`MAX_SPLITS`.
@@ -78,7 +139,7 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
     one split 2.1-5.6x.
     """
     blocks = max(1, B * Hkv * row_tiles)
-    want = max(1, RESIDENT_BLOCKS * max(1, sm_count) // blocks)
+    want = max(1, resident * max(1, sm_count) // blocks)
     min_keys = MIN_KEYS_PER_SPLIT if page_size is None else max(MIN_KEYS_PER_SPLIT, 2 * page_size)
     most = max(1, max_len // min_keys)
     return int(min(want, most, MAX_SPLITS))
@@ -94,23 +155,33 @@ def run(prob, ops, counters):
     o ``(rows, d)`` in the storage dtype and lse ``(rows,)`` float32, rows = B*Hq*Nq in (b, h, i) order."""
     S, d, dt = prob.num_splits, prob.d, prob.dtype
     rows = prob.rows
-    RT = rows_per_block(prob.G * prob.Nq)
-    row_tiles = -(-prob.G * prob.Nq // RT)
+    path = path_of(prob)
+    R = prob.G * prob.Nq
+    RT = row_tile(R, path)
+    row_tiles = -(-R // RT)
     grid = (S, prob.B * prob.Hkv * row_tiles)
     split = S > 1
-    kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, prob.causal, counters.enabled,
-                          prob.keys_in_flight)
+    shared = {}
+    if path == "tc":
+        stages, NR = stages_of(prob), tc.half_rows(R)
+        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, prob.causal, counters.enabled, stages)
+        if tc.dynamic(d, stages, NR):
+            shared = {"dynamic_bytes": _smem.total_bytes(tc.tile_sizes(d, stages), 2),
+                      "static_bytes": tc.static_bytes(d, NR)}
+    else:
+        kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, prob.causal, counters.enabled,
+                              prob.keys_in_flight)
     o = _inputs.empty((rows, d), dt)
     lse = _inputs.empty((rows,), np.float32)
     scale_log2 = np.float32(prob.scale * LOG2E)
     args = (ops["q"], ops["k"], ops["v"], ops["table"], ops["seqlens"])
     tail = (prob.Hkv, prob.G, prob.Nq, prob.page_size, prob.max_pages, rows, row_tiles, scale_log2)
     if not split:
-        launch(kernel, grid, NT)(*args, o.reshape(rows * d), lse, *tail, counters.array(SPLIT_ONE_NAME))
+        launch(kernel, grid, NT, **shared)(*args, o.reshape(rows * d), lse, *tail, counters.array(SPLIT_ONE_NAME))
         return o, lse
     o_part = _inputs.empty((S * rows * d,), np.float32)
     lse_part = _inputs.empty((S * rows,), np.float32)
-    launch(kernel, grid, NT)(*args, o_part, lse_part, *tail, counters.array(SPLIT_NAME))
+    launch(kernel, grid, NT, **shared)(*args, o_part, lse_part, *tail, counters.array(SPLIT_NAME))
     combine = combine_kernel(d, prob.dtype_name, counters.enabled)
     launch(combine, -(-rows // WARPS), NT)(o_part, lse_part, o.reshape(rows * d), lse, rows, S,
                                           counters.array(COMBINE_NAME))
