@@ -240,11 +240,49 @@ def _split_argtypes(dtype: str, split: bool):
             types.Array(types.float32, 1, "C"), *(types.int64,) * 7, types.float32, COUNTER_TYPE)
 
 
+def _tc_shapes(dtype: str, d: int):
+    """The (NR, paged, split, causal, count) builds of the tensor-core kernel the tier assembles for a (dtype, d):
+    at d = 128 every non-causal one and two causal; elsewhere one and two halves of rows, paged and split, and
+    one causal; counted at float16, d = 64 (the counters are integer code)."""
+    if d == 128:
+        shapes = [(*s, False, False) for s in itertools.product((1, 2), (False, True), (False, True))]
+        shapes += [(1, True, True, True, False), (2, False, False, True, False)]
+    else:
+        shapes = [(1, True, True, False, False), (2, False, False, True, False)]
+    if dtype == "float16" and d == 64:
+        shapes.append((1, True, True, False, True))
+    return shapes
+
+
+def _tc_builds(cc, dtype: str, d: int) -> list[Compiled]:
+    """The tensor-core kernel's builds for one cc (8.0 and up), dtype and d, labelled with their dynamic shared
+    memory where they have any."""
+    out = []
+    for NR, paged, split, causal, count in _tc_shapes(dtype, d):
+        kernel = split_tc_kernel(d, dtype, NR, paged, split, causal, count)
+        dyn = _smem.total_bytes(tc.tile_sizes(d, tc.STAGES), 2) if tc.dynamic(d, tc.STAGES, NR) else 0
+        label = (f"{SPLIT_NAME if split else SPLIT_ONE_NAME} tc d={d} {dtype} halves={NR}"
+                 f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}"
+                 f"{f' dynamic={dyn}' if dyn else ''}")
+        out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
+    return out
+
+
 def compile_all(ccs, dtypes, ds) -> list[Compiled]:
-    """The compile tier: the split kernel's builds (:func:`_split_shapes`) and the combine, per cc, dtype, d."""
+    """The compile tier: the split kernel's builds (:func:`_split_shapes`), the tensor-core kernel's at cc 8.0 and
+    up (:func:`_tc_shapes`; the representative tier's float32 at d = 64 adds its float16 builds at d = 64, so that
+    every tier assembles it) and the combine, per cc, dtype, d."""
     from numba import types
 
     out = []
+    for cc in ccs:
+        if tuple(cc) < (8, 0):
+            continue
+        for dtype, d in itertools.product(dtypes, ds):
+            if tc.runs(d, dtype):
+                out += _tc_builds(cc, dtype, d)
+        if "float32" in dtypes and "float16" not in dtypes and 64 in ds:
+            out += _tc_builds(cc, "float16", 64)
     for cc, dtype, d in itertools.product(ccs, dtypes, ds):
         if dtype not in DTYPES or not head_dim_ok(d):
             continue

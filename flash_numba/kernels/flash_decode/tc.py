@@ -136,6 +136,9 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     ACC = NR * 2 * DTILES
     MR = 8 * NR  # rows of the tile in use
     MRD = MR * d
+    WMR = WARPS * MR
+    MR2 = 2 * MR
+    QREGS = 4 * (d // 16)
     QROWS_D = MMA_ROWS * d
     TB = TABLE_BATCH
     PAGED, SPLIT, CAUSAL, COUNT = paged, split, causal, count
@@ -186,10 +189,10 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
         sh_pages = cuda.shared.array(TB, int32)
         sh_len = cuda.shared.array(1, int32)
         sh_o = cuda.shared.array(MRD, float32)
-        sh_m = cuda.shared.array(WARPS * MR, float32)
-        sh_l = cuda.shared.array(WARPS * MR, float32)
-        sh_stat = cuda.shared.array(2 * MR, float32)
-        qf = cuda.local.array(4 * KSTEPS, uint32)
+        sh_m = cuda.shared.array(WMR, float32)
+        sh_l = cuda.shared.array(WMR, float32)
+        sh_stat = cuda.shared.array(MR2, float32)
+        qf = cuda.local.array(QREGS, uint32)
         s = cuda.local.array(8, float32)
         acc = cuda.local.array(ACC, float32)
         m = cuda.local.array(2, float32)
