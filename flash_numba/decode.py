@@ -294,9 +294,13 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     ``num_splits``: chunks each (sequence, KV head) cache is split into, one thread block each, merged by
     a combine kernel (1: one launch, no partials).  None chooses
     (:func:`flash_numba.kernels.flash_decode.choose_splits`): as many splits as fill one wave of this GPU
-    (four resident blocks an SM, ``flash_numba.device.info().sm_count`` SMs; B*Hkv blocks per split, twice
-    that where G * Nq > 8) without starting a second, but no split shorter than 256 keys (nor two pages) of
-    the longest sequence, at most 128: 8 splits for B*Hkv = 64 on an H200's 132 SMs.  ``count_hbm=True``
+    (``flash_numba.device.info().sm_count`` SMs, each running two blocks of the tensor-core kernel at d = 128
+    (its shared memory) or four of the CUDA-core kernel; B*Hkv blocks per split, times the row tiles: G * Nq
+    rows in tiles of 16, or 8 on CUDA cores) without starting a second, but no split shorter than 256 keys (nor
+    two pages) of the longest sequence, at most 128: 4 splits for B*Hkv = 64 at d = 128, float16 on an H200's
+    132 SMs (8 on CUDA cores).  The split kernel runs on tensor cores on sm_80+ at float16 and bfloat16 with d a
+    multiple of 16, on CUDA cores elsewhere (:func:`flash_numba.kernels.flash_decode.choose_path`).
+    ``count_hbm=True
     counts the bytes each launch reads and writes (equal to :mod:`flash_numba.iomodel.flash_decode`, whose
     split by term is ``result.hbm.terms``).
     ``stream``: a Numba stream for Numba or NumPy arrays (PyTorch tensors run on PyTorch's current stream).

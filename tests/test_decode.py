@@ -3,9 +3,12 @@
 Against the float64 reference (:func:`flash_numba.reference.decode_reference`): ragged lengths with a
 length of 0, a paged cache with its pages shuffled and a page size that does not divide the lengths,
 Nq = 1 and Nq = 3 causal (bottom-right among the new tokens, a row before the cache included),
-grouped-query heads (G = 4, whose 12 rows at Nq = 3 take two row tiles), float16 and float32, one, two
-and three splits (the same answer within rounding), poisoned outputs (conftest), counted bytes equal to
-the IO model per launch and by term; every bad argument refused on the host, naming it.
+grouped-query heads (G = 4, whose 12 rows at Nq = 3 take two row tiles on CUDA cores and one m16 tile on
+tensor cores; G = 8, 24 rows, two tiles on either), float16, bfloat16 and float32, each split-kernel path
+(the tensor-core kernel for float16 and bfloat16, the CUDA-core kernel for all three), one, two and three
+splits (the same answer within rounding), the tensor-core kernel's pipeline (2, 3 and 4 stages, static and
+dynamic shared memory, two table segments), poisoned outputs (conftest), counted bytes equal to the IO model
+per launch and by term; every bad argument refused on the host, naming it.
 """
 
 import numpy as np
@@ -187,7 +190,8 @@ def test_default_lengths_and_splits_and_a_stream(rng):
 
 
 def test_split_rule():
-    """As many splits as fill one wave (4 blocks an SM), no split under 256 keys (or two pages), at most 128."""
+    """As many splits as fill one wave (4 blocks an SM on CUDA cores; the tensor-core kernel's by its shared
+    memory), no split under 256 keys (or two pages), at most 128."""
     assert fd.choose_splits(8, 8, 1, 32768, None, 132) == 8  # 4 * 132 // 64: 512 blocks of a 528-block wave
     assert fd.choose_splits(8, 8, 1, 131072, None, 132) == 8
     assert fd.choose_splits(8, 8, 1, 4096, None, 132) == 8
@@ -198,6 +202,10 @@ def test_split_rule():
     assert fd.choose_splits(64, 16, 1, 32768, None, 132) == 1  # 1,024 blocks: a wave without splitting
     assert fd.choose_splits(1, 1, 1, 10**6, None, 132) == fd.MAX_SPLITS
     assert fd.choose_splits(8, 8, 1, 4096, 1024, 132) == 2  # two pages a split
+    # the tensor-core kernel at d = 128, float16, G = 4 on an H200 (228 KB of shared memory an SM): 2 stages,
+    # 80 KB a block, two blocks an SM: 264 // 64 = 4 splits; 4 stages, one block: 2 splits
+    assert fd.tc.resident_blocks(128, 2, 1, 228 * 1024) == 2 and fd.tc.resident_blocks(128, 4, 1, 228 * 1024) == 1
+    assert fd.choose_splits(8, 8, 1, 32768, None, 132, fd.tc.resident_blocks(128, 2, 1, 228 * 1024)) == 4
 
 
 def test_large_scores_and_a_masked_infinite_value(rng):

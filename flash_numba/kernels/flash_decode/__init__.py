@@ -15,11 +15,18 @@ launch ("combine") with the online-softmax rescale of lesson 3:
   reads it (the G query heads x Nq tokens of the group, up to 8 a block).
 * **Paged cache** (vLLM, FlashAttention 2.5): ``block_table[b, p]`` names the page holding keys
   ``p*P .. p*P + P - 1`` of sequence b; pages in any order, P need not divide the length.
-* **CUDA cores**: 16-byte loads, fp32 accumulation, ``shfl_xor`` row sums (at Nq = 1 a tensor core would
-  multiply a 16-row tile of which one row is real).  float16, bfloat16 (its uint16 words, converted with
-  :mod:`flash_numba.kernels._bf16`: integer code, every cc) and float32.
+* **Two split kernels** (:func:`choose_path`).  On sm_80+ at float16 and bfloat16 (d a multiple of 16), the
+  tensor-core kernel (:mod:`.tc`): each warp streams its tiles of 16 keys through a cp.async pipeline in shared
+  memory (no registers held by loads in flight) and multiplies them with mma.m16n8k16, the group's rows padded to
+  an m16 tile: a tensor core wastes 12 of 16 rows at G = 4, and still spends ~10 instructions a key where CUDA
+  cores spend ~100.  Elsewhere (float32, d = 8, 24, ..., a T4) the CUDA-core kernel (:mod:`.kernels`): 16-byte
+  register loads, fp32 accumulation, ``shfl_xor`` row sums.  float16, bfloat16 (its uint16 words, converted with
+  :mod:`flash_numba.kernels._bf16` on CUDA cores: integer code, every cc) and float32.  Measured on the H200
+  (d = 128, float16, G = 4, benchmarks/results/h200-2026-12-01-decode-pipeline): the tensor-core kernel streams
+  the cache at 2,943 GB/s at 32k and 3,795 at 128k, the CUDA-core kernel at 1,961 and 2,333.
 * **num_splits** (:func:`choose_splits`): as many splits as fill one wave of resident blocks
-  (:data:`RESIDENT_BLOCKS` an SM), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
+  (:func:`resident_blocks` an SM: the tensor-core kernel's by its shared memory, the CUDA-core kernel's
+  :data:`RESIDENT_BLOCKS`), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
 
 Counters: "flash_decode (one split)" (num_splits = 1: the split kernel writes o and lse), or
 "flash_decode split-KV" and "flash_decode combine"; :mod:`flash_numba.iomodel.flash_decode` predicts
@@ -52,7 +59,7 @@ __all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_ker
 DTYPES = ("float16", "bfloat16", "float32")
 #: New query tokens a call may hold (speculative decoding's drafts).
 MAX_NQ = 16
-#: Split-kernel blocks an SM runs at once: 4 for the d = 128 float16 builds of one to four rows (ptxas, sm_90:
+#: CUDA-core split-kernel blocks an SM runs at once: 4 for the d = 128 float16 builds of one to four rows (ptxas, sm_90:
 #: 112-125 registers a thread, 128 threads: four blocks fit 65,536 registers); the causal and eight-row builds
 #: (152 and ~210 registers) hold 3 and 2, so their grids of this many blocks run in 1.3 and 2 waves.
 RESIDENT_BLOCKS = 4
@@ -131,8 +138,13 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
     the longest sequence (nor than two pages): a split pays a block's start, its q, its merge and a partial row
     of d + 1 floats per query row, which a short chunk does not repay.  At most :data:`MAX_SPLITS`.
 
-    Measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16, benchmarks/results/h200-2026-12-01-decode):
-    8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8, 16/17, 32 and 64 at every cache length
+    The tensor-core kernel (2 stages: 80 KB of shared memory a block, two blocks an SM of 228 KB), measured on the
+    H200 (benchmarks/results/h200-2026-12-01-decode-pipeline): 4 splits (256 blocks, 0.97 of a wave of 264)
+    2,943 GB/s at 32k and 3,795 at 128k; 8 splits (two waves) 2,878 and 3,776; 3 stages at 4 splits (also two
+    blocks an SM) and 4 stages at 2 splits (one block an SM) within 2% of it (2,993 and 2,998 at 32k).
+
+    The CUDA-core kernel, measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16,
+    benchmarks/results/h200-2026-12-01-decode): 8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8, 16/17, 32 and 64 at every cache length
     from 4k to 128k (724 to 2,358 GB/s).  Against it, in time: 17 splits (1,088 blocks, two waves and 32 blocks
     of a third: this rule's first version, which aimed at two waves) 1.23-1.35x (16 at 4k: 1.53x); 32 and 64
     splits (3.9 and 7.8 waves) 1.03-1.55x and 1.04-1.60x, closest at 128k; 4 splits (half a wave) 1.02-1.57x;

@@ -55,7 +55,10 @@ PAD = 8
 #: Page-table entries a block stages in shared memory at a time (a segment of the chunk; the pipeline drains at
 #: a segment's end, every 512 pages: 131,072 keys in pages of 256, 8,192 in pages of 16).
 TABLE_BATCH = 512
-#: Pipeline stages a warp (buffers of a K and a V tile): measured on the H200, docs/PERFORMANCE.md.
+#: Pipeline stages a warp (buffers of a K and a V tile).  Measured on the H200 at d = 128, float16, G = 4
+#: (benchmarks/results/h200-2026-12-01-decode-pipeline): 2 stages (two blocks an SM, 4 splits) 2,943 and 3,795
+#: GB/s at 32k and 128k, 3 stages (two blocks, 4 splits) 2,993 and 3,786, 4 stages (one block, 2 splits) 2,998
+#: and 3,786: within 2%, so the fewest, which leave the most shared memory and fit an A100's 164 KB an SM.
 STAGES = 2
 
 
