@@ -18,8 +18,9 @@ launch ("combine") with the online-softmax rescale of lesson 3:
 * **Two split kernels** (:func:`choose_path`).  On sm_80+ at float16 and bfloat16 (d a multiple of 16), the
   tensor-core kernel (:mod:`.tc`): each warp streams its tiles of 16 keys through a cp.async pipeline in shared
   memory (no registers held by loads in flight) and multiplies them with mma.m16n8k16, the group's rows padded to
-  an m16 tile: a tensor core wastes 12 of 16 rows at G = 4, and still spends ~10 instructions a key where CUDA
-  cores spend ~100.  Elsewhere (float32, d = 8, 24, ..., a T4) the CUDA-core kernel (:mod:`.kernels`): 16-byte
+  an m16 tile: a tensor core wastes 12 of 16 rows at G = 4, and still takes ~29 PTX instructions a key (its
+  loop at d = 128: ~460 a 16-key tile, a third of them cp.async addresses) where CUDA cores issued ~108 (Nsight
+  Compute).  Elsewhere (float32, d = 8, 24, ..., a T4) the CUDA-core kernel (:mod:`.kernels`): 16-byte
   register loads, fp32 accumulation, ``shfl_xor`` row sums.  float16, bfloat16 (its uint16 words, converted with
   :mod:`flash_numba.kernels._bf16` on CUDA cores: integer code, every cc) and float32.  Measured on the H200
   (d = 128, float16, G = 4, benchmarks/results/h200-2026-12-01-decode-pipeline): the tensor-core kernel streams

@@ -2,7 +2,7 @@
 
 Same grid, same partials, same counted bytes as :func:`.kernels.split_kernel` (read its docstring first); what
 differs is how a block reads and multiplies its chunk.  The CUDA-core kernel keeps a key in flight a lane group
-in registers and spends ~100 instructions a key (the H200 profile of 2026-12-01: 121 registers, 4 warps a
+in registers and issues ~108 instructions a key (the H200 profile of 2026-12-01: 121 registers, 4 warps a
 scheduler, 54% of the issue slots busy at 1,736 GB/s): it cannot have more bytes in flight and could not issue
 the instructions of a faster read anyway.  Here:
 
@@ -20,7 +20,9 @@ the instructions of a faster read anyway.  Here:
 * **Products** (mma.m16n8k16, fp32 accumulation), per tile: S = Q K^T (d/16 k-steps, two n8 tiles of keys: K
   from shared memory by ldmatrix, no transpose), the online softmax on the accumulator fragments (a quad of lanes
   holds a row), P rounded to the storage type in registers and O += P V (V by ldmatrix.trans; d/8 n8 tiles): the
-  fragment layouts of :mod:`flash_numba.kernels.flash2_tc.forward`.  About 10 instructions a key instead of ~100.
+  fragment layouts of :mod:`flash_numba.kernels.flash2_tc.forward`.  The loop's PTX at d = 128 (one row half,
+  unpaged): ~460 instructions a 16-key tile, ~29 a key (16 mma, 16 ldmatrix, 16 cp.async with their addresses,
+  the softmax and the rescale of O), against ~108 a key issued by the CUDA-core kernel.
 * **Paged cache**: the table entries of a segment of the chunk (:data:`TABLE_BATCH` pages) are staged in shared
   memory, each read once per block, as in the CUDA-core kernel (the same IO model); lanes 0..15 each find the
   cache row of one key of a tile (one division a tile) and pass it to the lanes that copy it (``shfl``).
