@@ -26,9 +26,12 @@ element with the lower column / k index)::
     zero_16(smem, s_index)                                  # 16 zero bytes into shared
     cp_async_16(smem, s_index, gmem, g_index)               # sm_80+: cp.async.cg.shared.global, 16 bytes
     cp_async_commit() ; cp_async_wait_all()                 # sm_80+: commit_group; wait_group 0
+    cp_async_wait_group(n)() -> None                        # sm_80+: wait_group n (n a Python int: a constant)
 
 (Additions beyond INTERFACES.md: ``unpack_*``, ``copy_16``, ``load_16``, ``store_16``, ``zero_16``;
-``cp_async_wait(n)`` is ``cp_async_wait_all()``: wait for every committed group.)  The 16-byte functions
+``cp_async_wait(n)`` is ``cp_async_wait_group(n)``, a factory: the device function waits until at most n of
+this thread's committed groups are still in flight, which a pipeline of n + 1 stages needs; in the simulator,
+whose copies land at once, it does nothing.)  The 16-byte functions
 take element indices of 16-bit arrays; both must be multiples of 8 (16-byte aligned addresses).
 
 ``smem`` is a 1-D shared array of 16-bit elements (float16 or uint16); ``index`` the element index where
@@ -530,6 +533,33 @@ def _copy_intrinsics():
         return types.void(), codegen
 
     return copy_16, load_16, store_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all
+
+
+@lru_cache(maxsize=None)
+def cp_async_wait_group(n: int):
+    """The device function ``wait()``: ``cp.async.wait_group n`` (sm_80+), this thread's copies of every committed
+    group but the newest ``n`` have landed in shared memory (other lanes' copies: after a barrier).  The simulator's
+    copies land when issued: a no-op there."""
+    if not 0 <= int(n) <= 7:
+        raise ValueError(f"cp_async_wait_group: n = {n} is not 0 .. 7")
+    if SIMULATOR:
+        return _nothing
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    text = f"cp.async.wait_group {int(n)};"
+
+    @intrinsic
+    def wait(typingctx):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    return wait
 
 
 if SIMULATOR:
