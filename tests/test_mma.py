@@ -310,3 +310,44 @@ def test_gpu_ldmatrix_matches_the_host_model(trans, rng):
         words = rng.integers(0, 2 ** 16, size=1024, dtype=np.uint32).astype(np.uint16)
         rows = 8 * rng.choice(1024 // 8, size=32, replace=False)
         np.testing.assert_array_equal(run_ldmatrix(words, rows, trans), _mma.warp_ldmatrix(words, rows, trans))
+
+
+# ---------------------------------------------------------------- 32-bit shared stores; swapped operands
+@jit
+def _store32_kernel(words, out):
+    sm = cuda.shared.array(64, np.uint16)
+    lane = cuda.threadIdx.x
+    _mma.store_32(sm, np.uint32(2 * lane), words[lane])
+    cuda.syncthreads()
+    out[2 * lane] = sm[2 * lane]
+    out[2 * lane + 1] = sm[2 * lane + 1]
+
+
+def test_store_32_puts_the_low_half_first(rng):
+    words = rng.integers(0, 2 ** 32, size=32, dtype=np.uint64).astype(np.uint32)
+    out = cuda.to_device(np.zeros(64, np.uint16))
+    _store32_kernel[1, 32](cuda.to_device(words), out)
+    np.testing.assert_array_equal(out.copy_to_host(), words.view(np.uint16))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_mma_entry_is_the_same_with_the_operands_swapped(shape, rng):
+    """D = A B and D' = B^T A^T (A's rows and B's columns swapping roles) agree bit for bit with random half
+    inputs: what flash2_tc's dK/dV kernel relies on to compute S^T = K Q^T bit-identical to the forward's
+    S = Q K^T.  In the simulator the host model's; on a GPU (the ``gpu`` run of this file) the tensor core's."""
+    na, nb, k, kind = SHAPES[shape]
+    A = rng.standard_normal((16, k))
+    B = rng.standard_normal((k, 16))
+    zero = np.zeros((32, 4), np.float32)
+
+    def product(X, Y):  # (16 x k) (k x 16) on two n8 tiles, float32 16 x 16
+        out = np.zeros((16, 16), np.float32)
+        for n in range(2):
+            d = run_mma(shape, isa_a_regs(X, kind), isa_b_regs(Y[:, 8 * n:8 * n + 8], kind), zero)
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                out[g, 8 * n + 2 * t], out[g, 8 * n + 2 * t + 1] = d[lane, 0], d[lane, 1]
+                out[g + 8, 8 * n + 2 * t], out[g + 8, 8 * n + 2 * t + 1] = d[lane, 2], d[lane, 3]
+        return out
+
+    np.testing.assert_array_equal(product(A, B).view(np.uint32), product(B.T, A.T).T.view(np.uint32))

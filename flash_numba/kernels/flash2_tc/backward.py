@@ -21,13 +21,18 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
 
 * ``dkdv_kernel``: a block owns Bc keys and walks over the query blocks of Br = 32 rows that see them (GQA:
   of each of the G query heads of its key/value head in turn); dK_j, dV_j stay in registers as mma
-  accumulators, a warp's 16 keys x d columns (Bc = 64, up to d = 64) or 16 keys x d/2 columns (Bc = 32 above:
-  at d = 128, 64 keys x d took 128 accumulators a lane and ptxas spilled).  S and dP are computed in 2 x 2
-  warp tiles of 16 queries x Bc/2 keys;
-  P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x keys), from
-  where ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i
-  (FA2 keeps them in shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by a
-  plain ``ldmatrix``, B = K_j by ``ldmatrix.trans``) and adds it into a float32 dQ with atomics.
+  accumulators.  Up to d = 64 (Bc = 64, :func:`_dkdv_transposed`) a warp owns 16 keys and all d columns of
+  their dK and dV, keeps K_j's and V_j's A fragments in registers, and computes S^T = K_j Q_i^T and
+  dP^T = V_j dO_i^T for its keys: the accumulators of P^T and dS^T, two n8 tiles joined, are the A fragments of
+  (Z P)^T dO_i and dS^T Q_i (the forward's trick for P V), so P and dS never touch shared memory and no barrier
+  separates them from their use (before 2026-12-01 they went through shared memory as they still do above
+  d = 64).  On sm_80+ the next step's Q_i and dO_i load with cp.async into a second buffer while this step
+  computes.  Above d = 64 (:func:`_dkdv_shared`; Bc = 32: at d = 128, 64 keys x d took 128 accumulators a lane
+  and ptxas spilled) a warp owns 16 keys x d/2 columns, S and dP are computed in 2 x 2 warp tiles of 16 queries
+  x Bc/2 keys, and P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x
+  keys), from where ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i
+  (FA2 keeps them in shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by
+  ``ldmatrix``, B = K_j by ``ldmatrix.trans``) and adds it into a float32 dQ with atomics.
 * ``dq_kernel`` (deterministic backward): a block owns Br = 64 query rows (16 a warp), computes D_i
   itself from the dO_i it loads and O_i, keeps Q_i and dO_i as A fragments in registers (their shared tiles
   then hold K_j and V_j: 35 KB at d = 128, within a T4's 48 KB of static shared memory) and dQ_i as
@@ -35,6 +40,11 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
   forward, dS in the accumulator registers, rounded and packed in place as the A operand of dS K_j (the C
   layout of two n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
   without atomics: each output element summed by one warp in a fixed order, bitwise reproducible.
+
+**S^T bit for bit.**  The transposed kernel's S^T entries are the same mma chains as the forward's S entries,
+with A and B swapped: each is sum_k Q[q][k] K[c][k] over the same k16 steps in the same order, and a tensor core's
+D[m][n] depends on row m of A and column n of B only (``tests/test_mma.py`` checks it bit for bit, on a GPU in
+its ``gpu`` run).
 
 The atomic backward: ``d_kernel`` (D = rowsum(dO * O) and the float32 dQ accumulator zeroed, one launch),
 ``dkdv_kernel(atomic_dq=True)``, ``cast_kernel`` (dQ to the storage type).  Every shared tile is row-major
@@ -597,8 +607,7 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
     with no shared-memory round trip and no barrier between P and its use.  K_j and V_j are A operands of every
     step: their fragments are loaded from shared memory once, into registers.  S^T is bit-identical to the
     forward's S: each entry is the same chain of mma steps over the head dim with the same products (a tensor
-    core's D[m][n] depends on row m of A and column n of B, not on where they sit); the test suite's bitwise
-    checks of the backward against the forward's P cover it.  With ``atomic_dq`` dS^T (rounded) also goes to
+    core's D[m][n] depends on row m of A and column n of B only; ``tests/test_mma.py`` checks it).  With ``atomic_dq`` dS^T (rounded) also goes to
     shared memory (keys x queries), from where ``ldmatrix.trans`` hands dS to dQ_i += dS K_j as in
     :func:`_dkdv_shared`.
     """
