@@ -312,7 +312,7 @@ def test_gpu_ldmatrix_matches_the_host_model(trans, rng):
         np.testing.assert_array_equal(run_ldmatrix(words, rows, trans), _mma.warp_ldmatrix(words, rows, trans))
 
 
-# ---------------------------------------------------------------- 32-bit shared stores; swapped operands
+# ---------------------------------------------------------------- 32-bit shared stores, paired float32 atomics
 @jit
 def _store32_kernel(words, out):
     sm = cuda.shared.array(64, np.uint16)
@@ -328,6 +328,26 @@ def test_store_32_puts_the_low_half_first(rng):
     out = cuda.to_device(np.zeros(64, np.uint16))
     _store32_kernel[1, 32](cuda.to_device(words), out)
     np.testing.assert_array_equal(out.copy_to_host(), words.view(np.uint16))
+
+
+@jit
+def _red2_kernel(acc, x):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        _mma.red_add_f32x2(acc, np.uint64(2 * (i % 8)), x[i, 0], x[i, 1])
+
+
+def test_red_add_f32x2_adds_both_words(rng):
+    """64 threads add into 8 pairs (8 adds an element, small integers: exact in any order)."""
+    from flash_numba.device import SIMULATOR, info
+
+    if not SIMULATOR and tuple(info().compute_capability) < (9, 0):
+        pytest.skip("red.global.add.v2.f32 needs cc >= 9.0")
+    x = small_ints(rng, (64, 2), -100, 100).astype(np.float32)
+    acc = cuda.to_device(np.ones((2, 8), np.float32))  # any float32 array: the index is its flat element
+    _red2_kernel[2, 32](acc, cuda.to_device(x))
+    want = 1 + np.stack([x[i::8] for i in range(8)]).sum(axis=1)  # pair i gets threads i, i + 8, ...
+    np.testing.assert_array_equal(acc.copy_to_host().reshape(8, 2), want)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

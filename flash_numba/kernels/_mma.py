@@ -27,6 +27,8 @@ element with the lower column / k index)::
     zero_16(smem, s_index)                                  # 16 zero bytes into shared
     cp_async_16(smem, s_index, gmem, g_index)               # sm_80+: cp.async.cg.shared.global, 16 bytes
     cp_async_commit() ; cp_async_wait_all()                 # sm_80+: commit_group; wait_group 0
+    red_add_f32x2(arr, index, x, y)                         # sm_90+: arr.flat[index] += x, [index + 1] += y, one
+                                                            # red.global.add.v2.f32 (index even: 8-byte aligned)
 
 (Additions beyond INTERFACES.md: ``unpack_*``, ``copy_16``, ``load_16``, ``store_16``, ``store_32``, ``zero_16``;
 ``cp_async_wait(n)`` is ``cp_async_wait_all()``: wait for every committed group.)  The 16-byte functions
@@ -67,6 +69,7 @@ general inputs, and agree exactly on small-integer inputs.
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -323,6 +326,17 @@ def _nothing():
     return None
 
 
+_RED_LOCK = threading.Lock()
+
+
+def red_add_f32x2_standin(arr, index, x, y):
+    """The two float32 adds, under a lock (as the simulator's own atomics)."""
+    flat = arr.reshape(-1)
+    with _RED_LOCK:
+        flat[int(index)] += np.float32(x)
+        flat[int(index) + 1] += np.float32(y)
+
+
 # ---------------------------------------------------------------- the GPU: inline PTX
 @lru_cache(maxsize=None)
 def _mma_intrinsic(shape: str):
@@ -550,16 +564,30 @@ def _copy_intrinsics():
 
         return types.void(), codegen
 
-    return copy_16, load_16, store_16, store_32, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all
+    @intrinsic
+    def red_add_f32x2(typingctx, arr, index, x, y):
+        def codegen(context, builder, sig, args):
+            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 1)
+            f32 = ir.FloatType()
+            asm(builder, "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f,~{memory}", [i64, f32, f32],
+                [dst, args[2], args[3]])
+            return context.get_dummy_value()
+
+        return types.void(arr, types.uint64, types.float32, types.float32), codegen
+
+    return (copy_16, load_16, store_16, store_32, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all,
+            red_add_f32x2)
 
 
 if SIMULATOR:
     copy_16 = cp_async_16 = copy_16_standin
     load_16, store_16, store_32 = load_16_standin, store_16_standin, store_32_standin
+    red_add_f32x2 = red_add_f32x2_standin
     zero_16 = zero_16_standin
     cp_async_commit = cp_async_wait_all = _nothing
 else:
-    copy_16, load_16, store_16, store_32, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all = _copy_intrinsics()
+    (copy_16, load_16, store_16, store_32, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all,
+     red_add_f32x2) = _copy_intrinsics()
 
 if SIMULATOR:
     mma_m16n8k16_f16 = _mma_standin("m16n8k16_f16")

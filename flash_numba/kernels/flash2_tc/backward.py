@@ -22,20 +22,22 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
 * ``dkdv_kernel``: a block owns Bc keys and walks over the query blocks of Br = 32 rows that see them (GQA:
   of each of the G query heads of its key/value head in turn); dK_j, dV_j stay in registers as mma
   accumulators.  Up to d = 64 (Bc = 64, :func:`_dkdv_transposed`) a warp owns 16 keys and all d columns of
-  their dK and dV, keeps K_j's and V_j's A fragments in registers, and computes S^T = K_j Q_i^T and
-  dP^T = V_j dO_i^T for its keys: the accumulators of P^T and dS^T, two n8 tiles joined, are the A fragments of
-  (Z P)^T dO_i and dS^T Q_i (the forward's trick for P V), so P and dS never touch shared memory and no barrier
-  separates them from their use (before 2026-12-01 they went through shared memory as they still do above
-  d = 64).  On sm_80+ the next step's Q_i and dO_i load with cp.async into a second buffer while this step
-  computes.  Above d = 64 (:func:`_dkdv_shared`; Bc = 32: at d = 128, 64 keys x d took 128 accumulators a lane
-  and ptxas spilled) a warp owns 16 keys x d/2 columns, S and dP are computed in 2 x 2 warp tiles of 16 queries
-  x Bc/2 keys, and P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x
-  keys), from where ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i
-  (FA2 keeps them in shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by
-  ``ldmatrix``, B = K_j by ``ldmatrix.trans``) and adds it into a float32 dQ with atomics.
+  their dK and dV, and computes S^T = K_j Q_i^T and dP^T = V_j dO_i^T for its keys: the accumulators of P^T and
+  dS^T, two n8 tiles joined, are the A fragments of (Z P)^T dO_i and dS^T Q_i (the forward's trick for P V), so
+  P and dS never touch shared memory and no barrier separates them from their use (before 2026-12-01 they went
+  through shared memory as they still do above d = 64: 520 M executed instructions at d = 64, 8 per mma).  On
+  sm_80+ the next step's Q_i and dO_i load with cp.async into a second buffer while this step computes.  Above
+  d = 64 (:func:`_dkdv_shared`; Bc = 32: at d = 128, 64 keys x d took 128 accumulators a lane and ptxas spilled)
+  a warp owns 16 keys x d/2 columns, S and dP are computed in 2 x 2 warp tiles of 16 queries x Bc/2 keys, and
+  P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x keys), from where
+  ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i (FA2 keeps them in
+  shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by ``ldmatrix``, B = K_j by
+  ``ldmatrix.trans``) and adds it into a float32 dQ with atomics, two neighbouring columns in one
+  ``red.global.add.v2.f32`` on sm_90.
 * ``dq_kernel`` (deterministic backward): a block owns Br = 64 query rows (16 a warp), computes D_i
   itself from the dO_i it loads and O_i, keeps Q_i and dO_i as A fragments in registers (their shared tiles
-  then hold K_j and V_j: 35 KB at d = 128, within a T4's 48 KB of static shared memory) and dQ_i as
+  then hold K_j and V_j, two buffers of each on sm_80+: the next block loads with cp.async while this one
+  computes; 37 KB at d = 64 and 35 KB at d = 128, within a T4's 48 KB of static shared memory) and dQ_i as
   accumulators, and walks over the visible key blocks of Bc = 64 keys (32 above d = 64): S and dP as in the
   forward, dS in the accumulator registers, rounded and packed in place as the A operand of dS K_j (the C
   layout of two n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
@@ -43,8 +45,7 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
 
 **S^T bit for bit.**  The transposed kernel's S^T entries are the same mma chains as the forward's S entries,
 with A and B swapped: each is sum_k Q[q][k] K[c][k] over the same k16 steps in the same order, and a tensor core's
-D[m][n] depends on row m of A and column n of B only (``tests/test_mma.py`` checks it bit for bit, on a GPU in
-its ``gpu`` run).
+D[m][n] depends on row m of A and column n of B only (``tests/test_mma.py`` checks it on the GPU, bit for bit).
 
 The atomic backward: ``d_kernel`` (D = rowsum(dO * O) and the float32 dQ accumulator zeroed, one launch),
 ``dkdv_kernel(atomic_dq=True)``, ``cast_kernel`` (dQ to the storage type).  Every shared tile is row-major
@@ -140,8 +141,10 @@ def q_block(d: int) -> tuple[int, int]:
 
 
 def q_shared_bytes(d: int) -> int:
-    """Shared memory of the dQ kernel: two tiles (Q_i and dO_i, then K_j and V_j in turn) and L_i, D_i."""
-    return 2 * 2 * Q_BR * stride(d) + 8 * Q_BR
+    """Shared memory of the dQ kernel (the sm80 path, the larger): two tiles (Q_i and dO_i, then two buffers of K_j and
+    of V_j) and L_i, D_i."""
+    Br, Bc = q_block(d)
+    return 2 * 2 * max(2 * Bc, Br) * stride(d) + 8 * Br
 
 
 def _storage(dtype_name: str):
@@ -379,7 +382,7 @@ def _block_tiles(sizes, dtype_name: str, dynamic: bool):
 
 @lru_cache(maxsize=None)
 def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, atomic_dq: bool = False,
-                dropout: bool = False, dynamic: bool = False, aligned: bool = False):
+                dropout: bool = False, dynamic: bool = False, aligned: bool = False, red2: bool = False):
     """The dK/dV kernel (with ``atomic_dq``: dQ by atomics too) for head dim d (a multiple of 16, <= 128).
 
     Arguments ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
@@ -387,16 +390,18 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     (:func:`flash_numba._views.flat_input`); lse, D ``(B*H, Nq)`` float32; dk, dv ``(B*Hkv, Nk, d)``; dq a zeroed
     ``(B*H, Nq, d)`` float32 accumulator with ``atomic_dq``, else never touched.  A 1-D grid of Tc * B*Hkv
     blocks: block x runs key tile x // B*Hkv of key/value head x % B*Hkv (the first, longest tiles first).
+    ``red2`` (sm_90+, with ``atomic_dq``): each lane adds its two neighbouring dQ columns with one
+    ``red.global.add.v2.f32`` (:func:`.._mma.red_add_f32x2`), half the atomic instructions of one add an element.
 
     Up to d = 64 (:func:`transposed`) S^T and dP^T in registers (:func:`_dkdv_transposed`), above through
     shared memory (:func:`_dkdv_shared`).
     """
     build = _dkdv_transposed if transposed(d) else _dkdv_shared
-    return build(d, dtype_name, causal, count, k8, atomic_dq, dropout, dynamic, aligned)
+    return build(d, dtype_name, causal, count, k8, atomic_dq, dropout, dynamic, aligned, red2)
 
 
 def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, atomic_dq: bool, dropout: bool,
-                 dynamic: bool, aligned: bool):
+                 dynamic: bool, aligned: bool, red2: bool):
     """The dK/dV kernel above d = 64: S and dP in 2 x 2 warp tiles of 16 queries x Bc/2 keys, P (times Z) and dS
     through shared memory (module docstring)."""
     assert d % 16 == 0 and 16 <= d <= 128
@@ -413,7 +418,8 @@ def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, a
     QN = QW // 8
     QN_ODD = QN % 2 == 1  # d = 16, 48, 80, 112
     ld_b_t1 = fragments_single(dtype_name)
-    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
+    CAUSAL, COUNT, ATOMIC_DQ, RED2 = causal, count, atomic_dq, red2
+    red_add2 = _mma.red_add_f32x2
     SB = 2
     MUL_RN = rounded_mul("float32")
     block_tiles = _block_tiles((Bc * DS, Bc * DS, Br * DS, Br * DS, Br * PS, Br * PS), dtype_name, dynamic)
@@ -573,11 +579,16 @@ def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, a
                     row = uint32(r0) + sr + g + uint32(8 * h)
                     if row < uint32(Nq):
                         for j in range(QN):
-                            for e in range(2):
-                                col = qc + uint32(8 * j + e) + 2 * t
-                                cuda.atomic.add(dq, (uint32(bh), row, col), dq_acc[j, 2 * h + e] * scale)
-                                if COUNT:
-                                    n_atomic += uint32(1)
+                            col = qc + uint32(8 * j) + 2 * t
+                            if RED2:  # columns col, col + 1 in one
+                                red_add2(dq, (uint64(bh) * uint64(Nq) + uint64(row)) * uint64(d) + uint64(col),
+                                         dq_acc[j, 2 * h] * scale, dq_acc[j, 2 * h + 1] * scale)
+                            else:
+                                for e in range(2):
+                                    cuda.atomic.add(dq, (uint32(bh), row, col + uint32(e)),
+                                                    dq_acc[j, 2 * h + e] * scale)
+                            if COUNT:
+                                n_atomic += uint32(2)
 
         # dK_j = scale dS^T Q, dV_j: the lane's rows kr + g (+ 8), columns kc + 8 j + 2 t (+ 1)
         nw = 0
@@ -598,16 +609,17 @@ def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, a
 
 
 def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, atomic_dq: bool, dropout: bool,
-                     dynamic: bool, aligned: bool):
+                     dynamic: bool, aligned: bool, red2: bool):
     """The dK/dV kernel up to d = 64: each warp owns 16 keys (kr = 16 warp ..) and computes S^T = K_j Q_i^T and
     dP^T = V_j dO_i^T for them, so that P^T and dS^T stay in registers.
 
     The accumulators of S^T (16 keys x Br queries, C layout) are, two n8 tiles joined, the A fragments of the
     k16 steps of (Z P)^T dO_i and dS^T Q_i (k = the queries): the forward's P V trick, here for both products,
     with no shared-memory round trip and no barrier between P and its use.  K_j and V_j are A operands of every
-    step: their fragments are loaded from shared memory once, into registers.  S^T is bit-identical to the
-    forward's S: each entry is the same chain of mma steps over the head dim with the same products (a tensor
-    core's D[m][n] depends on row m of A and column n of B only; ``tests/test_mma.py`` checks it).  With ``atomic_dq`` dS^T (rounded) also goes to
+    step, ``ldmatrix`` from their shared tiles (kept in registers instead they took 174 registers a thread, two
+    blocks an SM; so, 137: three).  S^T is bit-identical to the forward's S: each entry is the same chain of mma
+    steps over the head dim with the same products (a tensor core's D[m][n] depends on row m of A and column n of
+    B only; ``tests/test_mma.py`` checks it on the GPU).  With ``atomic_dq`` dS^T (rounded) also goes to
     shared memory (keys x queries), from where ``ldmatrix.trans`` hands dS to dQ_i += dS K_j as in
     :func:`_dkdv_shared`.
     """
@@ -623,7 +635,8 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
     ld_b_t1 = fragments_single(dtype_name)
     store_32 = _mma.store_32
     ldx4, ldx4_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
-    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
+    CAUSAL, COUNT, ATOMIC_DQ, RED2 = causal, count, atomic_dq, red2
+    red_add2 = _mma.red_add_f32x2
     SB = 2
     MUL_RN = rounded_mul("float32")
     NBUF = kv_buffers(k8)
@@ -642,8 +655,6 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
         Ks, Vs, Q2, dO2, dSt = block_tiles()
         Ls = cuda.shared.array(SSZ, float32)  # L_i in log2 units, a buffer of Br each
         Ds = cuda.shared.array(SSZ, float32)
-        ka = cuda.local.array((KD, 4), uint32)  # K_j's A fragments (this warp's 16 keys), all of d
-        va = cuda.local.array((KD, 4), uint32)  # V_j's
         st = cuda.local.array((QT, 4), float32)  # S^T, then P^T
         dpt = cuda.local.array((QT, 4), float32)  # dP^T, then dS^T
         dv_acc = cuda.local.array((DN, 4), float32)
@@ -662,6 +673,8 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
         n_atomic = uint32(0)
         kr = warp * uint32(16)  # this warp's keys c0 + kr ..; the lane's: kr + g and kr + g + 8
         b_lane, bt_lane = lane_rows(DS, lane)
+        # K_j's and V_j's A fragments (rows kr + lane % 16, columns 8 (lane / 16) ..): ldmatrix each step
+        a_lane = (kr + (lane & uint32(15))) * uint32(DS) + (lane >> uint32(4)) * uint32(8)
         sr = (warp & uint32(1)) * uint32(16)  # dQ (atomic_dq): rows sr .., columns qc ..
         qc = (warp >> uint32(1)) * uint32(QW)
 
@@ -682,9 +695,6 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
             nr += n * SB
         wait_all()
         cuda.syncthreads()
-        for kk in range(KD):
-            ka[kk, 0], ka[kk, 1], ka[kk, 2], ka[kk, 3] = ld_a(Ks, kr, kk * 16, DS, lane)
-            va[kk, 0], va[kk, 1], va[kk, 2], va[kk, 3] = ld_a(Vs, kr, kk * 16, DS, lane)
         for j in range(DN):
             for e in range(4):
                 dv_acc[j, e] = F32_ZERO
@@ -730,22 +740,24 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
                     st[j, e] = F32_ZERO
                     dpt[j, e] = F32_ZERO
             for kk in range(KD):
+                ka0, ka1, ka2, ka3 = ldx4(Ks, a_lane + uint32(kk * 16))
                 for nb in range(QT // 2):
                     b0, b1, b2, b3 = ldx4(Q2, qb + uint32(nb * 16 * DS + kk * 16))
                     st[2 * nb, 0], st[2 * nb, 1], st[2 * nb, 2], st[2 * nb, 3] = mma(
-                        ka[kk, 0], ka[kk, 1], ka[kk, 2], ka[kk, 3], b0, b1,
+                        ka0, ka1, ka2, ka3, b0, b1,
                         st[2 * nb, 0], st[2 * nb, 1], st[2 * nb, 2], st[2 * nb, 3])
                     st[2 * nb + 1, 0], st[2 * nb + 1, 1], st[2 * nb + 1, 2], st[2 * nb + 1, 3] = mma(
-                        ka[kk, 0], ka[kk, 1], ka[kk, 2], ka[kk, 3], b2, b3,
+                        ka0, ka1, ka2, ka3, b2, b3,
                         st[2 * nb + 1, 0], st[2 * nb + 1, 1], st[2 * nb + 1, 2], st[2 * nb + 1, 3])
             for kk in range(KD):
+                va0, va1, va2, va3 = ldx4(Vs, a_lane + uint32(kk * 16))
                 for nb in range(QT // 2):
                     b0, b1, b2, b3 = ldx4(dO2, qb + uint32(nb * 16 * DS + kk * 16))
                     dpt[2 * nb, 0], dpt[2 * nb, 1], dpt[2 * nb, 2], dpt[2 * nb, 3] = mma(
-                        va[kk, 0], va[kk, 1], va[kk, 2], va[kk, 3], b0, b1,
+                        va0, va1, va2, va3, b0, b1,
                         dpt[2 * nb, 0], dpt[2 * nb, 1], dpt[2 * nb, 2], dpt[2 * nb, 3])
                     dpt[2 * nb + 1, 0], dpt[2 * nb + 1, 1], dpt[2 * nb + 1, 2], dpt[2 * nb + 1, 3] = mma(
-                        va[kk, 0], va[kk, 1], va[kk, 2], va[kk, 3], b2, b3,
+                        va0, va1, va2, va3, b2, b3,
                         dpt[2 * nb + 1, 0], dpt[2 * nb + 1, 1], dpt[2 * nb + 1, 2], dpt[2 * nb + 1, 3])
 
             # P^T = exp2(S^T scale log2e - L), dS^T = P^T (Z dP^T - D), 0 where masked; st <- Z P^T, dpt <- dS^T.
@@ -829,11 +841,16 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
                     row = uint32(r0) + sr + g + uint32(8 * h)
                     if row < uint32(Nq):
                         for j in range(QN):
-                            for e in range(2):
-                                col = qc + uint32(8 * j + e) + 2 * t
-                                cuda.atomic.add(dq, (uint32(bh), row, col), dq_acc[j, 2 * h + e] * scale)
-                                if COUNT:
-                                    n_atomic += uint32(1)
+                            col = qc + uint32(8 * j) + 2 * t
+                            if RED2:  # columns col, col + 1 in one
+                                red_add2(dq, (uint64(bh) * uint64(Nq) + uint64(row)) * uint64(d) + uint64(col),
+                                         dq_acc[j, 2 * h] * scale, dq_acc[j, 2 * h + 1] * scale)
+                            else:
+                                for e in range(2):
+                                    cuda.atomic.add(dq, (uint32(bh), row, col + uint32(e)),
+                                                    dq_acc[j, 2 * h + e] * scale)
+                            if COUNT:
+                                n_atomic += uint32(2)
             if NBUF == 2 and tid < Br:  # the next step's L_i, D_i into the buffer no warp reads in this step
                 Ls[nxt * uint32(Br) + uint32(tid)] = Ln
                 Ds[nxt * uint32(Br) + uint32(tid)] = Dn
@@ -867,24 +884,27 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
     """
     assert d % 16 == 0 and 16 <= d <= 128
     to_f32, from_f32, pack = _storage(dtype_name)
-    ld_a, _, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
+    ld_a, _, _, _, mma = fragments(dtype_name, k8)
     Br, Bc = q_block(d)
     DS = stride(d)
     KN, DN, KD = Bc // 8, d // 8, d // 16  # n8 tiles of S (16 x Bc a warp), of dQ (16 x d a warp); k16 steps of d
     CAUSAL, COUNT = causal, count
     SB = 2
     MUL_RN = rounded_mul("float32")
-    assert Bc <= Br  # Q_i, dO_i and then K_j, V_j in the same two tiles
-    block_tiles = _block_tiles((Br * DS, Br * DS), dtype_name, dynamic)
+    NBUF = kv_buffers(k8)
+    ROWS = max(NBUF * Bc, Br)  # rows of each tile: NBUF buffers of K_j (V_j), or first Q_i (dO_i)
+    block_tiles = _block_tiles((ROWS * DS, ROWS * DS), dtype_name, dynamic)
     load_q = tile_loader(Br, d, dtype_name, count, aligned)
-    load_kv = tile_loader(Bc, d, dtype_name, count, aligned)
+    load_kv = tile_loader(Bc, d, dtype_name, count, aligned, not k8)
+    commit, wait_all = (_nothing, _nothing) if k8 else (_mma.cp_async_commit, _mma.cp_async_wait_all)
+    ldx4, ldx4_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
     drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
 
     def kernel(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
                o_lay, seed, threshold, inv_keep):
-        # Q_i, dO_i until they are in registers (A fragments), then K_j, V_j in the same memory
+        # Q_i, dO_i until they are in registers (A fragments), then K_j, V_j in the same memory (NBUF buffers each)
         Qs, dOs = block_tiles()
-        Ks, Vs = Qs, dOs
+        K2, V2 = Qs, dOs
         Ls = cuda.shared.array(Br, float32)
         Ds = cuda.shared.array(Br, float32)
         qa = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments (this warp's 16 rows), all of d
@@ -900,6 +920,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
         r0, bh = last_tile_first(Nq, Br)
         hkv = kv_head(bh, G)
         sr = warp * uint32(16)
+        b_lane, bt_lane = lane_rows(DS, lane)
         nr = nw = 0
 
         n = load_q(Qs, 0, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, 0, do, do_lay, bh, r0, Nq, tid)
@@ -935,13 +956,31 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
         rka = int64(drop_row(head, r0 + int64(sr + g)))
         rkb = int64(drop_row(head, r0 + int64(sr + g + uint32(8))))
 
-        for jb in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
-            c0 = jb * Bc
-            cuda.syncthreads()  # the previous step is done with Ks, Vs (the first: with Qs, dOs)
-            n = load_kv(Ks, 0, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, 0, v, v_lay, hkv, c0, Nk, tid)
+        # The pipeline (NBUF = 2, sm_80+): K_{j+1}, V_{j+1} load (cp.async) into the other buffer while block j
+        # computes; a barrier after each wait (every thread's copies have landed; every warp is done with the buffer
+        # the next copies overwrite).  NBUF = 1 (sm_75): each block loads its own between barriers.
+        n_blocks = visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)
+        if NBUF == 2 and n_blocks > 0:  # block 0 into buffer 0: every warp is done with Q_i, dO_i (the barrier above)
+            n = load_kv(K2, 0, k, k_lay, hkv, 0, Nk, tid) + load_kv(V2, 0, v, v_lay, hkv, 0, Nk, tid)
+            commit()
             if COUNT:
                 nr += n * SB
-            cuda.syncthreads()
+        for jb in range(n_blocks):
+            c0 = jb * Bc
+            cur = uint32(jb % NBUF)
+            wait_all()
+            cuda.syncthreads()  # block j's buffer has landed; the previous step is done with the other one
+            if NBUF == 1 or jb + 1 < n_blocks:
+                at = uint32((jb + 1) % NBUF) * uint32(Bc * DS)
+                cn = c0 + (NBUF - 1) * Bc  # NBUF = 1: this block
+                n = load_kv(K2, at, k, k_lay, hkv, cn, Nk, tid) + load_kv(V2, at, v, v_lay, hkv, cn, Nk, tid)
+                commit()
+                if COUNT:
+                    nr += n * SB
+            if NBUF == 1:
+                cuda.syncthreads()
+            kb = b_lane + cur * uint32(Bc * DS)  # this block's buffer: ldmatrix rows of K_j, V_j
+            kbt = bt_lane + cur * uint32(Bc * DS)
 
             for j in range(KN):
                 for e in range(4):
@@ -949,7 +988,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
                     dp[j, e] = F32_ZERO
             for kk in range(KD):  # S = Q_i K_j^T, k = 0, 16, .. (the forward's order)
                 for nb in range(KN // 2):
-                    b0, b1, b2, b3 = ld_b(Ks, nb * 16, kk * 16, DS, lane)
+                    b0, b1, b2, b3 = ldx4(K2, kb + uint32(nb * 16 * DS + kk * 16))
                     s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3] = mma(
                         qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3], b0, b1,
                         s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3])
@@ -958,7 +997,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
                         s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3])
             for kk in range(KD):  # dP = dO_i V_j^T
                 for nb in range(KN // 2):
-                    b0, b1, b2, b3 = ld_b(Vs, nb * 16, kk * 16, DS, lane)
+                    b0, b1, b2, b3 = ldx4(V2, kb + uint32(nb * 16 * DS + kk * 16))
                     dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3] = mma(
                         da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3], b0, b1,
                         dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3])
@@ -992,7 +1031,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
                 a2 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                 a3 = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
                 for nb in range(DN // 2):
-                    b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, nb * 16, DS, lane)
+                    b0, b1, b2, b3 = ldx4_t(K2, kbt + uint32(kk * 16 * DS + nb * 16))
                     dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
                         a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
                         dq_acc[2 * nb, 3])
@@ -1157,7 +1196,7 @@ def run_backward_atomic(prob, ops, counters, k8: bool):
     launch(d_kernel(prob.d, name, count), grid[D_ZERO_NAME], NT)(o, do, D, dq_acc, prob.Nq,
                                                                  counters.array(D_ZERO_NAME), o_lay, lays[3])
     kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
-    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, True, dropout, bool(kv_dyn), aligned)
+    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, True, dropout, bool(kv_dyn), aligned, vector_red())
     launch(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
         q, k, v, do, ops["lse"].dev, D, dk, dv, dq_acc, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
         counters.array(BACKWARD_KVQ_NAME), *lays, *drop_args)
@@ -1165,6 +1204,14 @@ def run_backward_atomic(prob, ops, counters, k8: bool):
     launch(cast_kernel(name, count), grid[CAST_DQ_NAME], ELEMWISE_THREADS)(dq_acc.reshape(n), dq.reshape(n), n,
                                                                           counters.array(CAST_DQ_NAME))
     return dq, dk, dv
+
+
+def vector_red() -> bool:
+    """Whether this GPU has ``red.global.add.v2.f32`` (cc >= 9.0; the simulator: its stand-in, so the tests run the
+    H200's code)."""
+    from ...device import SIMULATOR, info
+
+    return SIMULATOR or tuple(info().compute_capability) >= (9, 0)
 
 
 def _unused_dq():
@@ -1264,8 +1311,8 @@ def compile_backward(ccs, dtypes, ds):
                                        dkdv_kernel(d, dtype, causal, count, k8, False, drop, kv_dyn, aligned),
                                        kv_sig, cc),
                         compile_kernel(f"{BACKWARD_KVQ_NAME} {tag}{' dynamic' * kv_dyn}",
-                                       dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn, aligned),
-                                       kv_sig, cc)]
+                                       dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn, aligned,
+                                                   tuple(cc) >= (9, 0)), kv_sig, cc)]
                 if d == ds[0]:
                     for count in (False, True):
                         tag = f"{dtype}{' count' * count}"
