@@ -58,13 +58,43 @@ GROUPS = ((("float16", "float32", "float64"), (64,)), (("float32",), (80, 128)))
 COUNTED_DTYPES = ("float32",)
 COUNTED_DS = (64,)
 
-#: The representative tier (``make test``): every kernel of every family built once for each cc, at float32 (a kernel
-#: without float32, its first dtype: flash2_tc's float16) and d = 64, counting builds included
-#: (:func:`count_variants`), causal or not, with and without dropout.  The full
-#: tier (``make test-all``: :data:`GROUPS` and each spec's ``compile_groups``) adds the other dtypes and head dims,
-#: whose blocks, register caps and spills differ; run it before a kernel change lands.
+#: The representative tier (``make test``): every kernel of every family built for each cc, at float32 (a kernel
+#: without float32, its first dtype: flash2_tc's float16) and d = 64, and of the variants a module's ``compile_all``
+#: lists there only the few that :func:`representative` picks: each launch with each of its :data:`FEATURES` (the
+#: causal mask, the counting build, dropout, 16-byte copies, ...) at least once per cc.  The full tier (``make
+#: test-all``: :data:`GROUPS` and each spec's ``compile_groups``, every variant) adds the other dtypes and head dims,
+#: whose blocks, register caps and spills differ, and every combination of the variants; run it before a kernel
+#: change lands.
 REPRESENTATIVE = ((("float32",), (64,)),)
 TIERS = ("representative", "all")
+
+#: The words of a compile-tier label that name a variant of a launch rather than the launch: the representative
+#: tier builds each launch (its label without these words, per cc) once with each word that its variants carry.
+FEATURES = ("causal", "count", "dropout", "aligned", "grouped", "paged", "sm75", "sm80")
+
+
+def representative(labels) -> list[int]:
+    """Indices into ``labels`` (one cc's compile-tier labels of one module) of the builds the representative tier
+    keeps: per launch (a label without its :data:`FEATURES` words), the fewest builds, greedily, that carry every
+    feature word any of its variants carries (a tie goes to the first listed); a launch without variants once.
+
+    For example flash2_fast's forward at float32, d = 64 lists 12 variants (causal or not, counting or not, with
+    dropout or not, 16-byte copies or not); two carry all four words: ``causal aligned dropout`` and ``count``."""
+    launches: dict[str, list[tuple[int, frozenset]]] = {}
+    for i, label in enumerate(labels):
+        words = label.split()
+        key = " ".join(w for w in words if w not in FEATURES)
+        launches.setdefault(key, []).append((i, frozenset(w for w in words if w in FEATURES)))
+    keep = []
+    for variants in launches.values():
+        need = frozenset().union(*(words for _, words in variants))
+        if not need:
+            keep.append(variants[0][0])
+        while need:
+            i, words = max(variants, key=lambda v: len(v[1] & need))  # the first of the best
+            keep.append(i)
+            need -= words
+    return sorted(keep)
 
 
 def tier_groups(spec, tier: str = "all") -> tuple:
@@ -116,7 +146,23 @@ def compile_ptx(pyfunc, argtypes, cc, fastmath=None) -> str:
     """
     fastmath = getattr(pyfunc, "_fastmath", False) if fastmath is None else fastmath
     fastmath = frozenset(fastmath) if isinstance(fastmath, (set, frozenset)) else bool(fastmath)
-    return _ptx(pyfunc, tuple(argtypes), tuple(cc), fastmath)
+    args = (pyfunc, tuple(argtypes), tuple(cc), fastmath)
+    return _Pending(args) if _pending else _ptx(*args)
+
+
+#: True while :func:`compile_module` lists a module's builds before choosing some (the representative tier):
+#: :func:`compile_ptx` then hands back a :class:`_Pending` that the chosen builds' PTX is made from.
+_pending = False
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """The arguments of a PTX build not made yet (:func:`compile_module`'s representative tier)."""
+
+    args: tuple
+
+    def build(self) -> str:
+        return _ptx(*self.args)
 
 
 @functools.lru_cache(maxsize=None)
@@ -270,13 +316,24 @@ def compile_module(name: str, ccs=CCS, groups=None, tier: str = "all") -> list[R
     those of ``tier`` by default, :func:`tier_groups`)."""
     from . import kernels
 
+    global _pending
+
     mod = kernels.get(name)
     groups = tier_groups(mod, tier) if groups is None else groups
     rows, seen, reports = [], set(), {}
     for dtypes, ds in groups:
         for cc in ccs:
-            for item in mod.compile_all((cc,), dtypes, ds):
-                label, ptx, cap = Compiled(*item)  # a plain (label, ptx) pair: no register cap
+            if tier == "representative":  # list the builds (PTX pending), keep those representative() picks
+                _pending = True
+                try:
+                    items = [Compiled(*item) for item in mod.compile_all((cc,), dtypes, ds)]
+                finally:
+                    _pending = False
+                items = [items[i] for i in representative([item.label for item in items])]
+            else:
+                items = [Compiled(*item) for item in mod.compile_all((cc,), dtypes, ds)]
+            for label, ptx, cap in items:  # a plain (label, ptx) pair has no register cap
+                ptx = ptx.build() if isinstance(ptx, _Pending) else ptx
                 if (label, cc) in seen:  # a kernel not specialised on d comes back once per group
                     continue
                 seen.add((label, cc))
