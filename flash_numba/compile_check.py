@@ -349,9 +349,11 @@ def compile_module(name: str, ccs=CCS, groups=None, tier: str = "all") -> list[R
 
 def _compile_in_worker(name: str, tier: str = "all") -> tuple[list[Row], str | None, float]:
     """:func:`compile_module` in a worker process: (rows, error or None, seconds)."""
+    from . import compile_check  # this module as the kernels import it, not `python -m`'s copy (__main__)
+
     start = time.perf_counter()
     try:
-        rows, error = compile_module(name, tier=tier), None
+        rows, error = compile_check.compile_module(name, tier=tier), None
     except Exception as exc:  # reported beside the other modules' results (and numba's errors may not pickle)
         rows, error = [], f"{type(exc).__name__}: {exc}"
     return rows, error, time.perf_counter() - start
