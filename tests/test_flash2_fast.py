@@ -9,6 +9,7 @@ import pytest
 
 import flash_numba as fn
 from flash_numba import _switches, blocks, iomodel, reference
+from conftest import FULL
 from flash_numba.kernels import flash2_fast
 
 ON_GPU = not fn.device.SIMULATOR
@@ -124,9 +125,15 @@ SPLIT_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ copies", "flash2_fast dK
                "flash2_fast sum dQ copies"]
 
 
-@pytest.mark.parametrize("copies", [0, 1, 2, 3])  # 0: the two-pass backward; else the split one
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("Nq, Nk, d, block", [(17, 23, 5, (16, 16)), (33, 20, 16, (32, 16)), (9, 47, 3, (16, 32))])
+COUNTED_SHAPES = [(17, 23, 5, (16, 16)), (33, 20, 16, (32, 16)), (9, 47, 3, (16, 32))]
+#: (copies, causal, shape): 0 copies is the two-pass backward, else the split one.  make test runs each (copies,
+#: causal) pair at one shape, the shapes in turn (every copies value, causal or not, every shape); make test-all all 24
+COUNTED_CASES = [pytest.param(copies, causal, *shape, id="-".join(map(str, (*shape[:3], f"block{i}", causal, copies))),
+                              marks=() if (2 * copies + causal) % 3 == i else FULL)
+                 for i, shape in enumerate(COUNTED_SHAPES) for causal in (False, True) for copies in (0, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("copies, causal, Nq, Nk, d, block", COUNTED_CASES)
 def test_backward_hbm_counted_equals_model(rng, monkeypatch, copies, causal, Nq, Nk, d, block):
     """Both deterministic backwards, the split one with 1-3 copies of dQ: S blocks per head run ceil(Tc / S)
     rounds of key tiles (Nk = 47 at Bc = 16: 3 tiles; 1 copy: 3 rounds, 2 copies: the second round reversed and
@@ -256,7 +263,8 @@ def test_split_s_dp_rule():
 
 
 @pytest.mark.parametrize("d, causal, p, share", [(32, False, 0.0, False), (32, True, 0.25, False),
-                                                 (40, True, 0.0, True), (40, False, 0.25, True)])
+                                                 (40, True, 0.0, True),
+                                                 pytest.param(40, False, 0.25, True, marks=FULL)])  # (the others)
 def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, monkeypatch, d, causal, p, share):
     """Split or not, each dS, P and product is the same arithmetic in the same order: the deterministic backward's
     outputs are the same bits (split dQ copies and two-pass), and the atomic one's dK, dV; with dropout (P handed
