@@ -5,7 +5,7 @@ The simulator never type-checks a kernel, so this tier compiles each module's
 kernel module with ``NUMBA_ENABLE_CUDASIM=0`` (``python -m flash_numba.compile_check
 --kernels NAME``).  No GPU is needed; ptxas is (a missing ptxas fails the tier).
 
-Two tiers (``--compile-tier``, or the environment variable ``FLASH_NUMBA_COMPILE_TIER``):
+Two tiers (``--tier``, alias ``--compile-tier``, or the environment variable ``FLASH_NUMBA_TIER``):
 ``representative`` (the default, ``make test``) builds every kernel of every family for each cc, at
 float32 and d = 64, each launch with each of its variants' features (causal, counting, dropout, 16-byte
 copies...) at least once (``compile_check.representative``); ``all`` (``make test-all``) builds every

@@ -265,6 +265,7 @@ def test_split_s_dp_rule():
 @pytest.mark.parametrize("d, causal, p, share", [(32, False, 0.0, False), (32, True, 0.25, False),
                                                  (40, True, 0.0, True),
                                                  pytest.param(40, False, 0.25, True, marks=FULL)])  # (the others)
+@pytest.mark.slow
 def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, monkeypatch, d, causal, p, share):
     """Split or not, each dS, P and product is the same arithmetic in the same order: the deterministic backward's
     outputs are the same bits (split dQ copies and two-pass), and the atomic one's dK, dV; with dropout (P handed
@@ -310,6 +311,7 @@ def test_dq_lane_groups_rule():
 
 
 @pytest.mark.parametrize("d, causal, share", [(40, True, False), (72, False, True)])
+@pytest.mark.slow
 def test_dq_in_two_lane_groups_is_bit_for_bit_one_group(rng, monkeypatch, d, causal, share):
     """dQ_i += dS_ij K_j with a warp's lanes as one group (8 rows x 2 columns a lane at d = 40, the second for half
     the lanes) or two (4 x 3): each dQ element the same sum in the same order, so the split backward's copies of dQ

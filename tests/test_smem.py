@@ -33,6 +33,7 @@ def _passes(q, k, v, do, causal):
 
 
 @pytest.mark.parametrize("causal", [pytest.param(False, marks=FULL), True])  # (causal: the masks too)
+@pytest.mark.slow
 def test_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch, causal):
     q, do = (rng.standard_normal((2, 19, 16)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((2, 23, 16)).astype(np.float32) for _ in range(2))

@@ -77,6 +77,7 @@ GRADCHECK_CASES = [pytest.param(kernel, causal, id=f"{kernel}-{causal}", marks=(
 
 
 @pytest.mark.parametrize("kernel, causal", GRADCHECK_CASES)
+@pytest.mark.slow
 def test_gradcheck(rng, kernel, causal):
     """torch.autograd.gradcheck on our backward, L != S: causal bottom-right (our kernels' own mask,
     L = 4 > S = 3: query row 0 sees no key) and not causal (L = 3 < S = 4).
@@ -132,6 +133,7 @@ def test_values_and_grads_match_sdpa(rng, shape_q, shape_kv, causal, kernel):
         ((1, 2, 5, 3), (1, 1, 4, 3), True, "flash2"),  # L > S: two calls, both grouped
     ],
 )
+@pytest.mark.slow
 def test_grouped_query_attention_matches_sdpa(rng, shape_q, shape_kv, is_causal, kernel):
     """enable_gqa=True against PyTorch's SDPA with enable_gqa=True: O, and dK, dV summed over each group."""
     q, k, v = randn(rng, *shape_q), randn(rng, *shape_kv), randn(rng, *shape_kv)
@@ -141,6 +143,7 @@ def test_grouped_query_attention_matches_sdpa(rng, shape_q, shape_kv, is_causal,
 
 # GQA of every kernel: tests/test_gqa.py; flash1 costs the simulator least (flash2_fast: make test-all)
 @pytest.mark.parametrize("kernel", ["flash1", pytest.param("flash2_fast", marks=FULL)])
+@pytest.mark.slow
 def test_grouped_query_gradcheck(rng, kernel):
     """gradcheck through the simulator with 2 query heads per key/value head (tolerances as in test_gradcheck).
 

@@ -84,6 +84,7 @@ def _op_args(rng, dtype, gqa=False, dropout=False):
 
 @pytest.mark.parametrize("dtype, gqa, dropout, causal", [(torch.float32, False, False, True),
                                                          (torch.float64, True, True, False)])
+@pytest.mark.slow
 def test_opcheck(rng, dtype, gqa, dropout, causal):
     """torch.library.opcheck: schema, autograd registration, fake tensors against real ones (shapes,
     dtypes, strides), and AOT dispatch with dynamic shapes; forward and backward op."""
@@ -156,6 +157,7 @@ BACKEND_CASES = [pytest.param(backend, *case, id=f"{case[0]}-{backend}",
 
 
 @pytest.mark.parametrize("backend, name, kw, q_shape, kv_shape", BACKEND_CASES)
+@pytest.mark.slow
 def test_compiled_values_and_gradients_equal_eager(rng, backend, name, kw, q_shape, kv_shape):
     """fullgraph=True (a graph break would raise); the same kernels on the same numbers: equal bit for bit,
     dropout included (torch.manual_seed before each run: the compiled graph draws the seed as eager does)."""
@@ -168,6 +170,7 @@ def test_compiled_values_and_gradients_equal_eager(rng, backend, name, kw, q_sha
         assert torch.equal(a, b), what
 
 
+@pytest.mark.slow
 def test_dynamic_shapes(rng):
     """dynamic=True: sequence lengths and head dims traced as symbols (the default scale uses the head dim as
     an integer), and a float scale passed in as an argument; each length pair equal to eager bit for bit."""

@@ -63,6 +63,7 @@ def test_aligned16(rng):
 
 @pytest.mark.parametrize("dtype, d, causal", [pytest.param(np.float32, 16, False, marks=FULL),  # (causal's)
                                               (np.float32, 16, True), (np.float64, 16, False), (np.float16, 32, False)])
+@pytest.mark.slow
 def test_vector_and_element_loads_give_the_same_bits(rng, monkeypatch, dtype, d, causal):
     """The same forward on aligned k, v (16-byte loads), on views whose rows are 1 element apart from a vector
     (element loads) and counted (element loads): the same O and L, bit for bit, and close to float64."""
