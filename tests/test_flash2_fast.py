@@ -262,9 +262,9 @@ def test_split_s_dp_rule():
     assert not layout.split_dv_dk(True, False, 5)  # d = 80
 
 
-@pytest.mark.parametrize("d, causal, p, share", [(32, False, 0.0, False), (32, True, 0.25, False),
-                                                 (40, True, 0.0, True),
-                                                 pytest.param(40, False, 0.25, True, marks=FULL)])  # (the others)
+@pytest.mark.parametrize("d, causal, p, share", [pytest.param(32, False, 0.0, False, marks=FULL),
+                                                 (32, True, 0.25, False), (40, True, 0.0, True),
+                                                 pytest.param(40, False, 0.25, True, marks=FULL)])
 @pytest.mark.slow
 def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, monkeypatch, d, causal, p, share):
     """Split or not, each dS, P and product is the same arithmetic in the same order: the deterministic backward's
@@ -310,7 +310,7 @@ def test_dq_lane_groups_rule():
     assert _switches.FORCE_DQ_LANE_GROUPS is None
 
 
-@pytest.mark.parametrize("d, causal, share", [(40, True, False), (72, False, True)])
+@pytest.mark.parametrize("d, causal, share", [(40, True, False), pytest.param(72, False, True, marks=FULL)])
 @pytest.mark.slow
 def test_dq_in_two_lane_groups_is_bit_for_bit_one_group(rng, monkeypatch, d, causal, share):
     """dQ_i += dS_ij K_j with a warp's lanes as one group (8 rows x 2 columns a lane at d = 40, the second for half
@@ -359,8 +359,9 @@ def test_s_and_dp_split_across_warps_in_other_dtypes(rng, dtype):
             assert np.abs(ours - r).max() < 1e-12 * max(1.0, np.abs(r).max())
 
 
-@pytest.mark.parametrize("copies", [0, 2])  # the two-pass backward, the split one
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal, copies", [  # 0 copies: the two-pass backward; 2: the split one
+    pytest.param(causal, copies, id=f"{causal}-{copies}", marks=() if causal == bool(copies) else FULL)
+    for causal in (False, True) for copies in (0, 2)])
 def test_deterministic_backward_with_p_and_ds_in_one_tile(rng, monkeypatch, copies, causal):
     """TD = 8 (d = 120: two quads of columns 64 apart, the last partial): P, then dS, in one shared tile."""
     monkeypatch.setattr(_switches, "FORCE_DQ_COPIES", copies)
