@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import flash_numba as fn
+from conftest import FULL
 from flash_numba import decode, device
 from flash_numba.iomodel import flash_decode as model
 from flash_numba.kernels import flash_decode as fd
@@ -87,8 +88,15 @@ CASES = [  # (Nq, causal, Hq, Hkv, lengths, page_size)
 ]
 
 
-@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float32])
-@pytest.mark.parametrize("Nq, causal, Hq, Hkv, lengths, page_size", CASES)
+DTYPES = (np.float16, "bfloat16", np.float32)
+#: make test runs each case in one dtype, the dtypes in turn (float16, bfloat16, float32, float16); make test-all all 12
+SPLIT_CASES = [pytest.param(*case, dtype, id="-".join(map(str, (*case[:4], f"lengths{i}", case[5],
+                                                                 getattr(dtype, "__name__", dtype)))),
+                            marks=() if dtype is DTYPES[i % 3] else FULL)
+               for i, case in enumerate(CASES) for dtype in DTYPES]
+
+
+@pytest.mark.parametrize("Nq, causal, Hq, Hkv, lengths, page_size, dtype", SPLIT_CASES)
 def test_matches_float64_reference_in_one_two_and_three_splits(rng, dtype, Nq, causal, Hq, Hkv, lengths, page_size):
     d = 16
     q, k, v, seqlens, table = make(rng, 3, Hq, Hkv, Nq, d, lengths, np.float32 if dtype == "bfloat16" else dtype,

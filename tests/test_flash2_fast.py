@@ -442,14 +442,15 @@ ATOMIC_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ", "flash2_fast dK, dV, 
 @pytest.mark.parametrize(
     "dtype, lead, Nq, Nk, d, causal, block",
     [
-        (np.float32, (2,), 17, 23, 5, False, (16, 16)),
+        pytest.param(np.float32, (2,), 17, 23, 5, False, (16, 16), marks=FULL),  # (make test: the others)
         (np.float32, (2,), 33, 20, 16, True, (32, 16)),  # Nq > Nk: fully masked rows
         (np.float32, (), 9, 47, 40, True, (16, 32)),  # d = 40: a dQ column group only half used
-        (np.float64, (), 12, 17, 7, True, (16, 16)),
+        pytest.param(np.float64, (), 12, 17, 7, True, (16, 16), marks=FULL),
         (np.float16, (2,), 19, 21, 16, False, (16, 16)),  # accumulator in float32, then a cast
         (np.float64, (), 12, 17, 64, False, (16, 16)),  # TD = 4: dK, dV columns in one quad
         (np.float32, (), 9, 20, 120, True, (16, 16)),  # TD = 8: two quads 64 apart, the last one partial
-        (np.float16, (), 9, 20, 120, True, (16, 16)),  # the same in float16 storage (float64's tiles pass 48 KB)
+        pytest.param(np.float16, (), 9, 20, 120, True, (16, 16), marks=FULL),  # the same in float16 storage (float64's
+        # tiles pass 48 KB)
         (np.float32, (), 9, 70, 64, True, (32, 64)),  # the atomic path's block at d = 64 on an H200 (dynamic tiles)
     ],
 )

@@ -2,8 +2,8 @@
 
 Every check below runs for every spec in :data:`flash_numba.kernels.NAMES` and every dtype in its
 ``dtypes`` (a kernel appended to NAMES gets the whole matrix; ``make test`` runs each check once per kernel, in
-float32 or the kernel's first dtype, but the values against float64 and the large scores in every dtype;
-``make test-all`` all of it: :func:`matrix`); a check that needs a feature runs
+float32 or the kernel's first dtype, but the values against float64 (at two of its shapes) and the large scores in
+every dtype; ``make test-all`` all of it: :func:`matrix`); a check that needs a feature runs
 where the spec does not list it in ``lacks`` (``KernelSpec.has``; a kernel that lacks ``masked_nonfinite``,
 flash2_tc, is held to the reference on what no masked Inf or NaN reaches: :func:`check_like_reference`).  Each
 check runs its head dim or the smallest above it that the kernel runs (:func:`dim`: flash2_tc's multiples of 16),
@@ -263,8 +263,14 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("lead, Nq, Nk, d, causal", SHAPES)
-@pytest.mark.parametrize("name, dtype", matrix(every_dtype=True))
+#: Every (kernel, dtype) at the first two shapes (tiles cut by both sequences, causal with Nq < Nk), the kernel's own
+#: dtype of the test matrix (:func:`matrix`) at all of them; make test-all every dtype at every shape
+VALUE_CASES = [pytest.param(*p.values, *shape, id=f"{p.id}-lead{i}-{'-'.join(map(str, shape[1:]))}",
+                            marks=FULL if p.marks and i >= 2 else ())
+               for p in matrix() for i, shape in enumerate(SHAPES)]
+
+
+@pytest.mark.parametrize("name, dtype, lead, Nq, Nk, d, causal", VALUE_CASES)
 def test_values_against_float64(rng, name, dtype, lead, Nq, Nk, d, causal):
     """Forward, then every backward from the kernel's own o and lse, against the float64 reference from the
     same inputs; rows that see no key give o = 0, lse = -inf, dq = 0 exactly; nothing left unwritten."""
