@@ -396,10 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         print("no ptxas found: install nvidia-cuda-nvcc (the dev extra) or set FLASH_NUMBA_PTXAS", file=sys.stderr)
         return 2
     names = args.kernels or kernels.ALL_NAMES
-    # One module per task: a worker keeps a kernel's lowering for both ccs (see _library).
-    pool = ProcessPoolExecutor(max(1, min(args.jobs, len(names))), mp_context=multiprocessing.get_context("spawn"))
-    with pool:
-        results = list(pool.map(_compile_in_worker, names, [args.tier] * len(names)))
+    jobs = max(1, min(args.jobs, len(names)))
+    if jobs == 1:  # in this process: a worker would import Numba and the kernels again (seconds of the tier's time)
+        results = [_compile_in_worker(name, args.tier) for name in names]
+    else:  # one module per task: a worker keeps a kernel's lowering for both ccs (see _library)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_compile_in_worker, names, [args.tier] * len(names)))
     rows, failures = [], []
     for name, (got, error, seconds) in zip(names, results):
         print(f"{name}: {len(got)} specialisations in {seconds:.0f} s", file=sys.stderr)
