@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", nargs="+", help="kernel modules (default: all of flash_numba.kernels.ALL_NAMES)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     parser.add_argument("--tier", choices=TIERS, default="all",
-                        help="all: every specialisation (default); representative: float32 at d = 64 only")
+                        help="all: every specialisation (default); representative: float32 at d = 64, each launch with "
+                             "each of its variants' features once (representative())")
     parser.add_argument("--require-ptxas", action="store_true",
                         help="fail when ptxas is missing (else shared bytes are read from the PTX, no registers)")
     args = parser.parse_args(argv)
