@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import flash_numba as fn
+from conftest import FULL
 from flash_numba import _switches, decode, device
 from flash_numba.iomodel import flash_decode as model
 from flash_numba.kernels import flash_decode as fd
@@ -96,11 +97,18 @@ CASES = [  # (Nq, causal, Hq, Hkv, lengths, page_size)
 DTYPE_PATHS = [(np.float16, "tc"), ("bfloat16", "tc"), (np.float16, "cuda"), ("bfloat16", "cuda"), (np.float32, "cuda")]
 #: G = 8, Nq = 3: 24 rows, two row tiles on either path (one dtype a path: the simulator's time)
 TWO_TILES = (3, True, 8, 1, (21, 0, 5), 3)
-PARAMS = [(*dp, *case) for case in CASES for dp in DTYPE_PATHS] + [
-    (np.float16, "tc", *TWO_TILES), ("bfloat16", "cuda", *TWO_TILES)]
+#: make test runs each case at one (dtype, path), in turn, and the first case at float32 too (every dtype and path
+#: once); make test-all every pair
+def _split_param(i, dp, case):
+    keep = dp == DTYPE_PATHS[i % len(DTYPE_PATHS)] or (i == 0 and dp == DTYPE_PATHS[-1]) or case == TWO_TILES
+    return pytest.param(*dp, *case, marks=() if keep else FULL)
 
 
-@pytest.mark.parametrize("dtype, path, Nq, causal, Hq, Hkv, lengths, page_size", PARAMS)
+SPLIT_PARAMS = [_split_param(i, dp, case) for i, case in enumerate(CASES) for dp in DTYPE_PATHS] + [
+    _split_param(len(CASES), (np.float16, "tc"), TWO_TILES), _split_param(len(CASES), ("bfloat16", "cuda"), TWO_TILES)]
+
+
+@pytest.mark.parametrize("dtype, path, Nq, causal, Hq, Hkv, lengths, page_size", SPLIT_PARAMS)
 def test_matches_float64_reference_in_one_two_and_three_splits(monkeypatch, rng, dtype, path, Nq, causal, Hq, Hkv,
                                                                lengths, page_size):
     d = 16

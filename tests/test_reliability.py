@@ -338,6 +338,7 @@ def _script(*args):
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks what the scripts do without a GPU")
+@pytest.mark.slow
 def test_scripts_without_a_gpu_say_so_list_their_work_and_exit_0(tmp_path):
     out = _script("benchmarks/sanitize.py", "--quick")
     assert out.returncode == 0, out.stderr
