@@ -1,9 +1,12 @@
 # make venv   create or reuse .venv and install the package with its dev tools (fast when nothing changed)
-# make test      the suite on two workers, no GPU needed: simulator tests and the representative compile tier
-#                (every kernel once for sm_75 and sm_90, float32 at d = 64); the compile tests start first
-#                (tests/conftest.py).  Within 7 minutes on 2 cores: what .ci/run runs.
-# make test-all  the same with the full compile tier: every specialisation (every dtype and the head dims
-#                whose blocks differ); run it before a kernel change lands
+# make test      the suite on two workers, no GPU needed (--tier=representative): the simulator tests but those
+#                marked `full`, and the representative compile tier (each kernel's launches for sm_75 and sm_90 at
+#                float32, d = 64, with each of their variants' features once: causal, counting, dropout...); the
+#                compile tests start first, then the slow ones (tests/conftest.py).  Within 7 minutes on 2 cores
+#                from a clean clone: what .ci/run runs.
+# make test-all  everything (--tier=all): the `full` cases too (every dtype of the test matrix, every case of the
+#                costliest checks) and the full compile tier, every specialisation (every dtype and the head
+#                dims whose blocks differ, every variant); run it before a kernel change lands
 # make tour   run standard attention and every FlashAttention kernel once (flash-numba tour)
 # make lint   ruff
 
@@ -35,10 +38,10 @@ endif
 PYTEST = $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 --durations=15
 
 test: venv
-	$(PYTEST) --compile-tier=representative
+	$(PYTEST) --tier=representative
 
 test-all: venv
-	$(PYTEST) --compile-tier=all
+	$(PYTEST) --tier=all
 
 tour: venv
 	$(BIN)/flash-numba tour

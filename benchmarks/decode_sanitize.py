@@ -5,7 +5,7 @@
 
 Each hostile table or length must raise (ValueError / TypeError) before any launch; then valid calls run:
 a ragged paged cache in shuffled pages of 16 (lengths 300, 0, 1, 77), causal Nq = 3, GQA G = 4, with 1
-and 5 splits, and an unpaged one.  Prints one line per case and "sanitize cases done".
+and 5 splits, and an unpaged one, on the default path (the tensor-core kernel on sm_80+) and the CUDA-core one.  Prints one line per case and "sanitize cases done".
 """
 
 import sys
@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 import flash_numba as fn
+from flash_numba import _switches
 
 rng = np.random.default_rng(7)
 small = "--small" in sys.argv
@@ -49,10 +50,13 @@ for name, (sl, tb) in hostile.items():
         print(f"NOT REFUSED: {name}")
         sys.exit(1)
 
-for S in (1, 5):
-    r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, causal=True, num_splits=S)
-    print(f"paged causal num_splits={S}: finite {bool(np.isfinite(r.o).all())}")
 kc = rng.standard_normal((B, Hkv, 310, d)).astype(np.float16)
-r = fn.attention_decode(q[:, :, :1], kc, kc, cache_seqlens=seqlens, num_splits=None)
-print(f"unpaged num_splits={r.num_splits}: finite {bool(np.isfinite(r.o).all())}")
+for path in (None, "cuda"):  # the default (tensor cores on sm_80+: cp.async, ldmatrix, mma) and the CUDA-core kernel
+    _switches.DECODE_PATH = path
+    for S in (1, 5):
+        r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, causal=True, num_splits=S)
+        print(f"path {path or 'default'}: paged causal num_splits={S}: finite {bool(np.isfinite(r.o).all())}")
+    r = fn.attention_decode(q[:, :, :1], kc, kc, cache_seqlens=seqlens, num_splits=None)
+    print(f"path {path or 'default'}: unpaged num_splits={r.num_splits}: finite {bool(np.isfinite(r.o).all())}")
+_switches.DECODE_PATH = None
 print("sanitize cases done")

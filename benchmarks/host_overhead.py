@@ -81,6 +81,8 @@ def main(argv=None) -> int:
     p.add_argument("--bh", type=int, default=32)
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--kernels", nargs="+", default=["flash2_fast", "flash2", "standard"])
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="bfloat16: PyTorch tensors only")
     p.add_argument("--csv")
     p.add_argument("--profile", metavar="FILE",
                    help="also profile 500 forward and 500 backward calls of the first kernel with cProfile "
@@ -94,16 +96,16 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     shape = (1, args.bh, args.n, args.d)
     host = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
-    kinds = {"numba": [cuda.to_device(x) for x in host]}
+    kinds = {} if args.dtype == "bfloat16" else {"numba": [cuda.to_device(x.astype(args.dtype)) for x in host]}
     try:
         import torch
 
-        kinds["torch"] = [torch.from_numpy(x).cuda() for x in host]
+        kinds["torch"] = [torch.from_numpy(x).cuda().to(getattr(torch, args.dtype)) for x in host]
     except ImportError:
         pass
     rows = []
     print(f"{'inputs':<7} {'kernel':<12} {'pass':<8} {'host us':>8} {'gpu us':>8} {'plans':>6}   (B*H = {args.bh}, "
-          f"N = {args.n}, d = {args.d}, float32, {device.info().name})")
+          f"N = {args.n}, d = {args.d}, {args.dtype}, {device.info().name})")
     for kind, (q, k, v, do) in kinds.items():
         for kernel in args.kernels:
             f = fn.attention_forward(q, k, v, kernel=kernel)
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
                 "bwd": lambda: fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel),
             }
             for pass_, call in calls.items():
-                row = {"inputs": kind, "kernel": kernel, "pass": pass_, "N": args.n, "BH": args.bh, "d": args.d,
+                row = {"inputs": kind, "kernel": kernel, "pass": pass_, "N": args.n, "BH": args.bh, "d": args.d, "dtype": args.dtype,
                        "host_us": round(_host_us(call), 1), "gpu_us": round(_gpu_us(call), 1),
                        "plans": _launch_plan.ENABLED and kind == "torch"}
                 rows.append(row)

@@ -51,7 +51,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KERNELS = ("standard", "flash1", "flash2", "flash2_fast", "flash2_fast-atomic")  # the last: deterministic=False
+
+
+def _kernel_names() -> tuple[str, ...]:
+    """Every kernel of the registry, and ``NAME-atomic`` (deterministic=False) where a kernel has that path."""
+    from flash_numba import kernels
+
+    names = []
+    for name in kernels.NAMES:
+        names.append(name)
+        if kernels.get(name).supports_atomic:
+            names.append(f"{name}-atomic")
+    return tuple(names)
+
+
+KERNELS = _kernel_names()  # standard, flash1, flash2, flash2_fast(-atomic), flash2_tc(-atomic)
 TOOLS = ("memcheck", "racecheck", "synccheck")
 LEAD = (1, 2)  # (B, H): B*H = 2
 OK = "ok"  # first word of a workload line for a case that passed
@@ -76,8 +90,26 @@ class Case:
         return f"{self.kernel} {self.dtype} Nq={self.Nq} Nk={self.Nk} d={self.d}{flags}"
 
 
+def _fit(case: Case) -> Case | None:
+    """The case as its kernel runs it: float32 becomes the kernel's first dtype where it has no float32
+    (flash2_tc: float16); None where the kernel does not run the dtype or head dim at all."""
+    from flash_numba import kernels
+
+    spec = kernels.get(case.kernel.removesuffix("-atomic"))
+    dtype = case.dtype if case.dtype in spec.dtypes or case.dtype != "float32" else spec.dtypes[0]
+    if spec.supports(case.d, dtype) is not None:
+        return None
+    return Case(case.kernel, dtype, case.Nq, case.Nk, case.d, case.causal, case.count, case.Hkv, case.dropout)
+
+
 def cases(quick: bool = False, kernels=KERNELS) -> list[Case]:
-    """The workload: full (every combination) or quick (a covering subset per kernel)."""
+    """The workload: full (every combination) or quick (a covering subset per kernel), each case in a dtype
+    and head dim its kernel runs (:func:`_fit`)."""
+    fitted = [_fit(c) for c in _cases(quick, kernels)]
+    return list(dict.fromkeys(c for c in fitted if c is not None))  # float16 cases may repeat after the fit
+
+
+def _cases(quick: bool, kernels) -> list[Case]:
     out = []
     for kernel in kernels:
         if quick:

@@ -33,6 +33,10 @@ under another).  Nothing here imports anything: any module may read it.
     The tensor-core kernels' instruction path, "sm75" (a T4's mma.m16n8k8, no cp.async) or "sm80"
     (m16n8k16), whatever the GPU, so that an H200 runs what a T4 runs; None: the environment's
     ``FLASH_NUMBA_TC_PATH``, else the GPU's compute capability (``kernels/flash2_tc/layout.path``).
+``DECODE_PATH``
+    flash_decode's split kernel: "tc" (tensor cores fed by a cp.async pipeline; sm_80+, float16 and
+    bfloat16, d a multiple of 16) or "cuda" (CUDA cores, every GPU); None: the environment's
+    ``FLASH_NUMBA_DECODE_PATH``, else "tc" where it runs (``kernels/flash_decode.choose_path``).
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ FORCE_DQ_LANE_GROUPS: int | None = None
 SHARE_P_DS: bool | None = None
 SPLIT_DV_DK: bool = True
 TC_PATH: str | None = None
+DECODE_PATH: str | None = None
 
 NAMES = ("POISON_OUTPUTS", "DYNAMIC_ABOVE", "FORCE_DQ_COPIES", "FORCE_SPLIT_S_DP", "FORCE_DQ_LANE_GROUPS",
-         "SHARE_P_DS", "SPLIT_DV_DK", "TC_PATH")
+         "SHARE_P_DS", "SPLIT_DV_DK", "TC_PATH", "DECODE_PATH")
 
 
 def values() -> tuple:

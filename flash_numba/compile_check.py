@@ -58,13 +58,43 @@ GROUPS = ((("float16", "float32", "float64"), (64,)), (("float32",), (80, 128)))
 COUNTED_DTYPES = ("float32",)
 COUNTED_DS = (64,)
 
-#: The representative tier (``make test``): every kernel of every family built once for each cc, at float32 (a kernel
-#: without float32, its first dtype: flash2_tc's float16) and d = 64, counting builds included
-#: (:func:`count_variants`), causal or not, with and without dropout.  The full
-#: tier (``make test-all``: :data:`GROUPS` and each spec's ``compile_groups``) adds the other dtypes and head dims,
-#: whose blocks, register caps and spills differ; run it before a kernel change lands.
+#: The representative tier (``make test``): every kernel of every family built for each cc, at float32 (a kernel
+#: without float32, its first dtype: flash2_tc's float16) and d = 64, and of the variants a module's ``compile_all``
+#: lists there only the few that :func:`representative` picks: each launch with each of its :data:`FEATURES` (the
+#: causal mask, the counting build, dropout, 16-byte copies, ...) at least once per cc.  The full tier (``make
+#: test-all``: :data:`GROUPS` and each spec's ``compile_groups``, every variant) adds the other dtypes and head dims,
+#: whose blocks, register caps and spills differ, and every combination of the variants; run it before a kernel
+#: change lands.
 REPRESENTATIVE = ((("float32",), (64,)),)
 TIERS = ("representative", "all")
+
+#: The words of a compile-tier label that name a variant of a launch rather than the launch: the representative
+#: tier builds each launch (its label without these words, per cc) once with each word that its variants carry.
+FEATURES = ("causal", "count", "dropout", "aligned", "grouped", "paged", "sm75", "sm80")
+
+
+def representative(labels) -> list[int]:
+    """Indices into ``labels`` (one cc's compile-tier labels of one module) of the builds the representative tier
+    keeps: per launch (a label without its :data:`FEATURES` words), the fewest builds, greedily, that carry every
+    feature word any of its variants carries (a tie goes to the first listed); a launch without variants once.
+
+    For example flash2_fast's forward at float32, d = 64 lists 12 variants (causal or not, counting or not, with
+    dropout or not, 16-byte copies or not); two carry all four words: ``causal aligned dropout`` and ``count``."""
+    launches: dict[str, list[tuple[int, frozenset]]] = {}
+    for i, label in enumerate(labels):
+        words = label.split()
+        key = " ".join(w for w in words if w not in FEATURES)
+        launches.setdefault(key, []).append((i, frozenset(w for w in words if w in FEATURES)))
+    keep = []
+    for variants in launches.values():
+        need = frozenset().union(*(words for _, words in variants))
+        if not need:
+            keep.append(variants[0][0])
+        while need:
+            i, words = max(variants, key=lambda v: len(v[1] & need))  # the first of the best
+            keep.append(i)
+            need -= words
+    return sorted(keep)
 
 
 def tier_groups(spec, tier: str = "all") -> tuple:
@@ -116,7 +146,23 @@ def compile_ptx(pyfunc, argtypes, cc, fastmath=None) -> str:
     """
     fastmath = getattr(pyfunc, "_fastmath", False) if fastmath is None else fastmath
     fastmath = frozenset(fastmath) if isinstance(fastmath, (set, frozenset)) else bool(fastmath)
-    return _ptx(pyfunc, tuple(argtypes), tuple(cc), fastmath)
+    args = (pyfunc, tuple(argtypes), tuple(cc), fastmath)
+    return _Pending(args) if _pending else _ptx(*args)
+
+
+#: True while :func:`compile_module` lists a module's builds before choosing some (the representative tier):
+#: :func:`compile_ptx` then hands back a :class:`_Pending` that the chosen builds' PTX is made from.
+_pending = False
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """The arguments of a PTX build not made yet (:func:`compile_module`'s representative tier)."""
+
+    args: tuple
+
+    def build(self) -> str:
+        return _ptx(*self.args)
 
 
 @functools.lru_cache(maxsize=None)
@@ -270,13 +316,24 @@ def compile_module(name: str, ccs=CCS, groups=None, tier: str = "all") -> list[R
     those of ``tier`` by default, :func:`tier_groups`)."""
     from . import kernels
 
+    global _pending
+
     mod = kernels.get(name)
     groups = tier_groups(mod, tier) if groups is None else groups
     rows, seen, reports = [], set(), {}
     for dtypes, ds in groups:
         for cc in ccs:
-            for item in mod.compile_all((cc,), dtypes, ds):
-                label, ptx, cap = Compiled(*item)  # a plain (label, ptx) pair: no register cap
+            if tier == "representative":  # list the builds (PTX pending), keep those representative() picks
+                _pending = True
+                try:
+                    items = [Compiled(*item) for item in mod.compile_all((cc,), dtypes, ds)]
+                finally:
+                    _pending = False
+                items = [items[i] for i in representative([item.label for item in items])]
+            else:
+                items = [Compiled(*item) for item in mod.compile_all((cc,), dtypes, ds)]
+            for label, ptx, cap in items:  # a plain (label, ptx) pair has no register cap
+                ptx = ptx.build() if isinstance(ptx, _Pending) else ptx
                 if (label, cc) in seen:  # a kernel not specialised on d comes back once per group
                     continue
                 seen.add((label, cc))
@@ -292,9 +349,11 @@ def compile_module(name: str, ccs=CCS, groups=None, tier: str = "all") -> list[R
 
 def _compile_in_worker(name: str, tier: str = "all") -> tuple[list[Row], str | None, float]:
     """:func:`compile_module` in a worker process: (rows, error or None, seconds)."""
+    from . import compile_check  # this module as the kernels import it, not `python -m`'s copy (__main__)
+
     start = time.perf_counter()
     try:
-        rows, error = compile_module(name, tier=tier), None
+        rows, error = compile_check.compile_module(name, tier=tier), None
     except Exception as exc:  # reported beside the other modules' results (and numba's errors may not pickle)
         rows, error = [], f"{type(exc).__name__}: {exc}"
     return rows, error, time.perf_counter() - start
@@ -321,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", nargs="+", help="kernel modules (default: all of flash_numba.kernels.ALL_NAMES)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     parser.add_argument("--tier", choices=TIERS, default="all",
-                        help="all: every specialisation (default); representative: float32 at d = 64 only")
+                        help="all: every specialisation (default); representative: float32 at d = 64, each launch with "
+                             "each of its variants' features once (representative())")
     parser.add_argument("--require-ptxas", action="store_true",
                         help="fail when ptxas is missing (else shared bytes are read from the PTX, no registers)")
     args = parser.parse_args(argv)
@@ -337,10 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         print("no ptxas found: install nvidia-cuda-nvcc (the dev extra) or set FLASH_NUMBA_PTXAS", file=sys.stderr)
         return 2
     names = args.kernels or kernels.ALL_NAMES
-    # One module per task: a worker keeps a kernel's lowering for both ccs (see _library).
-    pool = ProcessPoolExecutor(max(1, min(args.jobs, len(names))), mp_context=multiprocessing.get_context("spawn"))
-    with pool:
-        results = list(pool.map(_compile_in_worker, names, [args.tier] * len(names)))
+    jobs = max(1, min(args.jobs, len(names)))
+    if jobs == 1:  # in this process: a worker would import Numba and the kernels again (seconds of the tier's time)
+        results = [_compile_in_worker(name, args.tier) for name in names]
+    else:  # one module per task: a worker keeps a kernel's lowering for both ccs (see _library)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_compile_in_worker, names, [args.tier] * len(names)))
     rows, failures = [], []
     for name, (got, error, seconds) in zip(names, results):
         print(f"{name}: {len(got)} specialisations in {seconds:.0f} s", file=sys.stderr)

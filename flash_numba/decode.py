@@ -58,7 +58,9 @@ class DecodeProblem:
     torch_device: object = None
     stream: object = 0
     lead: tuple = ()
-    keys_in_flight: int | None = None  # T of the split kernel (None: its rule; the benchmark sets others)
+    keys_in_flight: int | None = None  # T of the CUDA-core split kernel (None: its rule; the benchmark sets others)
+    path: str = ""  # the split kernel's path, "tc" or "cuda" (prepare sets it; "": kernels.flash_decode.path_of)
+    stages: int | None = None  # the tensor-core kernel's pipeline stages (None: its default; the benchmark sets others)
     dtype_name: str = ""  # "float16", "bfloat16" or "float32" (dtype is the storage: uint16 for bfloat16)
     host_dtype: object = None  # ml_dtypes.bfloat16 when the NumPy inputs were: outputs are viewed as it
 
@@ -103,10 +105,11 @@ def _host_ints(a, name: str, shape: tuple) -> np.ndarray:
 
 def _num_splits(num_splits, prob, max_len) -> int:
     if num_splits is None:
-        RT = _fd.rows_per_block(prob.G * prob.Nq)
-        row_tiles = -(-prob.G * prob.Nq // RT)
+        path = _fd.path_of(prob)
+        row_tiles = -(-prob.G * prob.Nq // _fd.row_tile(prob.G * prob.Nq, path))
+        info = device.info()
         return _fd.choose_splits(prob.B, prob.Hkv, row_tiles, max_len, prob.page_size if prob.paged else None,
-                                 device.info().sm_count)
+                                 info.sm_count, _fd.resident_blocks(prob, path, info.shared_mem_per_sm))
     if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer)):
         raise TypeError(f"num_splits: expected an integer or None, got {num_splits!r}")
     if not 1 <= int(num_splits) <= _fd.MAX_SPLITS:
@@ -252,7 +255,8 @@ def prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal,
             b, p = (int(x) for x in bad[0])
             raise ValueError(f"block_table: block_table[{b}, {p}] = {int(table[b, p])} is not a page of the cache "
                              f"(0 .. {num_pages - 1})")
-    heads = B * Hkv * -(-(Hq // Hkv) * Nq // _fd.rows_per_block(Hq // Hkv * Nq))  # the split grid's axis y
+    path = _fd.choose_path(d, dts["q"], None if device.SIMULATOR else device.info().compute_capability)
+    heads = B * Hkv * -(-(Hq // Hkv) * Nq // _fd.row_tile(Hq // Hkv * Nq, path))  # the split grid's axis y
     if heads > 65535:
         raise ValueError(f"q: B * Hkv * row tiles = {heads} blocks on the grid's axis y, over CUDA's limit of 65,535; "
                          "call with fewer sequences at a time")
@@ -260,7 +264,7 @@ def prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal,
     storage = _inputs.BF16_STORAGE if dts["q"] == "bfloat16" else np.dtype(dts["q"])
     prob = DecodeProblem(B, Hq, Hkv, Nq, d, storage, paged, page_size, max_pages, num_pages, seqlens,
                          causal, scale, on_device=places["q"], torch_device=_inputs.torch_device_of(q),
-                         lead=(B, Hq), dtype_name=dts["q"], host_dtype=args["q"].host_dtype)
+                         lead=(B, Hq), dtype_name=dts["q"], host_dtype=args["q"].host_dtype, path=path)
     prob.num_splits = _num_splits(num_splits, prob, int(seqlens.max()) if B else 0)
     prob.stream = _stream.for_call(q, stream)  # PyTorch's current stream for tensors (flash_numba._stream)
     ops = {"q": _flat(args["q"], "q", False), "k": _flat(args["k_cache"], "k_cache", True),
@@ -290,9 +294,13 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     ``num_splits``: chunks each (sequence, KV head) cache is split into, one thread block each, merged by
     a combine kernel (1: one launch, no partials).  None chooses
     (:func:`flash_numba.kernels.flash_decode.choose_splits`): as many splits as fill one wave of this GPU
-    (four resident blocks an SM, ``flash_numba.device.info().sm_count`` SMs; B*Hkv blocks per split, twice
-    that where G * Nq > 8) without starting a second, but no split shorter than 256 keys (nor two pages) of
-    the longest sequence, at most 128: 8 splits for B*Hkv = 64 on an H200's 132 SMs.  ``count_hbm=True``
+    (``flash_numba.device.info().sm_count`` SMs, each running two blocks of the tensor-core kernel at d = 128
+    (its shared memory) or four of the CUDA-core kernel; B*Hkv blocks per split, times the row tiles: G * Nq
+    rows in tiles of 16, or 8 on CUDA cores) without starting a second, but no split shorter than 256 keys (nor
+    two pages) of the longest sequence, at most 128: 4 splits for B*Hkv = 64 at d = 128, float16 on an H200's
+    132 SMs (8 on CUDA cores).  The split kernel runs on tensor cores on sm_80+ at float16 and bfloat16 with d a
+    multiple of 16, on CUDA cores elsewhere (:func:`flash_numba.kernels.flash_decode.choose_path`).
+    ``count_hbm=True
     counts the bytes each launch reads and writes (equal to :mod:`flash_numba.iomodel.flash_decode`, whose
     split by term is ``result.hbm.terms``).
     ``stream``: a Numba stream for Numba or NumPy arrays (PyTorch tensors run on PyTorch's current stream).

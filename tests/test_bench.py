@@ -69,7 +69,8 @@ def test_main_validates_then_prints_a_table_and_a_csv(tmp_path, capsys):
     assert (
         lines[head].split() == "implementation N d causal pass ms TFLOP/s % fp32 peak HBM bytes HBM by peak mem".split()
     )
-    ours = FLOAT32_KERNELS + list(cases.VARIANTS)  # every kernel that runs float32, then flash2_fast-atomic
+    ours = cases.implementation_names("float32")  # every kernel that runs float32, then flash2_fast-atomic
+    assert ours == FLOAT32_KERNELS + ["flash2_fast-atomic"]
     table = lines[head + 2 : head + 2 + len(ours)]
     assert [row.split()[0] for row in table] == ours
     for row in table:
@@ -366,7 +367,7 @@ _NO_TORCH_NO_MATPLOTLIB = textwrap.dedent(
 def test_bench_imports_without_torch_and_matplotlib():
     proc = subprocess.run([sys.executable, "-c", _NO_TORCH_NO_MATPLOTLIB], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == str(len(FLOAT32_KERNELS) + len(cases.VARIANTS))
+    assert proc.stdout.strip() == str(len(FLOAT32_KERNELS) + 1)  # and flash2_fast-atomic
 
 
 def test_benchmarks_script_runs_the_harness():
@@ -496,3 +497,21 @@ def test_plot_without_matplotlib_is_refused_at_once(monkeypatch, capsys, tmp_pat
         bench.main(SWEEP + ["--plot", str(tmp_path / "x.png")])
     assert e.value.code == 2
     assert "argument --plot: needs matplotlib" in capsys.readouterr().err
+
+
+def test_bfloat16_rows_round_their_inputs_and_skip_a_missing_backward():
+    """The harness's bfloat16: inputs rounded to bfloat16 on the host (ties to even) so the float64 reference sees
+    what the kernels see; standard runs it forward only; without PyTorch on a GPU nothing runs, with a reason."""
+    from flash_numba.tools import bench_cases as bc
+
+    x = np.array([1.0, 1 + 2.0**-8, 1 + 1.5 * 2.0**-8, 1 + 3 * 2.0**-8, -3.0e-3, np.inf], np.float32)
+    want = np.array([1.0, 1.0, 1 + 2.0**-7, 1 + 2 * 2.0**-7, -0.0030059814453125, np.inf], np.float32)
+    assert np.array_equal(bc.round_to_bfloat16(x), want)
+    host = bc.host_inputs((1, 2, 5, 16), "bfloat16", seed=3)
+    assert all(np.array_equal(bc.round_to_bfloat16(a), a) for a in host.values())
+    assert not bc.backward_runs("standard", "bfloat16") and bc.backward_runs("standard", "float16")
+    assert bc.backward_runs("flash2_tc-atomic", "bfloat16") and bc.backward_runs("torch-flash", "bfloat16")
+    assert bc.implementation_names("bfloat16") == ["standard", "flash2_tc", "flash2_tc-atomic"]
+    assert bc.itemsize("bfloat16") == 2 and bc.TOLERANCE["bfloat16"] == 8 * bc.TOLERANCE["float16"]
+    with pytest.raises(ValueError, match="^dtype: bfloat16"):
+        bc.to_device(host, None, "bfloat16")

@@ -5,10 +5,11 @@ The simulator never type-checks a kernel, so this tier compiles each module's
 kernel module with ``NUMBA_ENABLE_CUDASIM=0`` (``python -m flash_numba.compile_check
 --kernels NAME``).  No GPU is needed; ptxas is (a missing ptxas fails the tier).
 
-Two tiers (``--compile-tier``, or the environment variable ``FLASH_NUMBA_COMPILE_TIER``):
-``representative`` (the default, ``make test``) builds every kernel of every family once per cc, at
-float32 and d = 64 with its counting and dropout variants; ``all`` (``make test-all``) builds every
-specialisation: every dtype, the head dims whose blocks differ, each spec's ``compile_groups``.
+Two tiers (``--tier``, alias ``--compile-tier``, or the environment variable ``FLASH_NUMBA_TIER``):
+``representative`` (the default, ``make test``) builds every kernel of every family for each cc, at
+float32 and d = 64, each launch with each of its variants' features (causal, counting, dropout, 16-byte
+copies...) at least once (``compile_check.representative``); ``all`` (``make test-all``) builds every
+specialisation: every dtype, the head dims whose blocks differ, each spec's ``compile_groups``, every variant.
 """
 
 import csv
@@ -144,3 +145,50 @@ def test_counted_builds_are_float32_at_d_64_only():
     assert compile_check.count_variants("float32", 64) == (False, True)
     assert compile_check.count_variants("float32", 128) == (False,)
     assert compile_check.count_variants("float16", 64) == (False,)
+
+
+def test_the_representative_tier_builds_each_launch_with_each_of_its_features():
+    labels = ["k fwd d=64 float32 sm_75", "k fwd d=64 float32 causal sm_75", "k fwd d=64 float32 count sm_75",
+              "k fwd d=64 float32 causal count sm_75", "k fwd d=64 float32 dropout sm_75",
+              "k fwd d=64 float32 causal dropout sm_75", "k D float32 sm_75", "k D float32 count sm_75",
+              "k other d=64 float32 sm_75"]
+    picked = compile_check.representative(labels)
+    # fwd: causal count (two features), then the first with dropout; D: its counting build; other: itself
+    assert picked == [3, 4, 7, 8]
+    for launch in ("k fwd ", "k D ", "k other "):
+        def features(ls):
+            return {w for label in ls if label.startswith(launch) for w in label.split() if w in compile_check.FEATURES}
+        assert features(labels[i] for i in picked) == features(labels)
+    assert compile_check.representative([]) == []
+
+
+def test_the_representative_tier_builds_only_what_it_picks(monkeypatch):
+    """compile_module lists a module's builds with their PTX pending and builds the picked ones; the full tier
+    builds every one."""
+    from types import SimpleNamespace
+
+    built = []
+
+    def ptx(pyfunc, argtypes, cc, fastmath):  # stands in for NVVM: the "function" is its PTX
+        built.append(pyfunc)
+        return pyfunc
+
+    ptx.cache_clear = lambda: None
+    monkeypatch.setattr(compile_check, "_ptx", ptx)
+    monkeypatch.setattr(compile_check, "ptxas_report", lambda ptx, cc, cap=None: None)
+    variants = ("", " causal", " count", " causal count", " dropout")
+
+    def compile_all(ccs, dtypes, ds):
+        return [(f"k fwd {dtype} d={d}{v} sm_{cc[0]}{cc[1]}", compile_check.compile_ptx(f"ptx{v}", (), cc))
+                for cc in ccs for dtype in dtypes for d in ds for v in variants]
+
+    spec = SimpleNamespace(dtypes=("float32",), compile_groups=(), compile_all=compile_all)
+    monkeypatch.setattr(kernels, "get", lambda name: spec)
+    rows = compile_check.compile_module("k", tier="representative")
+    assert [r.label for r in rows] == [f"k fwd float32 d=64{v} sm_{cc}" for cc in ("75", "90")
+                                       for v in (" causal count", " dropout")]
+    assert built == ["ptx causal count", "ptx dropout"] * 2
+    assert not compile_check._pending
+    built.clear()
+    rows = compile_check.compile_module("k", tier="all")
+    assert len(rows) == len(built) == len(variants) * sum(len(ds) * len(dt) for dt, ds in compile_check.GROUPS) * 2

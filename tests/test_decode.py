@@ -3,16 +3,20 @@
 Against the float64 reference (:func:`flash_numba.reference.decode_reference`): ragged lengths with a
 length of 0, a paged cache with its pages shuffled and a page size that does not divide the lengths,
 Nq = 1 and Nq = 3 causal (bottom-right among the new tokens, a row before the cache included),
-grouped-query heads (G = 4, whose 12 rows at Nq = 3 take two row tiles), float16 and float32, one, two
-and three splits (the same answer within rounding), poisoned outputs (conftest), counted bytes equal to
-the IO model per launch and by term; every bad argument refused on the host, naming it.
+grouped-query heads (G = 4, whose 12 rows at Nq = 3 take two row tiles on CUDA cores and one m16 tile on
+tensor cores; G = 8, 24 rows, two tiles on either), float16, bfloat16 and float32, each split-kernel path
+(the tensor-core kernel for float16 and bfloat16, the CUDA-core kernel for all three), one, two and three
+splits (the same answer within rounding), the tensor-core kernel's pipeline (2, 3 and 4 stages, static and
+dynamic shared memory, two table segments), poisoned outputs (conftest), counted bytes equal to the IO model
+per launch and by term; every bad argument refused on the host, naming it.
 """
 
 import numpy as np
 import pytest
 
 import flash_numba as fn
-from flash_numba import decode, device
+from conftest import FULL
+from flash_numba import _switches, decode, device
 from flash_numba.iomodel import flash_decode as model
 from flash_numba.kernels import flash_decode as fd
 from flash_numba.reference import decode_reference
@@ -22,15 +26,17 @@ from flash_numba.kernels._bf16 import from_bf16_bits
 U = {np.float16: 2.0**-11, "bfloat16": 2.0**-8, np.float32: 2.0**-24}  # unit roundoff of the storage dtype
 
 
-def tolerance(dtype, o_ref, q, k, v, L, d, scale):
+def tolerance(dtype, o_ref, q, k, v, L, d, scale, path="cuda"):
     """The error the arithmetic allows: o rounded once to the storage dtype (u_s |o|), and fp32 sums over d
     products for a score and over L keys for O and l, with a score error of (d + 8) u_32 |s| moving each
     weight by that much relatively (exp2's approximation included): (d + L + 8) u_32 (1 + max |s|) max |v|,
-    four times over."""
+    four times over.  The tensor-core path rounds each weight P to the storage dtype before P V (as
+    FlashAttention-2 does): a relative error of u_s per weight, and the weights sum to 1: u_s max |v| more."""
     u32 = 2.0**-24
     smax = scale * float(np.abs(q.astype(np.float64)).max()) * float(np.abs(k.astype(np.float64)).max()) * d
     vmax = float(np.abs(v.astype(np.float64)).max())
-    return U[dtype] * np.abs(o_ref) + 4 * (d + L + 8) * u32 * (1 + smax) * vmax
+    p_rounding = U[dtype] * vmax if path == "tc" else 0.0
+    return U[dtype] * np.abs(o_ref) + 4 * (d + L + 8) * u32 * (1 + smax) * vmax + p_rounding
 
 
 def make(rng, B, Hq, Hkv, Nq, d, lengths, dtype, page_size=None):
@@ -81,23 +87,40 @@ def model_of(result, q, k, seqlens, table, causal, dtype_name=""):
 
 CASES = [  # (Nq, causal, Hq, Hkv, lengths, page_size)
     (1, False, 4, 1, (13, 0, 6), None),  # G = 4: one block reads the KV head for four query heads
-    (3, True, 8, 2, (13, 0, 2), None),  # G = 4, Nq = 3: 12 rows, two row tiles; L = 2 < Nq: a row sees no key
+    (3, True, 8, 2, (13, 0, 2), None),  # G = 4, Nq = 3: 12 rows (CUDA cores: two row tiles; tensor cores: one m16
+    #                                     tile, both halves); L = 2 < Nq: a row sees no key
     (1, False, 4, 2, (13, 0, 6), 5),  # paged, shuffled, P = 5 divides none of the lengths
     (3, True, 4, 1, (11, 0, 7), 4),
 ]
+#: (dtype, path): the tensor-core path runs float16 and bfloat16; the CUDA-core path every dtype (forced with
+#: ``_switches.DECODE_PATH`` where the tensor-core path would run)
+DTYPE_PATHS = [(np.float16, "tc"), ("bfloat16", "tc"), (np.float16, "cuda"), ("bfloat16", "cuda"), (np.float32, "cuda")]
+#: G = 8, Nq = 3: 24 rows, two row tiles on either path (one dtype a path: the simulator's time)
+TWO_TILES = (3, True, 8, 1, (21, 0, 5), 3)
+#: make test runs each case at one (dtype, path), in turn, and the first case at float32 too (every dtype and path
+#: once); make test-all every pair
+def _split_param(i, dp, case):
+    keep = dp == DTYPE_PATHS[i % len(DTYPE_PATHS)] or (i == 0 and dp == DTYPE_PATHS[-1]) or case == TWO_TILES
+    return pytest.param(*dp, *case, marks=() if keep else FULL)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float32])
-@pytest.mark.parametrize("Nq, causal, Hq, Hkv, lengths, page_size", CASES)
-def test_matches_float64_reference_in_one_two_and_three_splits(rng, dtype, Nq, causal, Hq, Hkv, lengths, page_size):
+SPLIT_PARAMS = [_split_param(i, dp, case) for i, case in enumerate(CASES) for dp in DTYPE_PATHS] + [
+    _split_param(len(CASES), (np.float16, "tc"), TWO_TILES), _split_param(len(CASES), ("bfloat16", "cuda"), TWO_TILES)]
+
+
+@pytest.mark.parametrize("dtype, path, Nq, causal, Hq, Hkv, lengths, page_size", SPLIT_PARAMS)
+def test_matches_float64_reference_in_one_two_and_three_splits(monkeypatch, rng, dtype, path, Nq, causal, Hq, Hkv,
+                                                               lengths, page_size):
     d = 16
+    monkeypatch.setattr(_switches, "DECODE_PATH", path)
     q, k, v, seqlens, table = make(rng, 3, Hq, Hkv, Nq, d, lengths, np.float32 if dtype == "bfloat16" else dtype,
                                    page_size)
     q, k, v = as_words(dtype, q, k, v)  # bfloat16: words, and the reference reads their values
     o_ref, lse_ref = decode_reference(*(as_float(dtype, x) for x in (q, k, v)), seqlens, table, causal=causal)
     scale = 1 / np.sqrt(d)
     tol = tolerance(dtype, o_ref, as_float(dtype, q), np.nan_to_num(as_float(dtype, k)),
-                    np.nan_to_num(as_float(dtype, v)), max(lengths), d, scale)
+                    np.nan_to_num(as_float(dtype, v)), max(lengths), d, scale, path)
+    row_tiles = -(-Hq // Hkv * Nq // (16 if path == "tc" else fd.rows_per_block(Hq // Hkv * Nq)))
     outs = []
     for S in (1, 2, 3):
         r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, num_splits=S, causal=causal,
@@ -117,8 +140,7 @@ def test_matches_float64_reference_in_one_two_and_three_splits(rng, dtype, Nq, c
         assert r.hbm == want, (S, r.hbm.table(), want.table())
         assert sum(r.hbm.terms.values()) == r.hbm.total
         itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-        assert r.hbm.terms["KV cache"] == model.kv_bytes(1, Hkv, sum(lengths), d, itemsize) * (
-            2 if Hq // Hkv * Nq > fd.kernels.MAX_ROWS else 1)
+        assert r.hbm.terms["KV cache"] == model.kv_bytes(1, Hkv, sum(lengths), d, itemsize) * row_tiles
         assert (r.hbm.terms["page table"] > 0) == (page_size is not None)
         assert (r.hbm.terms["partials"] > 0) == (S > 1)
         outs.append(o)
@@ -136,6 +158,34 @@ def test_many_pages_one_sequence_page_size_one(rng):
     assert r.hbm.terms["page table"] == 4 * 140
 
 
+@pytest.mark.parametrize("stages, dynamic", [(2, False), (3, True), (4, False)])
+def test_tensor_cores_pipeline_segments_and_stages(monkeypatch, rng, stages, dynamic):
+    """The tensor-core kernel over 600 keys in pages of one row: two segments of the table (512 pages, then 88),
+    ten tiles a warp, through 2, 3 and 4 pipeline stages (3: its tiles in dynamic shared memory); one and two
+    splits, counted bytes equal to the model."""
+    from flash_numba import _inputs
+    from flash_numba.hbm import Counters
+
+    if dynamic:
+        monkeypatch.setattr(_switches, "DYNAMIC_ABOVE", 0)
+    q, k, v, seqlens, table = make(rng, 1, 4, 1, 1, 16, (600,), np.float16, page_size=1)
+    o_ref, lse_ref = decode_reference(q, k, v, seqlens, table)
+    tol = tolerance(np.float16, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), 600, 16, 0.25, "tc")
+    for S in (1, 2):
+        prob, ops = decode.prepare(q, k, v, seqlens, table, S, False, None, None)
+        assert prob.path == "tc"
+        prob.stages = stages
+        counters = Counters(True)
+        with _inputs.allocate_like(prob):
+            o, lse = fd.SPEC.run(prob, ops, counters)
+        o = np.asarray(_inputs.finish(prob, o, (1, 16))).astype(np.float64)
+        lse = np.asarray(_inputs.finish(prob, lse, (1,)))
+        assert (np.abs(o - o_ref) <= tol).all(), S
+        assert np.abs(lse - lse_ref).max() < 1e-4
+        assert counters.result() == fd.SPEC.io_model(prob)
+        assert fd.SPEC.io_model(prob).terms["page table"] == 4 * 600 * 1
+
+
 def test_default_lengths_and_splits_and_a_stream(rng):
     """No cache_seqlens: every sequence is the whole cache; num_splits=None takes the rule's choice."""
     from numba import cuda
@@ -148,7 +198,8 @@ def test_default_lengths_and_splits_and_a_stream(rng):
 
 
 def test_split_rule():
-    """As many splits as fill one wave (4 blocks an SM), no split under 256 keys (or two pages), at most 128."""
+    """As many splits as fill one wave (4 blocks an SM on CUDA cores; the tensor-core kernel's by its shared
+    memory), no split under 256 keys (or two pages), at most 128."""
     assert fd.choose_splits(8, 8, 1, 32768, None, 132) == 8  # 4 * 132 // 64: 512 blocks of a 528-block wave
     assert fd.choose_splits(8, 8, 1, 131072, None, 132) == 8
     assert fd.choose_splits(8, 8, 1, 4096, None, 132) == 8
@@ -159,6 +210,10 @@ def test_split_rule():
     assert fd.choose_splits(64, 16, 1, 32768, None, 132) == 1  # 1,024 blocks: a wave without splitting
     assert fd.choose_splits(1, 1, 1, 10**6, None, 132) == fd.MAX_SPLITS
     assert fd.choose_splits(8, 8, 1, 4096, 1024, 132) == 2  # two pages a split
+    # the tensor-core kernel at d = 128, float16, G = 4 on an H200 (228 KB of shared memory an SM): 2 stages,
+    # 80 KB a block, two blocks an SM: 264 // 64 = 4 splits; 4 stages, one block: 2 splits
+    assert fd.tc.resident_blocks(128, 2, 1, 228 * 1024) == 2 and fd.tc.resident_blocks(128, 4, 1, 228 * 1024) == 1
+    assert fd.choose_splits(8, 8, 1, 32768, None, 132, fd.tc.resident_blocks(128, 2, 1, 228 * 1024)) == 4
 
 
 def test_large_scores_and_a_masked_infinite_value(rng):

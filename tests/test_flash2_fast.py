@@ -9,6 +9,7 @@ import pytest
 
 import flash_numba as fn
 from flash_numba import _switches, blocks, iomodel, reference
+from conftest import FULL
 from flash_numba.kernels import flash2_fast
 
 ON_GPU = not fn.device.SIMULATOR
@@ -124,9 +125,16 @@ SPLIT_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ copies", "flash2_fast dK
                "flash2_fast sum dQ copies"]
 
 
-@pytest.mark.parametrize("copies", [0, 1, 2, 3])  # 0: the two-pass backward; else the split one
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("Nq, Nk, d, block", [(17, 23, 5, (16, 16)), (33, 20, 16, (32, 16)), (9, 47, 3, (16, 32))])
+COUNTED_SHAPES = [(17, 23, 5, (16, 16)), (33, 20, 16, (32, 16)), (9, 47, 3, (16, 32))]
+#: (copies, causal, shape): 0 copies is the two-pass backward, else the split one.  make test runs each copies value
+#: once, causal and not in turn, the shapes in turn (every copies value, causal or not, every shape); make test-all
+#: all 24
+COUNTED_CASES = [pytest.param(copies, causal, *shape, id="-".join(map(str, (*shape[:3], f"block{i}", causal, copies))),
+                              marks=() if copies % 3 == i and causal == bool(copies % 2) else FULL)
+                 for i, shape in enumerate(COUNTED_SHAPES) for causal in (False, True) for copies in (0, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("copies, causal, Nq, Nk, d, block", COUNTED_CASES)
 def test_backward_hbm_counted_equals_model(rng, monkeypatch, copies, causal, Nq, Nk, d, block):
     """Both deterministic backwards, the split one with 1-3 copies of dQ: S blocks per head run ceil(Tc / S)
     rounds of key tiles (Nk = 47 at Bc = 16: 3 tiles; 1 copy: 3 rounds, 2 copies: the second round reversed and
@@ -149,7 +157,7 @@ def test_backward_hbm_counted_equals_model(rng, monkeypatch, copies, causal, Nq,
         assert np.array_equal(a.dk, b.dk) and np.array_equal(a.dv, b.dv)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+@pytest.mark.parametrize("dtype", [np.float16, pytest.param(np.float64, marks=FULL)])
 def test_split_backward_dtypes(rng, monkeypatch, dtype):
     """float16: the copies are float32, summed, then rounded once; float64 throughout."""
     monkeypatch.setattr(_switches, "FORCE_DQ_COPIES", 2)
@@ -255,8 +263,10 @@ def test_split_s_dp_rule():
     assert not layout.split_dv_dk(True, False, 5)  # d = 80
 
 
-@pytest.mark.parametrize("d, causal, p, share", [(32, False, 0.0, False), (32, True, 0.25, False),
-                                                 (40, True, 0.0, True), (40, False, 0.25, True)])
+@pytest.mark.parametrize("d, causal, p, share", [pytest.param(32, False, 0.0, False, marks=FULL),
+                                                 (32, True, 0.25, False), (40, True, 0.0, True),
+                                                 pytest.param(40, False, 0.25, True, marks=FULL)])
+@pytest.mark.slow
 def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, monkeypatch, d, causal, p, share):
     """Split or not, each dS, P and product is the same arithmetic in the same order: the deterministic backward's
     outputs are the same bits (split dQ copies and two-pass), and the atomic one's dK, dV; with dropout (P handed
@@ -301,7 +311,8 @@ def test_dq_lane_groups_rule():
     assert _switches.FORCE_DQ_LANE_GROUPS is None
 
 
-@pytest.mark.parametrize("d, causal, share", [(40, True, False), (72, False, True)])
+@pytest.mark.parametrize("d, causal, share", [(40, True, False), pytest.param(72, False, True, marks=FULL)])
+@pytest.mark.slow
 def test_dq_in_two_lane_groups_is_bit_for_bit_one_group(rng, monkeypatch, d, causal, share):
     """dQ_i += dS_ij K_j with a warp's lanes as one group (8 rows x 2 columns a lane at d = 40, the second for half
     the lanes) or two (4 x 3): each dQ element the same sum in the same order, so the split backward's copies of dQ
@@ -328,7 +339,7 @@ def test_dq_in_two_lane_groups_is_bit_for_bit_one_group(rng, monkeypatch, d, cau
     assert np.abs(out[2].dq - ref[0]).max() < 2e-6 * max(1.0, np.abs(ref[0]).max())
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+@pytest.mark.parametrize("dtype", [np.float16, pytest.param(np.float64, marks=FULL)])
 def test_s_and_dp_split_across_warps_in_other_dtypes(rng, dtype):
     """float16 storage (float32 sums) and float64: split or not, the same bits; float64 close to the reference."""
     from flash_numba.kernels.flash2_fast import layout
@@ -349,8 +360,9 @@ def test_s_and_dp_split_across_warps_in_other_dtypes(rng, dtype):
             assert np.abs(ours - r).max() < 1e-12 * max(1.0, np.abs(r).max())
 
 
-@pytest.mark.parametrize("copies", [0, 2])  # the two-pass backward, the split one
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal, copies", [  # 0 copies: the two-pass backward; 2: the split one
+    pytest.param(causal, copies, id=f"{causal}-{copies}", marks=() if causal == bool(copies) else FULL)
+    for causal in (False, True) for copies in (0, 2)])
 def test_deterministic_backward_with_p_and_ds_in_one_tile(rng, monkeypatch, copies, causal):
     """TD = 8 (d = 120: two quads of columns 64 apart, the last partial): P, then dS, in one shared tile."""
     monkeypatch.setattr(_switches, "FORCE_DQ_COPIES", copies)
@@ -366,7 +378,7 @@ def test_deterministic_backward_with_p_and_ds_in_one_tile(rng, monkeypatch, copi
 
 
 @pytest.mark.skipif(ON_GPU, reason="the simulator's stand-in device; on a GPU: test_gpu_split_backward_* (real sizes)")
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=FULL), True])  # (causal: the masks too)
 def test_split_backward_natural_choice_in_the_simulator(rng, causal):
     """Without the switch: the simulator's stand-in (1 SM of cc 7.5, 3 blocks of this kernel by registers) gives
     3 copies for one head of 6 key tiles (2 rounds, the second reversed), the split path's names and counts;
@@ -431,14 +443,15 @@ ATOMIC_NAMES = ["D = rowsum(dO*O)", "flash2_fast zero dQ", "flash2_fast dK, dV, 
 @pytest.mark.parametrize(
     "dtype, lead, Nq, Nk, d, causal, block",
     [
-        (np.float32, (2,), 17, 23, 5, False, (16, 16)),
+        pytest.param(np.float32, (2,), 17, 23, 5, False, (16, 16), marks=FULL),  # (make test: the others)
         (np.float32, (2,), 33, 20, 16, True, (32, 16)),  # Nq > Nk: fully masked rows
         (np.float32, (), 9, 47, 40, True, (16, 32)),  # d = 40: a dQ column group only half used
-        (np.float64, (), 12, 17, 7, True, (16, 16)),
+        pytest.param(np.float64, (), 12, 17, 7, True, (16, 16), marks=FULL),
         (np.float16, (2,), 19, 21, 16, False, (16, 16)),  # accumulator in float32, then a cast
         (np.float64, (), 12, 17, 64, False, (16, 16)),  # TD = 4: dK, dV columns in one quad
         (np.float32, (), 9, 20, 120, True, (16, 16)),  # TD = 8: two quads 64 apart, the last one partial
-        (np.float16, (), 9, 20, 120, True, (16, 16)),  # the same in float16 storage (float64's tiles pass 48 KB)
+        pytest.param(np.float16, (), 9, 20, 120, True, (16, 16), marks=FULL),  # the same in float16 storage (float64's
+        # tiles pass 48 KB)
         (np.float32, (), 9, 70, 64, True, (32, 64)),  # the atomic path's block at d = 64 on an H200 (dynamic tiles)
     ],
 )

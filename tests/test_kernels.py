@@ -1,7 +1,9 @@
 """The test matrix: the checks every kernel must pass, once for each kernel and each storage dtype it runs.
 
 Every check below runs for every spec in :data:`flash_numba.kernels.NAMES` and every dtype in its
-``dtypes`` (a kernel appended to NAMES gets the whole matrix); a check that needs a feature runs
+``dtypes`` (a kernel appended to NAMES gets the whole matrix; ``make test`` runs each check once per kernel, in
+float32 or the kernel's first dtype, but the values against float64 (at two of its shapes) and the large scores in
+every dtype; ``make test-all`` all of it: :func:`matrix`); a check that needs a feature runs
 where the spec does not list it in ``lacks`` (``KernelSpec.has``; a kernel that lacks ``masked_nonfinite``,
 flash2_tc, is held to the reference on what no masked Inf or NaN reaches: :func:`check_like_reference`).  Each
 check runs its head dim or the smallest above it that the kernel runs (:func:`dim`: flash2_tc's multiples of 16),
@@ -34,20 +36,30 @@ import numpy as np
 import pytest
 
 import flash_numba as fn
+from conftest import FULL
 from flash_numba import _inputs, _switches, iomodel, kernels, reference
 
 DAO = 3  # Dao-AILab's rule: at most ~2x a plain same-precision implementation's error; 3 leaves room for the draw
 ROUNDINGS = 4
 HALF = ("float16", "bfloat16")
 
-MATRIX = [pytest.param(name, dtype, id=f"{name}-{dtype}") for name in kernels.NAMES
-          for dtype in kernels.get(name).dtypes]
+def matrix(feature=None, dtypes=None, every_dtype=False):
+    """The (kernel, dtype) pairs that run a check: those whose spec has ``feature``, at ``dtypes`` (None: all).
+
+    ``make test`` runs each kernel in one of them, its float32 (else the first listed: flash2_tc's float16), and
+    ``make test-all`` every one (the others are marked ``full``, tests/conftest.py); ``every_dtype``: every one in
+    both (the values against float64, where each dtype's own rounding is held to its rule)."""
+    pairs = [(name, dtype) for name in kernels.NAMES for dtype in kernels.get(name).dtypes
+             if (feature is None or kernels.get(name).has(feature, dtype)) and (dtypes is None or dtype in dtypes)]
+    first = {}
+    for name, dtype in pairs:
+        if name not in first or dtype == "float32":
+            first[name] = dtype
+    return [pytest.param(name, dtype, id=f"{name}-{dtype}", marks=() if every_dtype or first[name] == dtype else FULL)
+            for name, dtype in pairs]
 
 
-def matrix(feature=None, dtypes=None):
-    """The (kernel, dtype) pairs that run a check: those whose spec has ``feature``, at ``dtypes`` (None: all)."""
-    return [p for p in MATRIX if (feature is None or kernels.get(p.values[0]).has(feature, p.values[1]))
-            and (dtypes is None or p.values[1] in dtypes)]
+MATRIX = matrix()
 
 
 # ---------------------------------------------------------------------------------- dtypes and bounds
@@ -251,8 +263,14 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("lead, Nq, Nk, d, causal", SHAPES)
-@pytest.mark.parametrize("name, dtype", MATRIX)
+#: Every (kernel, dtype) at the first two shapes (tiles cut by both sequences, causal with Nq < Nk), the kernel's own
+#: dtype of the test matrix (:func:`matrix`) at all of them; make test-all every dtype at every shape
+VALUE_CASES = [pytest.param(*p.values, *shape, id=f"{p.id}-lead{i}-{'-'.join(map(str, shape[1:]))}",
+                            marks=FULL if p.marks and i >= 2 else ())
+               for p in matrix() for i, shape in enumerate(SHAPES)]
+
+
+@pytest.mark.parametrize("name, dtype, lead, Nq, Nk, d, causal", VALUE_CASES)
 def test_values_against_float64(rng, name, dtype, lead, Nq, Nk, d, causal):
     """Forward, then every backward from the kernel's own o and lse, against the float64 reference from the
     same inputs; rows that see no key give o = 0, lse = -inf, dq = 0 exactly; nothing left unwritten."""
@@ -293,7 +311,7 @@ def test_values_against_float64(rng, name, dtype, lead, Nq, Nk, d, causal):
         assert np.all(as64(b.dq, dtype)[blind] == 0)
 
 
-@pytest.mark.parametrize("name, dtype", MATRIX)
+@pytest.mark.parametrize("name, dtype", matrix(every_dtype=True))
 def test_large_scores_stay_finite_and_within_the_rule(name, dtype):
     """Scores of +-C + O(1) (rows alternate sign), v ~ 1000: an implementation that exponentiates without
     subtracting the running max overflows.  Dao's rule against the plain implementation in every dtype
@@ -326,8 +344,14 @@ def test_large_scores_stay_finite_and_within_the_rule(name, dtype):
 # ------------------------------------------------------------------ counted bytes, determinism, poisoning
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name, dtype", matrix("count_hbm"))
+#: make test: the kernel's own dtype, causal where the kernel has it (the grouped-query and dropout checks count
+#: non-causal calls); make test-all: both, every dtype
+COUNTED_CASES = [pytest.param(*p.values, causal, id=f"{p.id}-{causal}",
+                              marks=FULL if p.marks or (not causal and kernels.get(p.values[0]).has("causal")) else ())
+                 for p in matrix("count_hbm") for causal in (False, True)]
+
+
+@pytest.mark.parametrize("name, dtype, causal", COUNTED_CASES)
 def test_counted_bytes_equal_the_io_model(rng, name, dtype, causal):
     """Counted bytes == the IO model, launch by launch, for every backward; counting changes no bit of a
     result; repeated calls (deterministic=True) are bitwise identical."""

@@ -80,6 +80,7 @@ def test_figure_draws_dram_counted_and_the_l2_crossing(tmp_path):
     assert ax.get_xscale() == ax.get_yscale() == "log"
 
 
+@pytest.mark.slow
 def test_sweep_bookkeeping_in_the_simulator(tmp_path):
     """measure() counts our bytes and attaches ncu's launches in the child's order; write() makes the files."""
     script = _script()

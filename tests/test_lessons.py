@@ -139,6 +139,7 @@ def _execute(path, monkeypatch, *, simulator: bool, timeout: int):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+@pytest.mark.slow
 def test_lesson_runs_in_the_simulator(path, monkeypatch):
     out = _execute(path, monkeypatch, simulator=True, timeout=CELL_TIMEOUT_S)
     assert out.startswith("simulator") or "\nsimulator" in out  # the lesson said where it ran

@@ -310,3 +310,64 @@ def test_gpu_ldmatrix_matches_the_host_model(trans, rng):
         words = rng.integers(0, 2 ** 16, size=1024, dtype=np.uint32).astype(np.uint16)
         rows = 8 * rng.choice(1024 // 8, size=32, replace=False)
         np.testing.assert_array_equal(run_ldmatrix(words, rows, trans), _mma.warp_ldmatrix(words, rows, trans))
+
+
+# ---------------------------------------------------------------- 32-bit shared stores, paired float32 atomics
+@jit
+def _store32_kernel(words, out):
+    sm = cuda.shared.array(64, np.uint16)
+    lane = cuda.threadIdx.x
+    _mma.store_32(sm, np.uint32(2 * lane), words[lane])
+    cuda.syncthreads()
+    out[2 * lane] = sm[2 * lane]
+    out[2 * lane + 1] = sm[2 * lane + 1]
+
+
+def test_store_32_puts_the_low_half_first(rng):
+    words = rng.integers(0, 2 ** 32, size=32, dtype=np.uint64).astype(np.uint32)
+    out = cuda.to_device(np.zeros(64, np.uint16))
+    _store32_kernel[1, 32](cuda.to_device(words), out)
+    np.testing.assert_array_equal(out.copy_to_host(), words.view(np.uint16))
+
+
+@jit
+def _red2_kernel(acc, x):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        _mma.red_add_f32x2(acc, np.uint64(2 * (i % 8)), x[i, 0], x[i, 1])
+
+
+def test_red_add_f32x2_adds_both_words(rng):
+    """64 threads add into 8 pairs (8 adds an element, small integers: exact in any order)."""
+    from flash_numba.device import SIMULATOR, info
+
+    if not SIMULATOR and tuple(info().compute_capability) < (9, 0):
+        pytest.skip("red.global.add.v2.f32 needs cc >= 9.0")
+    x = small_ints(rng, (64, 2), -100, 100).astype(np.float32)
+    acc = cuda.to_device(np.ones((2, 8), np.float32))  # any float32 array: the index is its flat element
+    _red2_kernel[2, 32](acc, cuda.to_device(x))
+    want = 1 + np.stack([x[i::8] for i in range(8)]).sum(axis=1)  # pair i gets threads i, i + 8, ...
+    np.testing.assert_array_equal(acc.copy_to_host().reshape(8, 2), want)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_mma_entry_is_the_same_with_the_operands_swapped(shape, rng):
+    """D = A B and D' = B^T A^T (A's rows and B's columns swapping roles) agree bit for bit with random half
+    inputs: what flash2_tc's dK/dV kernel relies on to compute S^T = K Q^T bit-identical to the forward's
+    S = Q K^T.  In the simulator the host model's; on a GPU (the ``gpu`` run of this file) the tensor core's."""
+    na, nb, k, kind = SHAPES[shape]
+    A = rng.standard_normal((16, k))
+    B = rng.standard_normal((k, 16))
+    zero = np.zeros((32, 4), np.float32)
+
+    def product(X, Y):  # (16 x k) (k x 16) on two n8 tiles, float32 16 x 16
+        out = np.zeros((16, 16), np.float32)
+        for n in range(2):
+            d = run_mma(shape, isa_a_regs(X, kind), isa_b_regs(Y[:, 8 * n:8 * n + 8], kind), zero)
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                out[g, 8 * n + 2 * t], out[g, 8 * n + 2 * t + 1] = d[lane, 0], d[lane, 1]
+                out[g + 8, 8 * n + 2 * t], out[g + 8, 8 * n + 2 * t + 1] = d[lane, 2], d[lane, 3]
+        return out
+
+    np.testing.assert_array_equal(product(A, B).view(np.uint32), product(B.T, A.T).T.view(np.uint32))

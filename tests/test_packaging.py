@@ -158,6 +158,7 @@ def test_without_the_shim_numpy_25_breaks_compilation():
     assert "AttributeError: module 'numpy' has no attribute 'row_stack'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_package_imports_and_runs_without_torch():
     """PyTorch is an optional extra: only flash_numba.torch needs it, and says how to install it."""
     code = textwrap.dedent(

@@ -338,12 +338,13 @@ def _script(*args):
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks what the scripts do without a GPU")
+@pytest.mark.slow
 def test_scripts_without_a_gpu_say_so_list_their_work_and_exit_0(tmp_path):
     out = _script("benchmarks/sanitize.py", "--quick")
     assert out.returncode == 0, out.stderr
     assert "no CUDA GPU" in out.stdout
     quick = _load("sanitize").cases(quick=True)
-    assert {c.kernel for c in quick} == set(KERNELS) | {"flash2_fast-atomic"}
+    assert {c.kernel for c in quick} == set(_load("sanitize").KERNELS)
     assert all(c.label in out.stdout for c in quick)
 
     out = _script("benchmarks/sanitize.py", "--matrix", str(tmp_path / "m"))
@@ -360,10 +361,14 @@ def test_scripts_without_a_gpu_say_so_list_their_work_and_exit_0(tmp_path):
 
 def test_sanitize_cases_cover_every_size_flag_and_kernel():
     san = _load("sanitize")
+    assert {"flash2_fast-atomic", "flash2_tc", "flash2_tc-atomic"} <= set(san.KERNELS)
+    assert set(kernels.NAMES) <= set(san.KERNELS)
     for quick in (False, True):
         todo = san.cases(quick)
-        for kernel in KERNELS:
+        for kernel in san.KERNELS:
             mine = [c for c in todo if c.kernel == kernel]
+            spec = kernels.get(kernel.removesuffix("-atomic"))
+            assert all(spec.supports(c.d, c.dtype) is None for c in mine)
             assert {c.Nq for c in mine} | {c.Nk for c in mine} == {17, 97, 1000}
             assert {c.d for c in mine} == {16, 80, 128}
             assert {(c.causal, c.count) for c in mine} == {(False, False), (False, True), (True, False), (True, True)}

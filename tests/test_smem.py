@@ -10,6 +10,7 @@ import pytest
 
 import flash_numba as fn
 from flash_numba import _switches, blocks, device
+from conftest import FULL
 from flash_numba.kernels import _smem, flash2, flash2_fast
 
 
@@ -31,7 +32,8 @@ def _passes(q, k, v, do, causal):
     return f.o, f.lse, det.dq, det.dk, det.dv, atomic.dk, atomic.dv
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=FULL), True])  # (causal: the masks too)
+@pytest.mark.slow
 def test_dynamic_tiles_give_the_static_results_bit_for_bit(rng, monkeypatch, causal):
     q, do = (rng.standard_normal((2, 19, 16)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((2, 23, 16)).astype(np.float32) for _ in range(2))

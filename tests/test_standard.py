@@ -205,6 +205,7 @@ def test_io_model_closed_form():
     assert f2.per_kernel["P = softmax(S)"].total == 4 * f.per_kernel["P = softmax(S)"].total - 2 * 2 * BH * N * a
 
 
+@pytest.mark.slow
 def test_batch_and_heads(rng):
     """(B, H, N, d) with B, H > 1: each (batch, head) pair is its own problem."""
     q, k, v = _qkv(rng, (2, 2), 5, 7, 4, np.float64)

@@ -136,6 +136,7 @@ def test_rows_aligned():
     assert not halves.rows_aligned(x[:, :, :, 1:9])  # starts 2 bytes in
 
 
+@pytest.mark.slow
 def test_launch_shares_tool_in_the_simulator():
     """The timing tool runs the launches (no clock here): bytes counted == modelled, no times."""
     from flash_numba.tools import launch_shares

@@ -45,6 +45,7 @@ def launched_streams(monkeypatch):
 
 
 @pytest.mark.parametrize("kernel", kernels.NAMES)
+@pytest.mark.slow
 def test_every_launch_of_every_kernel_runs_on_the_calls_stream(kernel, rng, launched_streams):
     from numba import cuda
 

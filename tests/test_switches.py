@@ -10,7 +10,7 @@ from flash_numba.kernels.flash2_fast import layout
 
 def test_every_switch_has_a_documented_default():
     assert _switches.POISON_OUTPUTS  # every test runs poisoned (tests/conftest.py)
-    assert _switches.values()[1:] == (device.STATIC_SHARED_LIMIT, None, None, None, None, True, None)
+    assert _switches.values()[1:] == (device.STATIC_SHARED_LIMIT, None, None, None, None, True, None, None)
     for name in _switches.NAMES:
         assert f"``{name}``" in _switches.__doc__, name
 
@@ -33,3 +33,8 @@ def test_the_switches_take_effect(monkeypatch, rng):
 
     monkeypatch.setattr(_switches, "TC_PATH", "sm75")
     assert tc_layout.path((9, 0)) == "sm75"
+    from flash_numba.kernels import flash_decode as fd
+
+    assert fd.choose_path(128, "float16", (9, 0)) == "tc" and fd.choose_path(128, "float16", (7, 5)) == "cuda"
+    monkeypatch.setattr(_switches, "DECODE_PATH", "cuda")
+    assert fd.choose_path(128, "float16", (9, 0)) == "cuda"

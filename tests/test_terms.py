@@ -73,6 +73,7 @@ def test_figure_and_rows():
 
 
 @pytest.mark.parametrize("kernel", kernels.NAMES)
+@pytest.mark.slow
 def test_every_kernels_counted_bytes_carry_the_split(kernel):
     """api attaches the IO model's split to every counted result: its terms add up to the bytes counted."""
     skip_unless_runs(kernel, 8, np.float32)

@@ -24,7 +24,7 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left  # noq
 
 import flash_numba.torch as fnt  # noqa: E402
 from flash_numba import kernels  # noqa: E402
-from conftest import skip_unless_runs  # noqa: E402
+from conftest import FULL, skip_unless_runs  # noqa: E402
 
 KERNELS = kernels.NAMES
 U64 = 2.0**-53
@@ -71,8 +71,13 @@ def compare_with_sdpa(q, k, v, ours_kw, sdpa_kw, rng):
 # ----------------------------------------------------------------------------- gradcheck, every kernel
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kernel", KERNELS)
+#: (kernel, causal): make test runs each kernel once, causal and not in turn; make test-all both for every kernel
+GRADCHECK_CASES = [pytest.param(kernel, causal, id=f"{kernel}-{causal}", marks=() if causal == bool(i % 2) else FULL)
+                   for i, kernel in enumerate(KERNELS) for causal in (False, True)]
+
+
+@pytest.mark.parametrize("kernel, causal", GRADCHECK_CASES)
+@pytest.mark.slow
 def test_gradcheck(rng, kernel, causal):
     """torch.autograd.gradcheck on our backward, L != S: causal bottom-right (our kernels' own mask,
     L = 4 > S = 3: query row 0 sees no key) and not causal (L = 3 < S = 4).
@@ -122,12 +127,13 @@ def test_values_and_grads_match_sdpa(rng, shape_q, shape_kv, causal, kernel):
 @pytest.mark.parametrize(
     "shape_q, shape_kv, is_causal, kernel",
     [
-        ((2, 4, 5, 4), (2, 2, 5, 4), True, "flash2_fast"),  # G = 2, batch 2
+        pytest.param((2, 4, 5, 4), (2, 2, 5, 4), True, "flash2_fast", marks=FULL),  # G = 2, batch 2 (the costliest)
         ((1, 4, 3, 4), (1, 1, 5, 4), False, "flash1"),  # multi-query (G = Hq), L < S
         ((4, 4, 3), (2, 4, 3), True, "standard"),  # 3-D (H, N, E)
         ((1, 2, 5, 3), (1, 1, 4, 3), True, "flash2"),  # L > S: two calls, both grouped
     ],
 )
+@pytest.mark.slow
 def test_grouped_query_attention_matches_sdpa(rng, shape_q, shape_kv, is_causal, kernel):
     """enable_gqa=True against PyTorch's SDPA with enable_gqa=True: O, and dK, dV summed over each group."""
     q, k, v = randn(rng, *shape_q), randn(rng, *shape_kv), randn(rng, *shape_kv)
@@ -135,7 +141,9 @@ def test_grouped_query_attention_matches_sdpa(rng, shape_q, shape_kv, is_causal,
     compare_with_sdpa(q, k, v, {**sdpa_kw, "kernel": kernel}, sdpa_kw, rng)
 
 
-@pytest.mark.parametrize("kernel", ["flash2_fast"])  # GQA of every kernel: tests/test_gqa.py
+# GQA of every kernel: tests/test_gqa.py; flash1 costs the simulator least (flash2_fast: make test-all)
+@pytest.mark.parametrize("kernel", ["flash1", pytest.param("flash2_fast", marks=FULL)])
+@pytest.mark.slow
 def test_grouped_query_gradcheck(rng, kernel):
     """gradcheck through the simulator with 2 query heads per key/value head (tolerances as in test_gradcheck).
 

@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left  # noqa: E402
 
 import flash_numba.torch as fnt  # noqa: E402
+from conftest import FULL  # noqa: E402
 from flash_numba import api  # noqa: E402
 
 D = 16
@@ -83,6 +84,7 @@ def _op_args(rng, dtype, gqa=False, dropout=False):
 
 @pytest.mark.parametrize("dtype, gqa, dropout, causal", [(torch.float32, False, False, True),
                                                          (torch.float64, True, True, False)])
+@pytest.mark.slow
 def test_opcheck(rng, dtype, gqa, dropout, causal):
     """torch.library.opcheck: schema, autograd registration, fake tensors against real ones (shapes,
     dtypes, strides), and AOT dispatch with dynamic shapes; forward and backward op."""
@@ -147,8 +149,15 @@ def test_no_graph_breaks(rng, name, kw, q_shape, kv_shape):
     assert "L_q_" in code and "L_stack" not in code
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.parametrize("name, kw, q_shape, kv_shape", CASES, ids=IDS)
+#: (backend, case): every case with aot_eager (Dynamo and AOTAutograd, which traces the backward op too), the first
+#: with eager (Dynamo alone); eager's other cases in make test-all
+BACKEND_CASES = [pytest.param(backend, *case, id=f"{case[0]}-{backend}",
+                              marks=FULL if backend == "eager" and case is not CASES[0] else ())
+                 for case in CASES for backend in ("eager", "aot_eager")]
+
+
+@pytest.mark.parametrize("backend, name, kw, q_shape, kv_shape", BACKEND_CASES)
+@pytest.mark.slow
 def test_compiled_values_and_gradients_equal_eager(rng, backend, name, kw, q_shape, kv_shape):
     """fullgraph=True (a graph break would raise); the same kernels on the same numbers: equal bit for bit,
     dropout included (torch.manual_seed before each run: the compiled graph draws the seed as eager does)."""
@@ -161,6 +170,7 @@ def test_compiled_values_and_gradients_equal_eager(rng, backend, name, kw, q_sha
         assert torch.equal(a, b), what
 
 
+@pytest.mark.slow
 def test_dynamic_shapes(rng):
     """dynamic=True: sequence lengths and head dims traced as symbols (the default scale uses the head dim as
     an integer), and a float scale passed in as an argument; each length pair equal to eager bit for bit."""

@@ -14,6 +14,7 @@ from numba import cuda
 import flash_numba as fn
 from flash_numba import _views, reference
 from flash_numba.kernels import _tile_ops, _vec
+from conftest import FULL
 from flash_numba.kernels import flash2_fast
 
 from test_flash2 import err64
@@ -60,8 +61,9 @@ def test_aligned16(rng):
     assert _vec.aligned16(*_views.flat_input(padded(x, 4, offset=4)))  # ... from byte 16
 
 
-@pytest.mark.parametrize("dtype, d, causal", [(np.float32, 16, False), (np.float32, 16, True), (np.float64, 16, False),
-                                              (np.float16, 32, False)])
+@pytest.mark.parametrize("dtype, d, causal", [pytest.param(np.float32, 16, False, marks=FULL),  # (causal's)
+                                              (np.float32, 16, True), (np.float64, 16, False), (np.float16, 32, False)])
+@pytest.mark.slow
 def test_vector_and_element_loads_give_the_same_bits(rng, monkeypatch, dtype, d, causal):
     """The same forward on aligned k, v (16-byte loads), on views whose rows are 1 element apart from a vector
     (element loads) and counted (element loads): the same O and L, bit for bit, and close to float64."""

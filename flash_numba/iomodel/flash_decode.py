@@ -1,11 +1,14 @@
 """HBM bytes of a flash_decode call, in closed form, by term.
 
 A call on B sequences (lengths L_b), Hq query heads and Hkv KV heads (G = Hq / Hkv), Nq new tokens a
-sequence, head dim d, item size s, ``S`` splits, ``RT`` rows a block (:func:`~flash_numba.kernels.flash_decode.
-kernels.rows_per_block` of R = G Nq) and ``row_tiles = ceil(R / RT)``; rows = B Hq Nq output rows.  Terms:
+sequence, head dim d, item size s, ``S`` splits, ``RT`` rows a block (:func:`~flash_numba.kernels.flash_decode.row_tile`
+of R = G Nq: 16 on the tensor-core path, :func:`~flash_numba.kernels.flash_decode.kernels.rows_per_block` on the
+CUDA-core path) and ``row_tiles = ceil(R / RT)``; rows = B Hq Nq output rows.  The two paths move the same bytes
+for the same ``row_tiles``.  Terms:
 
 ``KV cache``      ``row_tiles * Hkv * 2 d s * sum_b L_b``: every visible key and value element once per row tile
-                  (once, when the group's rows fit one block: R <= 8); the keys of a split are read by its block
+                  (once, when the group's rows fit one block: R <= 16 on the tensor-core path, R <= 8 on the
+                  CUDA-core path); the keys of a split are read by its block
 ``q``             ``S * rows * d * s``: each split block reads its rows of q (into shared memory) once
 ``lengths``       ``4 * blocks``: one ``cache_seqlens`` entry per block (S * B * Hkv * row_tiles blocks)
 ``page table``    ``4 * row_tiles * Hkv * sum over (b, split) of the pages the split's keys touch``
@@ -23,7 +26,7 @@ row i of a sequence sees keys ``j <= L - Nq + i``; the block still reads its who
 from __future__ import annotations
 
 from ..hbm import HBMCount, KernelBytes
-from ..kernels.flash_decode import COMBINE_NAME, SPLIT_NAME, SPLIT_ONE_NAME, rows_per_block
+from ..kernels.flash_decode import COMBINE_NAME, SPLIT_NAME, SPLIT_ONE_NAME, path_of, row_tile
 
 TERMS = ("KV cache", "q", "lengths", "page table", "o and lse", "partials")
 
@@ -61,7 +64,7 @@ def terms(prob) -> dict[str, int]:
     """The model's bytes of the call by term (see the module docstring); they sum to :func:`decode`'s total."""
     s = prob.dtype.itemsize
     d, S, rows = prob.d, prob.num_splits, prob.rows
-    RT = rows_per_block(prob.G * prob.Nq)
+    RT = row_tile(prob.G * prob.Nq, path_of(prob))
     row_tiles = -(-prob.G * prob.Nq // RT)
     Lsum = sum(int(L) for L in prob.seqlens)
     pages = 0

@@ -20,10 +20,11 @@ from .. import _stream
 from ..device import SIMULATOR, STATIC_SHARED_LIMIT
 
 
-def launch(kernel, grid, block, dynamic_bytes: int = 0):
-    """``kernel[grid, block]`` on the call's stream, with ``dynamic_bytes`` of dynamic shared memory."""
+def launch(kernel, grid, block, dynamic_bytes: int = 0, static_bytes: int = 0):
+    """``kernel[grid, block]`` on the call's stream, with ``dynamic_bytes`` of dynamic shared memory; opted in
+    where the block's dynamic and ``static_bytes`` of static shared memory together pass 48 KB."""
     config = kernel[grid, block, _stream.current(), dynamic_bytes]
-    if not SIMULATOR and dynamic_bytes > STATIC_SHARED_LIMIT:
+    if not SIMULATOR and dynamic_bytes and dynamic_bytes + static_bytes > STATIC_SHARED_LIMIT:
         config.pre_launch_callbacks.append(functools.partial(_opt_in, nbytes=dynamic_bytes))
     return config
 

@@ -23,12 +23,18 @@ element with the lower column / k index)::
     copy_16(smem, s_index, gmem, g_index)                   # 16 bytes global -> shared (ld.global.v4, st.shared.v4)
     load_16(gmem, g_index) -> UniTuple(uint32, 4)           # 16 bytes from global memory (ld.global.v4)
     store_16(smem, s_index, w0, w1, w2, w3)                 # 16 bytes into shared memory (st.shared.v4)
+    store_32(smem, s_index, w)                              # one word (two halves) into shared memory (st.shared.b32)
     zero_16(smem, s_index)                                  # 16 zero bytes into shared
     cp_async_16(smem, s_index, gmem, g_index)               # sm_80+: cp.async.cg.shared.global, 16 bytes
     cp_async_commit() ; cp_async_wait_all()                 # sm_80+: commit_group; wait_group 0
+    cp_async_wait_group(n)() -> None                        # sm_80+: wait_group n (n a Python int: a constant)
+    red_add_f32x2(arr, index, x, y)                         # sm_90+: arr.flat[index] += x, [index + 1] += y, one
+                                                            # red.global.add.v2.f32 (index even: 8-byte aligned)
 
-(Additions beyond INTERFACES.md: ``unpack_*``, ``copy_16``, ``load_16``, ``store_16``, ``zero_16``;
-``cp_async_wait(n)`` is ``cp_async_wait_all()``: wait for every committed group.)  The 16-byte functions
+(Additions beyond INTERFACES.md: ``unpack_*``, ``copy_16``, ``load_16``, ``store_16``, ``store_32``, ``zero_16``;
+``cp_async_wait(n)`` is ``cp_async_wait_group(n)``, a factory: the device function waits until at most n of
+this thread's committed groups are still in flight, which a pipeline of n + 1 stages needs; in the simulator,
+whose copies land at once, it does nothing.)  The 16-byte functions
 take element indices of 16-bit arrays; both must be multiples of 8 (16-byte aligned addresses).
 
 ``smem`` is a 1-D shared array of 16-bit elements (float16 or uint16); ``index`` the element index where
@@ -66,6 +72,7 @@ general inputs, and agree exactly on small-integer inputs.
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -305,6 +312,14 @@ def store_16_standin(smem, s_index, w0, w1, w2, w3):
         smem[s_index + e] = values[e]
 
 
+def store_32_standin(smem, s_index, w):
+    """The two halves of a word into smem[s_index], smem[s_index + 1] (float16 or uint16), lower half first."""
+    halves = np.array([int(w)], dtype=np.uint32).view(np.uint16)
+    values = halves.view(np.float16) if np.asarray(smem[s_index]).dtype == np.float16 else halves
+    smem[s_index] = values[0]
+    smem[s_index + 1] = values[1]
+
+
 def zero_16_standin(smem, s_index):
     for e in range(8):
         smem[s_index + e] = 0
@@ -312,6 +327,17 @@ def zero_16_standin(smem, s_index):
 
 def _nothing():
     return None
+
+
+_RED_LOCK = threading.Lock()
+
+
+def red_add_f32x2_standin(arr, index, x, y):
+    """The two float32 adds, under a lock (as the simulator's own atomics)."""
+    flat = arr.reshape(-1)
+    with _RED_LOCK:
+        flat[int(index)] += np.float32(x)
+        flat[int(index) + 1] += np.float32(y)
 
 
 # ---------------------------------------------------------------- the GPU: inline PTX
@@ -365,12 +391,15 @@ def _ldmatrix_intrinsic(trans: bool):
     @intrinsic
     def ldmatrix(typingctx, smem, index):
         def codegen(context, builder, sig, args):
-            i32, i64 = ir.IntType(32), ir.IntType(64)
+            i32 = ir.IntType(32)
             arr = make_array(sig.args[0])(context, builder, args[0])
-            index = builder.zext(args[1], i64) if args[1].type.width < 64 else args[1]
-            generic = builder.bitcast(builder.gep(arr.data, [index], inbounds=True), ir.IntType(8).as_pointer())
-            shared = builder.addrspacecast(generic, ir.PointerType(ir.IntType(8), 3))  # cvta.to.shared
-            address = builder.ptrtoint(shared, i32)
+            # the tile's shared address (cvta.to.shared, the same for every call: hoisted) plus the index's bytes in
+            # 32-bit arithmetic, so that the constant part of an index becomes the instruction's immediate offset
+            generic = builder.bitcast(arr.data, ir.IntType(8).as_pointer())
+            base = builder.ptrtoint(builder.addrspacecast(generic, ir.PointerType(ir.IntType(8), 3)), i32)
+            itemsize = context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype))
+            index = builder.trunc(args[1], i32) if args[1].type.width > 32 else args[1]
+            address = builder.add(base, builder.mul(index, ir.Constant(i32, itemsize), flags=["nuw"]), flags=["nuw"])
             fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
             # reads shared memory: volatile with a memory clobber, so it is never moved across a barrier or a store
             out = builder.call(ir.InlineAsm(fnty, asm_text, "=r,=r,=r,=r,r,~{memory}", side_effect=True), [address])
@@ -494,6 +523,15 @@ def _copy_intrinsics():
         return types.void(smem, types.uint32, types.uint32, types.uint32, types.uint32, types.uint32), codegen
 
     @intrinsic
+    def store_32(typingctx, smem, s_index, w):
+        def codegen(context, builder, sig, args):
+            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
+            asm(builder, "st.shared.b32 [$0], $1;", "r,r,~{memory}", [i32, i32], [dst, args[2]])
+            return context.get_dummy_value()
+
+        return types.void(smem, types.uint32, types.uint32), codegen
+
+    @intrinsic
     def zero_16(typingctx, smem, s_index):
         def codegen(context, builder, sig, args):
             dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
@@ -529,16 +567,57 @@ def _copy_intrinsics():
 
         return types.void(), codegen
 
-    return copy_16, load_16, store_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all
+    @intrinsic
+    def red_add_f32x2(typingctx, arr, index, x, y):
+        def codegen(context, builder, sig, args):
+            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 1)
+            f32 = ir.FloatType()
+            asm(builder, "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f,~{memory}", [i64, f32, f32],
+                [dst, args[2], args[3]])
+            return context.get_dummy_value()
+
+        return types.void(arr, types.uint64, types.float32, types.float32), codegen
+
+    return (copy_16, load_16, store_16, store_32, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all,
+            red_add_f32x2)
+
+
+@lru_cache(maxsize=None)
+def cp_async_wait_group(n: int):
+    """The device function ``wait()``: ``cp.async.wait_group n`` (sm_80+), this thread's copies of every committed
+    group but the newest ``n`` have landed in shared memory (other lanes' copies: after a barrier).  The simulator's
+    copies land when issued: a no-op there."""
+    if not 0 <= int(n) <= 7:
+        raise ValueError(f"cp_async_wait_group: n = {n} is not 0 .. 7")
+    if SIMULATOR:
+        return _nothing
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    text = f"cp.async.wait_group {int(n)};"
+
+    @intrinsic
+    def wait(typingctx):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    return wait
 
 
 if SIMULATOR:
     copy_16 = cp_async_16 = copy_16_standin
-    load_16, store_16 = load_16_standin, store_16_standin
+    load_16, store_16, store_32 = load_16_standin, store_16_standin, store_32_standin
+    red_add_f32x2 = red_add_f32x2_standin
     zero_16 = zero_16_standin
     cp_async_commit = cp_async_wait_all = _nothing
 else:
-    copy_16, load_16, store_16, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all = _copy_intrinsics()
+    (copy_16, load_16, store_16, store_32, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all,
+     red_add_f32x2) = _copy_intrinsics()
 
 if SIMULATOR:
     mma_m16n8k16_f16 = _mma_standin("m16n8k16_f16")

@@ -43,6 +43,7 @@ module imports neither PyTorch nor matplotlib until it needs them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.util
 import itertools
@@ -80,6 +81,7 @@ from .bench_cases import (
     Config,
     Impl,
     Inputs,
+    backward_runs,
     flash_numba_impl,
     host_inputs,
     implementation_names,
@@ -203,15 +205,16 @@ def validate(impls: list[Impl], cfgs: list[Config], torch=None) -> tuple[list[st
     step, total = 0, len(checks) * len(impls)
     for cfg, heads in checks:
         host = host_inputs((cfg.B, cfg.H, cfg.N, cfg.d), cfg.dtype, seed=0)
-        inputs = to_device(host, torch)
+        inputs = to_device(host, torch, cfg.dtype)
         ref = reference_outputs({n: x if heads is None else x[heads] for n, x in host.items()}, cfg.causal, cfg.pass_)
         for impl in list(impls):
+            checked = cfg if backward_runs(impl.name, cfg.dtype) else dataclasses.replace(cfg, pass_="fwd")
             step += 1
             _progress(step, total, f"{impl.name} {cfg.describe()}", "validate ")
             reason = None if heads is None else no_room(impl.name, cfg, torch)
             if reason is None:
                 try:
-                    outs, _ = impl.call(inputs, cfg)
+                    outs, _ = impl.call(inputs, checked)
                 except Exception as exc:
                     if impl.is_torch and _unavailable(exc):
                         impls.remove(impl)
@@ -306,6 +309,9 @@ def time_calls(impl: Impl, sets: list[Inputs], cfg: Config, repeats: int) -> lis
 def measure(impl: Impl, sets: list[Inputs], cfg: Config, repeats: int, torch=None) -> Row:
     """HBM bytes, allocated memory and median time of ``impl`` on ``cfg`` (no times in the simulator)."""
     row = Row(impl.name, cfg)
+    if cfg.pass_ == "fwd+bwd" and not backward_runs(impl.name, cfg.dtype):
+        row.status = f"skipped: no backward in {cfg.dtype}"
+        return row
     reason = no_room(impl.name, cfg, torch)
     if reason is not None:
         row.status = f"skipped: {reason}"
@@ -378,7 +384,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     ours = {kernel_of(n)[0] for n in args.kernels or implementation_names(args.dtype) if n not in TORCH_BACKENDS}
     for kernel in sorted(ours):
         for d in sorted({c.d for c in cfgs}):
-            for pass_ in ("forward", "backward") if any(c.pass_ == "fwd+bwd" for c in cfgs) else ("forward",):
+            backward = any(c.pass_ == "fwd+bwd" for c in cfgs) and kernels.get(kernel).has("backward", args.dtype)
+            for pass_ in ("forward", "backward") if backward else ("forward",):
                 try:
                     resolve_block(kernel, d, args.dtype, pass_=pass_)
                 except ValueError as exc:
@@ -387,6 +394,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _choose_impls(args: argparse.Namespace, torch) -> tuple[list[Impl], list[str]]:
     """The implementations to run, and notes on those asked for that cannot run here."""
+    if args.dtype == "bfloat16" and torch is None:
+        return [], ["bfloat16: its inputs are PyTorch tensors (Numba has no bfloat16 arrays), and PyTorch with a "
+                    "GPU is not available here"]
     available = implementation_names(args.dtype, torch)
     names = list(dict.fromkeys(args.kernels or available))
     notes = []

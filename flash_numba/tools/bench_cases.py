@@ -20,7 +20,7 @@ from ..api import attention_backward, attention_forward
 from ..device import SIMULATOR
 
 PASSES = ("fwd", "fwd+bwd")
-DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "bfloat16", "float32", "float64")  # bfloat16: PyTorch tensors only (Numba has no such dtype)
 
 #: The default sweep on a GPU, the --quick one, and the tiny one of the simulator.
 DEFAULT_N, QUICK_N, SIMULATOR_N = (1024, 2048, 4096, 8192), (1024, 2048), (8, 16)
@@ -30,7 +30,9 @@ DEFAULT_REPEATS, QUICK_REPEATS = 10, 5
 WARMUP = 3
 
 #: Largest ``max |x - ref| / max |ref|`` accepted, per storage dtype, for every output.
-TOLERANCE = {"float16": 2e-2, "float32": 1e-4, "float64": 1e-10}
+#: bfloat16 keeps 8 significant bits to float16's 11: its bound is float16's times 2^3 (0.16, 41 of its unit roundoffs,
+#: as float16's 2e-2 is 41 of float16's).
+TOLERANCE = {"float16": 2e-2, "bfloat16": 0.16, "float32": 1e-4, "float64": 1e-10}
 
 #: The small validation problem (B, H, N): awkward N on a GPU, tiny in the simulator.
 SMALL_PROBLEM = (1, 1, 9) if SIMULATOR else (1, 2, 97)
@@ -121,7 +123,20 @@ def torch_backends(dtype: str) -> tuple[str, ...]:
 def workspace_bytes(name: str, cfg: Config) -> int:
     """Bytes of the N x N buffers ``name`` allocates for ``cfg`` (0 for the flash kernels)."""
     per_head = NXN_BUFFERS.get(name, {}).get(cfg.pass_, 0)
-    return per_head * cfg.BH * cfg.N * cfg.N * np.dtype(cfg.dtype).itemsize
+    return per_head * cfg.BH * cfg.N * cfg.N * itemsize(cfg.dtype)
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes of one element of a storage dtype named ``dtype`` (NumPy has no bfloat16)."""
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
+def backward_runs(name: str, dtype: str) -> bool:
+    """Whether implementation ``name`` has a backward in ``dtype`` (standard's bfloat16 runs forward only)."""
+    kernel = kernel_of(name)[0]
+    if kernel not in kernels.NAMES:  # PyTorch's backends (and stand-ins): every dtype they take
+        return True
+    return kernels.get(kernel).has("backward", dtype)
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -145,13 +160,29 @@ class Inputs:
 
 
 def host_inputs(shape, dtype: str, seed: int) -> dict:
-    """Random q, k, v, do as NumPy arrays; the same seed gives the same arrays."""
+    """Random q, k, v, do as NumPy arrays; the same seed gives the same arrays.  bfloat16: float32 arrays that
+    hold bfloat16 values (rounded to nearest, ties to even), so that the reference sees the inputs the kernels do."""
     rng = np.random.default_rng(seed)
+    if dtype == "bfloat16":
+        return {name: round_to_bfloat16(rng.standard_normal(shape, dtype=np.float32)) for name in ("q", "k", "v", "do")}
     return {name: rng.standard_normal(shape, dtype=np.float32).astype(dtype) for name in ("q", "k", "v", "do")}
 
 
-def to_device(host: dict, torch=None) -> Inputs:
-    """Copy host arrays to the GPU (as torch tensors when ``torch`` is given)."""
+def round_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 ``x`` rounded to bfloat16's 8 significant bits (nearest, ties to even), still as float32."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def to_device(host: dict, torch=None, dtype: str | None = None) -> Inputs:
+    """Copy host arrays to the GPU (as torch tensors when ``torch`` is given; ``dtype="bfloat16"``: converted to
+    torch.bfloat16 there, exactly, from the float32 arrays of :func:`host_inputs`)."""
+    if dtype == "bfloat16":
+        if torch is None:
+            raise ValueError("dtype: bfloat16 inputs are PyTorch tensors (Numba has no bfloat16 arrays); "
+                             "install PyTorch with CUDA")
+        return Inputs(**{n: torch.from_numpy(x).to("cuda").to(torch.bfloat16) for n, x in host.items()})
     if torch is not None:
         return Inputs(**{n: torch.from_numpy(x).to("cuda") for n, x in host.items()})
     from numba import cuda
@@ -165,7 +196,10 @@ def to_host(x) -> np.ndarray:
         return x
     if hasattr(x, "copy_to_host"):
         return x.copy_to_host()
-    return x.detach().cpu().numpy()
+    x = x.detach()
+    if str(x.dtype) == "torch.bfloat16":  # NumPy has no bfloat16: as float32, exactly
+        x = x.float()
+    return x.cpu().numpy()
 
 
 def input_sets(cfg: Config, torch=None) -> list[Inputs]:
@@ -181,9 +215,9 @@ def input_sets(cfg: Config, torch=None) -> list[Inputs]:
     if l2 is None:
         n = 1
     else:
-        set_bytes = 4 * cfg.BH * cfg.N * cfg.d * np.dtype(cfg.dtype).itemsize
+        set_bytes = 4 * cfg.BH * cfg.N * cfg.d * itemsize(cfg.dtype)
         n = min(MAX_SETS, max(MIN_SETS, math.ceil(L2_MULTIPLE * l2 / set_bytes)))
-    return [to_device(host_inputs(shape, cfg.dtype, seed), torch) for seed in range(n)]
+    return [to_device(host_inputs(shape, cfg.dtype, seed), torch, cfg.dtype) for seed in range(n)]
 
 
 # ---------------------------------------------------------------------------- implementations
@@ -202,7 +236,8 @@ class Impl:
 
 
 #: Implementations that are one of our kernels called with an option: name -> (kernel, backward options).
-VARIANTS = {"flash2_fast-atomic": ("flash2_fast", {"deterministic": False})}
+VARIANTS = {"flash2_fast-atomic": ("flash2_fast", {"deterministic": False}),
+            "flash2_tc-atomic": ("flash2_tc", {"deterministic": False})}
 
 
 def kernel_of(name: str) -> tuple[str, dict]:
@@ -251,7 +286,7 @@ def torch_impl(name: str, torch) -> Impl:
 def implementation_names(dtype: str, torch=None) -> list[str]:
     """Every implementation that can run here: our kernels, then the PyTorch backends
     for ``dtype`` that this PyTorch has (none without ``torch``)."""
-    names = [n for n in kernels.NAMES if dtype in kernels.get(n).dtypes] + list(VARIANTS)  # (the dtype it runs)
+    names = [n for n in [*kernels.NAMES, *VARIANTS] if dtype in kernels.get(kernel_of(n)[0]).dtypes]  # the dtype it runs
     if torch is not None:
         from torch.nn.attention import SDPBackend
 

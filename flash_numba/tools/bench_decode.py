@@ -19,10 +19,13 @@ d = 128, float16, one new token (Nq = 1), a KV cache of N = 4k ... 128k tokens. 
    cache length, ``flops`` = 4 B Hq N d) and two more: ``kv_gbps`` (the KV bytes of the Hkv heads,
    2 B Hkv N d s, over the time: how fast the cache streams), ``num_splits`` and ``call_ms``.
 
-Implementations: ``flash_decode`` (``num_splits=None``: the rule's choice), ``flash_decode-paged`` (the same
-cache in shuffled pages of 256 rows), ``flash_decode-s<S>`` (S splits forced; ``-s1`` is "without splits"),
-``flash_decode-t4`` (four keys in flight a lane group instead of the rule's two at four rows a block: a
-measurement of that choice),
+Implementations: ``flash_decode`` (``num_splits=None``: the rule's choice, the default path: tensor cores on
+sm_80+), ``flash_decode-paged`` (the same cache in shuffled pages of 256 rows), ``flash_decode-s<S>`` (S splits
+forced; ``-s1`` is "without splits"), ``flash_decode-cuda`` and ``flash_decode-paged-cuda`` (the CUDA-core split
+kernel, forced with ``_switches.DECODE_PATH``; its own split rule), ``flash_decode-st<n>`` (the tensor-core kernel
+with n pipeline stages a warp instead of :data:`~flash_numba.kernels.flash_decode.tc.STAGES`; the split rule for
+that many), ``flash_decode-t4`` (the CUDA-core kernel with four keys in flight a lane group instead of its rule's
+two at four rows a block: a measurement of that choice),
 ``flash2_fast`` (the prefill kernel at Nq = 1, for contrast: B*Hq blocks), and PyTorch SDPA pinned to a
 backend: ``torch-flash`` and ``torch-cudnn`` (``enable_gqa=True``), ``torch-efficient`` (it refuses
 ``enable_gqa``: K and V repeated to Hq heads before timing) and ``torch-math`` (``enable_gqa=True``).
@@ -101,30 +104,71 @@ class Case:
 
 
 def implementations(splits) -> list[str]:
-    return (["flash_decode", "flash_decode-paged", "flash_decode-t4"] + [f"flash_decode-s{s}" for s in splits]
-            + ["flash2_fast"] + list(TORCH))
+    return (["flash_decode", "flash_decode-paged", "flash_decode-cuda", "flash_decode-paged-cuda", "flash_decode-st3",
+             "flash_decode-t4"] + [f"flash_decode-s{s}" for s in splits] + ["flash2_fast"] + list(TORCH))
+
+
+def variant(name: str) -> dict:
+    """What a ``flash_decode...`` name asks for: paged, path (None: the default), stages, splits, keys in flight."""
+    parts = name.split("-")[1:]
+    out = {"paged": "paged" in parts, "path": "cuda" if "cuda" in parts or "t4" in parts else None,
+           "stages": None, "splits": None, "keys_in_flight": 4 if "t4" in parts else None}
+    for p in parts:
+        if p.startswith("st") and p[2:].isdigit():
+            out["stages"] = int(p[2:])
+        elif p.startswith("s") and p[1:].isdigit():
+            out["splits"] = int(p[1:])
+    return out
+
+
+def prepared(name: str, case: Case, i: int):
+    """(prob, ops) of a ``flash_decode...`` name on input set i: checked once, its variant's settings applied (the
+    path switch set while the split rule runs)."""
+    from .. import _switches
+    from .. import decode as _decode
+
+    var = variant(name)
+    q, k, v = case.sets[i]
+    table = None
+    if var["paged"]:
+        q, k, v, table = case.paged()
+    saved = _switches.DECODE_PATH
+    _switches.DECODE_PATH = var["path"] or saved
+    try:
+        prob, ops = _decode.prepare(q, k, v, case.seqlens, table, None, False, None, None)
+        prob.stages, prob.keys_in_flight = var["stages"], var["keys_in_flight"]
+        prob.num_splits = var["splits"] or _decode._num_splits(None, prob, case.N)
+    finally:
+        _switches.DECODE_PATH = saved
+    return prob, ops
 
 
 def call(name: str, case: Case, i: int, count_hbm: bool = False):
     """One decode step of ``name`` on input set i: (o, DecodeResult or None)."""
     torch = case.torch
     q, k, v = case.sets[i]
-    if name == "flash_decode" or name.startswith("flash_decode-s"):
-        splits = None if name == "flash_decode" else int(name.rsplit("-s", 1)[1])
-        r = attention_decode(q, k, v, cache_seqlens=case.seqlens, num_splits=splits, count_hbm=count_hbm)
+    if name == "flash_decode" or name == "flash_decode-paged":  # the public call
+        table = None
+        if name == "flash_decode-paged":
+            q, k, v, table = case.paged()
+        r = attention_decode(q, k, v, cache_seqlens=case.seqlens, block_table=table, count_hbm=count_hbm)
         return r.o, r
-    if name == "flash_decode-t4":  # the rule's splits, four keys in flight a lane group (the rule: two at G = 4)
-        from .. import _inputs, decode as _decode
+    if ours(name):  # a variant: the kernels of a prepared call
+        import dataclasses
+
+        from .. import _inputs
+        from .. import decode as _decode
         from ..hbm import Counters
 
-        prob, ops = _decode.prepare(q, k, v, case.seqlens, None, None, False, None, None)
-        prob.keys_in_flight = 4
+        prob, ops = prepared(name, case, i)
+        counters = Counters(count_hbm)
         with _inputs.allocate_like(prob):
-            o, _ = _decode.SPEC.run(prob, ops, Counters(count_hbm))
-        return _inputs.finish(prob, o, (1, D)), None
-    if name == "flash_decode-paged":
-        q, kp, vp, table = case.paged()
-        r = attention_decode(q, kp, vp, cache_seqlens=case.seqlens, block_table=table, count_hbm=count_hbm)
+            o, lse = _decode.SPEC.run(prob, ops, counters)
+        hbm = counters.result()
+        if hbm is not None:
+            hbm = dataclasses.replace(hbm, terms=_decode.SPEC.io_model(prob).terms)
+        r = _decode.DecodeResult(_inputs.finish(prob, o, (1, D)), _inputs.finish(prob, lse, (1,)), hbm,
+                                 _decode.KERNEL, prob.num_splits)
         return r.o, r
     if name == "flash2_fast":
         from ..api import attention_forward
@@ -142,7 +186,7 @@ def call(name: str, case: Case, i: int, count_hbm: bool = False):
 
 def n_calls_sets(name: str, case: Case) -> int:
     """Input sets a name rotates through (the paged and repeated copies exist for set 0 only)."""
-    return 1 if name in ("flash_decode-paged", "torch-efficient") else len(case.sets)
+    return 1 if "-paged" in name or name == "torch-efficient" else len(case.sets)
 
 
 def ours(name: str) -> bool:
@@ -157,17 +201,7 @@ def kernel_ms(name: str, case: Case, repeats: int) -> float:
     from .. import decode as _decode
     from .timing import LaunchTimer
 
-    probs = []
-    for i in range(n_calls_sets(name, case)):
-        q, k, v = case.sets[i]
-        table = None
-        if name == "flash_decode-paged":
-            q, k, v, table = case.paged()
-        splits = int(name.rsplit("-s", 1)[1]) if "-s" in name else None
-        prob, ops = _decode.prepare(q, k, v, case.seqlens, table, splits, False, None, None)
-        if name == "flash_decode-t4":
-            prob.keys_in_flight = 4
-        probs.append((prob, ops))
+    probs = [prepared(name, case, i) for i in range(n_calls_sets(name, case))]
 
     def once(j):
         prob, ops = probs[j % len(probs)]
@@ -279,9 +313,9 @@ def run(Ns, names, dtype: str, repeats: int, csv_path: str | None, command: str)
                     if mism:
                         print("\n".join(mism))
                         row["status"], status = "mismatch", 1
-                    if name.startswith("flash_decode") and name != "flash_decode-t4":
+                    if ours(name):
                         _, r = call(name, case, 0, count_hbm=True)
-                        want = r and attention_model(r, case, name)
+                        want = attention_model(r, case, name)
                         row.update(hbm_bytes=r.hbm.total, hbm_source="counted", num_splits=r.num_splits)
                         if r.hbm != want:
                             print(f"MISMATCH {name} N={N}: counted {r.hbm} != model {want}")
@@ -314,12 +348,16 @@ def attention_model(r, case: Case, name: str):
     """The IO model of a flash_decode call of the benchmark."""
     from .. import decode as _decode
 
-    paged = name == "flash_decode-paged"
+    from ..kernels import flash_decode as fd
+
+    var = variant(name)
+    paged = var["paged"]
     seqlens = np.full(B, case.N, np.int32)
     P = PAGE_SIZE if paged else case.N
     per = -(-case.N // PAGE_SIZE)
     prob = _decode.DecodeProblem(B, HQ, HKV, 1, D, np.dtype(case.dtype), paged, P, per if paged else 1,
                                  B * per if paged else B, seqlens, False, 1 / math.sqrt(D), num_splits=r.num_splits)
+    prob.path = var["path"] or fd.path_of(prob)
     return model.decode(prob)
 
 

@@ -327,6 +327,12 @@ if not SIM and device.info().compute_capability >= (7, 5):  # on your GPU: the s
 # recorded sizes): the article's picture holds only for products that run near their own bound. The $S$ and
 # $P$ bytes still cost time, through the products that write and read them: flash2_tc, which never stores
 # them, runs the same forward in 0.657 ms against standard's 2.965 (lesson 13).
+#
+# Those products waited on one load at a time: each thread copied its tile chunk by chunk, a load and then
+# its store. Issuing all of a thread's loads before its stores (commit 6992544) brought the same forward to
+# 2.070 ms, 1.07x its byte bound: $S = QK^T$ 0.959 ms, the softmax 0.579 (28%), $O = PV$ 0.532
+# (`benchmarks/results/h200-2026-12-01-harness/launch_shares.csv`, H200, c6f8000). Now every launch runs near
+# the copy rate, and the time is the bytes of $S$ and $P$: the article's picture, once the products are done well.
 
 # %% [markdown]
 # ## What to take away

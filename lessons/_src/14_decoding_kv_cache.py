@@ -107,7 +107,7 @@ lessonkit.compare_prediction("FLOPs per byte at Hkv = 32", my_prediction, round(
 #
 # *Split-KV* (flash-decoding) cuts each cache into `num_splits` chunks, one block each. Every block computes a
 # partial result over its chunk. A second, small kernel merges the partials. The picture counts the blocks
-# each SM holds at once (four at most for our decode kernel):
+# each SM holds at once (four at most for our CUDA-core decode kernel, by its registers):
 
 # %%
 sms = 132  # the H200's SMs (the recorded results below)
@@ -119,6 +119,12 @@ lessonkit.show(dcx.blocks_figure(8, 8, sms, splits=(1, chosen), resident=flash_d
 # %% [markdown]
 # With one split 68 of the 132 SMs have nothing to do, and the others hold one block each. With 8 splits,
 # 512 blocks nearly fill one wave of four blocks an SM.
+#
+# On an sm_80 or later GPU at float16 and bfloat16, `flash_decode` runs a second split kernel instead: it
+# multiplies on tensor cores and keeps its loads in flight in shared memory (cp.async), 80 KB a block at
+# d = 128, so an SM holds two of its blocks and the same one-wave rule gives it 4 splits
+# (`flash_decode.resident_blocks`; docs/PERFORMANCE.md, "Decoding"). The rule is the same; what sets the
+# blocks an SM holds differs.
 
 # %% [markdown]
 # ## Your turn: merge the splits

@@ -21,20 +21,31 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
 
 * ``dkdv_kernel``: a block owns Bc keys and walks over the query blocks of Br = 32 rows that see them (GQA:
   of each of the G query heads of its key/value head in turn); dK_j, dV_j stay in registers as mma
-  accumulators, a warp's 16 keys x d columns (Bc = 64, up to d = 64) or 16 keys x d/2 columns (Bc = 32 above:
-  at d = 128, 64 keys x d took 128 accumulators a lane and ptxas spilled).  S and dP are computed in 2 x 2
-  warp tiles of 16 queries x Bc/2 keys;
-  P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x keys), from
-  where ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i
-  (FA2 keeps them in shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by a
-  plain ``ldmatrix``, B = K_j by ``ldmatrix.trans``) and adds it into a float32 dQ with atomics.
+  accumulators.  Up to d = 64 (Bc = 64, :func:`_dkdv_transposed`) a warp owns 16 keys and all d columns of
+  their dK and dV, and computes S^T = K_j Q_i^T and dP^T = V_j dO_i^T for its keys: the accumulators of P^T and
+  dS^T, two n8 tiles joined, are the A fragments of (Z P)^T dO_i and dS^T Q_i (the forward's trick for P V), so
+  P and dS never touch shared memory and no barrier separates them from their use (before 2026-12-01 they went
+  through shared memory as they still do above d = 64: 520 M executed instructions at d = 64, 8 per mma).  On
+  sm_80+ the next step's Q_i and dO_i load with cp.async into a second buffer while this step computes.  Above
+  d = 64 (:func:`_dkdv_shared`; Bc = 32: at d = 128, 64 keys x d took 128 accumulators a lane and ptxas spilled)
+  a warp owns 16 keys x d/2 columns, S and dP are computed in 2 x 2 warp tiles of 16 queries x Bc/2 keys, and
+  P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x keys), from where
+  ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i (FA2 keeps them in
+  shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by ``ldmatrix``, B = K_j by
+  ``ldmatrix.trans``) and adds it into a float32 dQ with atomics, two neighbouring columns in one
+  ``red.global.add.v2.f32`` on sm_90.
 * ``dq_kernel`` (deterministic backward): a block owns Br = 64 query rows (16 a warp), computes D_i
   itself from the dO_i it loads and O_i, keeps Q_i and dO_i as A fragments in registers (their shared tiles
-  then hold K_j and V_j: 35 KB at d = 128, within a T4's 48 KB of static shared memory) and dQ_i as
+  then hold K_j and V_j, two buffers of each on sm_80+: the next block loads with cp.async while this one
+  computes; 37 KB at d = 64 and 35 KB at d = 128, within a T4's 48 KB of static shared memory) and dQ_i as
   accumulators, and walks over the visible key blocks of Bc = 64 keys (32 above d = 64): S and dP as in the
   forward, dS in the accumulator registers, rounded and packed in place as the A operand of dS K_j (the C
   layout of two n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
   without atomics: each output element summed by one warp in a fixed order, bitwise reproducible.
+
+**S^T bit for bit.**  The transposed kernel's S^T entries are the same mma chains as the forward's S entries,
+with A and B swapped: each is sum_k Q[q][k] K[c][k] over the same k16 steps in the same order, and a tensor core's
+D[m][n] depends on row m of A and column n of B only (``tests/test_mma.py`` checks it on the GPU, bit for bit).
 
 The atomic backward: ``d_kernel`` (D = rowsum(dO * O) and the float32 dQ accumulator zeroed, one launch),
 ``dkdv_kernel(atomic_dq=True)``, ``cast_kernel`` (dQ to the storage type).  Every shared tile is row-major
@@ -58,6 +69,7 @@ from .. import _bf16, _dropout, _mma, _smem, _vec
 from .._launch import launch
 from .._common import add_counts, head_grid, nb_type, exp2_ieee, group_step, kv_head, rounded_mul
 from .._tile_ops import head_starts, last_tile_first
+from .forward import _nothing
 from ..causal import crosses_diagonal_dev as crosses_diagonal
 from ..causal import first_visible_q_block_dev as first_visible_q_block
 from ..causal import key_limit_dev as key_limit
@@ -102,9 +114,24 @@ def kv_block(d: int) -> tuple[int, int]:
     return KV_BR, (KV_BC_SMALL_D if d <= 64 else KV_BC_LARGE_D)
 
 
+def kv_buffers(k8: bool) -> int:
+    """Buffers of Q_i and dO_i in the transposed dK/dV kernel: 2 (the next step's load overlaps this step's work)
+    with cp.async (sm_80+), 1 on the sm_75 path (no cp.async; a T4's 64 KB of shared memory an SM)."""
+    return 1 if k8 else 2
+
+
+def transposed(d: int) -> bool:
+    """Whether the dK/dV kernel computes S^T and dP^T, keeping P^T and dS^T in registers (:func:`_dkdv_transposed`):
+    where a warp owns 16 keys and every column of their dK and dV (Bc = 64, up to d = 64)."""
+    return kv_block(d)[1] == 16 * NW
+
+
 def kv_shared_bytes(d: int) -> int:
-    """Shared memory of the dK/dV kernel: K_j, V_j, Q_i, dO_i, P, dS tiles (2 bytes) and L_i, D_i (float32)."""
+    """Shared memory of the dK/dV kernel (the atomic one, the larger): K_j, V_j, Q_i, dO_i tiles and P, dS (Br x Bc)
+    or up to d = 64 dS^T (Bc x Br) (2 bytes an element), and L_i, D_i (float32)."""
     Br, Bc = kv_block(d)
+    if transposed(d):  # two buffers of Q_i, dO_i, L_i, D_i (the sm80 path; sm_75: one)
+        return 2 * (2 * Bc * stride(d) + 4 * Br * stride(d) + Bc * stride(Br)) + 16 * Br
     return 2 * (2 * Bc * stride(d) + 2 * Br * stride(d) + 2 * Br * stride(Bc)) + 8 * Br
 
 
@@ -114,8 +141,10 @@ def q_block(d: int) -> tuple[int, int]:
 
 
 def q_shared_bytes(d: int) -> int:
-    """Shared memory of the dQ kernel: two tiles (Q_i and dO_i, then K_j and V_j in turn) and L_i, D_i."""
-    return 2 * 2 * Q_BR * stride(d) + 8 * Q_BR
+    """Shared memory of the dQ kernel (the sm80 path, the larger): two tiles (Q_i and dO_i, then two buffers of K_j and
+    of V_j) and L_i, D_i."""
+    Br, Bc = q_block(d)
+    return 2 * 2 * max(2 * Bc, Br) * stride(d) + 8 * Br
 
 
 def _storage(dtype_name: str):
@@ -208,15 +237,30 @@ def fragments_single(dtype_name: str):
     return ld_b_t1
 
 
-@lru_cache(maxsize=None)
-def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool = False):
-    """Device function ``load(tile, x, lay, bh, r0, n, tid) -> elements read``: rows r0 .. r0 + rows - 1 of head
-    bh of a flat input (layout ``lay``) into a row-major tile of stride d + 8, 16-bit words copied as they are;
-    rows past n zero-filled.
+@jit(device=True, forceinline=True)
+def lane_rows(S, lane):
+    """This lane's parts of the ``ldmatrix`` row addresses of :func:`fragments`' loaders, for tiles of stride S:
+    ``(b, b_t)``, so that ``ld_b(tile, n0, k0, S, lane)`` reads ``ldmatrix_x4(tile, b + n0 S + k0)`` and
+    ``ld_b_t(tile, k0, n0, S, lane)`` reads ``ldmatrix_x4_trans(tile, b_t + k0 S + n0)``.  A kernel computes them
+    once; the rest of each address is then a constant of its unrolled loops (an immediate offset)."""
+    m = lane >> uint32(3)
+    r = lane & uint32(7)
+    b = (r + (m >> uint32(1)) * uint32(8)) * uint32(S) + (m & uint32(1)) * uint32(8)
+    b_t = (r + (m & uint32(1)) * uint32(8)) * uint32(S) + (m >> uint32(1)) * uint32(8)
+    return b, b_t
 
-    ``aligned`` (every row of x starts on 16 bytes, :func:`.._vec.aligned16`): 16 bytes a thread at a time, all
-    of a thread's ``ld.global.v4`` first, then its ``st.shared.v4`` (as the forward's sm_75 loader); else one
-    element a thread at a time (consecutive threads, consecutive elements)."""
+
+@lru_cache(maxsize=None)
+def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool = False, asynchronous: bool = False):
+    """Device function ``load(tile, at0, x, lay, bh, r0, n, tid) -> elements read``: rows r0 .. r0 + rows - 1 of
+    head bh of a flat input (layout ``lay``) into a row-major tile of stride d + 8 starting at element at0 of
+    ``tile``, 16-bit words copied as they are; rows past n zero-filled.
+
+    ``aligned`` (every row of x starts on 16 bytes, :func:`.._vec.aligned16`): 16 bytes a thread at a time, with
+    ``asynchronous`` (sm_80+) one ``cp.async`` each, which returns at once (the data lands by
+    ``cp_async_wait_all``: the kernel computes meanwhile), else all of a thread's ``ld.global.v4`` first, then its
+    ``st.shared.v4`` (as the forward's sm_75 loader); not ``aligned``: one element a thread at a time
+    (consecutive threads, consecutive elements)."""
     S, D_U, COUNT = stride(d), uint32(d), count
     from_f32 = _storage(dtype_name)[1]  # a zero of the tile's type (a float16 constant does not lower)
     PER = rows * d // NT  # every thread the same number of elements (d a multiple of 16, rows of 32, 64)
@@ -225,11 +269,32 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool =
     ROUNDS = -(-CHUNKS // NT)
     WHOLE = CHUNKS % NT == 0  # every thread a chunk every round
     REGS = 4 * ROUNDS  # a constant: a local array's shape must be one
-    load_16, store_16, zero_16 = _mma.load_16, _mma.store_16, _mma.zero_16
+    load_16, store_16, zero_16, copy_16 = _mma.load_16, _mma.store_16, _mma.zero_16, _mma.cp_async_16
+
+    if aligned and asynchronous:
+        @jit(device=True, forceinline=True)
+        def load_async(tile, at0, x, lay, bh, r0, n, tid):
+            start = head_starts(lay, lay, bh)[0]
+            rs = uint32(lay[3])
+            got = 0
+            for i in range(ROUNDS):
+                c = uint32(tid) + uint32(i * NT)
+                r = c // CR
+                if WHOLE or c < uint32(CHUNKS):
+                    at = uint32(at0) + r * uint32(S) + (c - r * CR) * uint32(8)
+                    if uint32(r0) + r < uint32(n):
+                        copy_16(tile, at, x, start + uint64((uint32(r0) + r) * rs + (c - r * CR) * uint32(8)))
+                        if COUNT:
+                            got += 8
+                    else:
+                        zero_16(tile, at)
+            return got
+
+        return load_async
 
     if aligned:
         @jit(device=True, forceinline=True)
-        def load_vectors(tile, x, lay, bh, r0, n, tid):
+        def load_vectors(tile, at0, x, lay, bh, r0, n, tid):
             start = head_starts(lay, lay, bh)[0]
             rs = uint32(lay[3])
             w = cuda.local.array(REGS, uint32)
@@ -246,7 +311,7 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool =
                 c = uint32(tid) + uint32(i * NT)
                 r = c // CR
                 if WHOLE or c < uint32(CHUNKS):
-                    at = r * uint32(S) + (c - r * CR) * uint32(8)
+                    at = uint32(at0) + r * uint32(S) + (c - r * CR) * uint32(8)
                     if uint32(r0) + r < uint32(n):
                         store_16(tile, at, w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3])
                     else:
@@ -256,7 +321,7 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool =
         return load_vectors
 
     @jit(device=True, forceinline=True)
-    def load(tile, x, lay, bh, r0, n, tid):
+    def load(tile, at0, x, lay, bh, r0, n, tid):
         start = head_starts(lay, lay, bh)[0]
         rs = uint32(lay[3])
         got = 0
@@ -265,7 +330,7 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool =
             r = e // D_U
             c = e - r * D_U
             row = uint32(r0) + r
-            at = r * uint32(S) + c
+            at = uint32(at0) + r * uint32(S) + c
             if row < uint32(n):
                 tile[at] = x[start + uint64(row * rs + c)]
                 if COUNT:
@@ -275,6 +340,14 @@ def tile_loader(rows: int, d: int, dtype_name: str, count: bool, aligned: bool =
         return got
 
     return load
+
+
+@jit(device=True, forceinline=True)
+def read_stats(lse, D, bh, r):
+    """(L_i in log2 units, D_i) of row r of head bh; (+inf, 0) past the last row (r = -1 here: P = 0 there)."""
+    if r < 0:
+        return POS_INF, F32_ZERO
+    return lse[uint32(bh), uint32(r)] * float32(LOG2E), D[uint32(bh), uint32(r)]
 
 
 @lru_cache(maxsize=None)
@@ -309,7 +382,7 @@ def _block_tiles(sizes, dtype_name: str, dynamic: bool):
 
 @lru_cache(maxsize=None)
 def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, atomic_dq: bool = False,
-                dropout: bool = False, dynamic: bool = False, aligned: bool = False):
+                dropout: bool = False, dynamic: bool = False, aligned: bool = False, red2: bool = False):
     """The dK/dV kernel (with ``atomic_dq``: dQ by atomics too) for head dim d (a multiple of 16, <= 128).
 
     Arguments ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
@@ -317,7 +390,20 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     (:func:`flash_numba._views.flat_input`); lse, D ``(B*H, Nq)`` float32; dk, dv ``(B*Hkv, Nk, d)``; dq a zeroed
     ``(B*H, Nq, d)`` float32 accumulator with ``atomic_dq``, else never touched.  A 1-D grid of Tc * B*Hkv
     blocks: block x runs key tile x // B*Hkv of key/value head x % B*Hkv (the first, longest tiles first).
+    ``red2`` (sm_90+, with ``atomic_dq``): each lane adds its two neighbouring dQ columns with one
+    ``red.global.add.v2.f32`` (:func:`.._mma.red_add_f32x2`), half the atomic instructions of one add an element.
+
+    Up to d = 64 (:func:`transposed`) S^T and dP^T in registers (:func:`_dkdv_transposed`), above through
+    shared memory (:func:`_dkdv_shared`).
     """
+    build = _dkdv_transposed if transposed(d) else _dkdv_shared
+    return build(d, dtype_name, causal, count, k8, atomic_dq, dropout, dynamic, aligned, red2)
+
+
+def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, atomic_dq: bool, dropout: bool,
+                 dynamic: bool, aligned: bool, red2: bool):
+    """The dK/dV kernel above d = 64: S and dP in 2 x 2 warp tiles of 16 queries x Bc/2 keys, P (times Z) and dS
+    through shared memory (module docstring)."""
     assert d % 16 == 0 and 16 <= d <= 128
     to_f32, from_f32, _ = _storage(dtype_name)
     ld_a, ld_a_t, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
@@ -332,7 +418,8 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     QN = QW // 8
     QN_ODD = QN % 2 == 1  # d = 16, 48, 80, 112
     ld_b_t1 = fragments_single(dtype_name)
-    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
+    CAUSAL, COUNT, ATOMIC_DQ, RED2 = causal, count, atomic_dq, red2
+    red_add2 = _mma.red_add_f32x2
     SB = 2
     MUL_RN = rounded_mul("float32")
     block_tiles = _block_tiles((Bc * DS, Bc * DS, Br * DS, Br * DS, Br * PS, Br * PS), dtype_name, dynamic)
@@ -369,7 +456,7 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
         kc = (warp // uint32(WK)) * uint32(DW)
         qc = (warp >> uint32(1)) * uint32(QW)
 
-        n = load_kv(Ks, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, v, v_lay, hkv, c0, Nk, tid)
+        n = load_kv(Ks, 0, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, 0, v, v_lay, hkv, c0, Nk, tid)
         if COUNT:
             nr += n * SB
         for j in range(DN):
@@ -383,7 +470,7 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
             bh, i = group_step(step, n_i, i_first, hkv, G)
             r0 = i * Br
             cuda.syncthreads()  # the previous step is done with Qs, dOs, Ps, dSs, Ls, Ds
-            n = load_q(Qs, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, do, do_lay, bh, r0, Nq, tid)
+            n = load_q(Qs, 0, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, 0, do, do_lay, bh, r0, Nq, tid)
             n_stats = load_stats(Ls, Ds, lse, D, bh, r0, Nq, tid)
             if COUNT:
                 nr += n * SB + n_stats * 4
@@ -492,11 +579,16 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
                     row = uint32(r0) + sr + g + uint32(8 * h)
                     if row < uint32(Nq):
                         for j in range(QN):
-                            for e in range(2):
-                                col = qc + uint32(8 * j + e) + 2 * t
-                                cuda.atomic.add(dq, (uint32(bh), row, col), dq_acc[j, 2 * h + e] * scale)
-                                if COUNT:
-                                    n_atomic += uint32(1)
+                            col = qc + uint32(8 * j) + 2 * t
+                            if RED2:  # columns col, col + 1 in one
+                                red_add2(dq, (uint64(bh) * uint64(Nq) + uint64(row)) * uint64(d) + uint64(col),
+                                         dq_acc[j, 2 * h] * scale, dq_acc[j, 2 * h + 1] * scale)
+                            else:
+                                for e in range(2):
+                                    cuda.atomic.add(dq, (uint32(bh), row, col + uint32(e)),
+                                                    dq_acc[j, 2 * h + e] * scale)
+                            if COUNT:
+                                n_atomic += uint32(2)
 
         # dK_j = scale dS^T Q, dV_j: the lane's rows kr + g (+ 8), columns kc + 8 j + 2 t (+ 1)
         nw = 0
@@ -506,6 +598,271 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
                 for j in range(DN):
                     for e in range(2):
                         col = kc + uint32(8 * j + e) + 2 * t
+                        dk[hkv, row, col] = from_f32(dk_acc[j, 2 * h + e] * scale)
+                        dv[hkv, row, col] = from_f32(dv_acc[j, 2 * h + e])
+                        if COUNT:
+                            nw += 2 * SB
+        if COUNT:
+            add_counts(counter, nr + int64(n_atomic) * 4, int64(n_atomic) * 4 + nw)
+
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, atomic_dq: bool, dropout: bool,
+                     dynamic: bool, aligned: bool, red2: bool):
+    """The dK/dV kernel up to d = 64: each warp owns 16 keys (kr = 16 warp ..) and computes S^T = K_j Q_i^T and
+    dP^T = V_j dO_i^T for them, so that P^T and dS^T stay in registers.
+
+    The accumulators of S^T (16 keys x Br queries, C layout) are, two n8 tiles joined, the A fragments of the
+    k16 steps of (Z P)^T dO_i and dS^T Q_i (k = the queries): the forward's P V trick, here for both products,
+    with no shared-memory round trip and no barrier between P and its use.  K_j and V_j are A operands of every
+    step, ``ldmatrix`` from their shared tiles (kept in registers instead they took 174 registers a thread, two
+    blocks an SM; so, 137: three).  S^T is bit-identical to the forward's S: each entry is the same chain of mma
+    steps over the head dim with the same products (a tensor core's D[m][n] depends on row m of A and column n of
+    B only; ``tests/test_mma.py`` checks it on the GPU).  With ``atomic_dq`` dS^T (rounded) also goes to
+    shared memory (keys x queries), from where ``ldmatrix.trans`` hands dS to dQ_i += dS K_j as in
+    :func:`_dkdv_shared`.
+    """
+    to_f32, from_f32, pack = _storage(dtype_name)
+    ld_a, ld_a_t, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
+    Br, Bc = kv_block(d)
+    assert Bc == 16 * NW
+    DS, TS = stride(d), stride(Br)
+    KD, QT, DN = d // 16, Br // 8, d // 8  # k16 steps of d; n8 tiles of S^T (queries), of dK and dV (columns)
+    QW = d // 2  # dQ columns of a warp (2 x 2 warps over Br x d)
+    QN = QW // 8
+    QN_ODD = QN % 2 == 1  # d = 16, 48
+    ld_b_t1 = fragments_single(dtype_name)
+    store_32 = _mma.store_32
+    ldx4, ldx4_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
+    CAUSAL, COUNT, ATOMIC_DQ, RED2 = causal, count, atomic_dq, red2
+    red_add2 = _mma.red_add_f32x2
+    SB = 2
+    MUL_RN = rounded_mul("float32")
+    NBUF = kv_buffers(k8)
+    QSZ, SSZ = Br * DS, NBUF * Br  # elements of a Q_i (dO_i) buffer; of L_i (D_i) and its buffers
+    block_tiles = _block_tiles((Bc * DS, Bc * DS, NBUF * QSZ, NBUF * QSZ, Bc * TS if atomic_dq else 8), dtype_name,
+                               dynamic)
+    load_kv = tile_loader(Bc, d, dtype_name, count, aligned, not k8)
+    load_q = tile_loader(Br, d, dtype_name, count, aligned, not k8)
+    commit, wait_all = (_nothing, _nothing) if k8 else (_mma.cp_async_commit, _mma.cp_async_wait_all)
+    drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
+
+    def kernel(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+               do_lay, seed, threshold, inv_keep):
+        # row-major: K_j, V_j (Bc, DS); Q_i, dO_i (NBUF buffers of Br x DS); dS^T (Bc, TS) with atomic_dq (else 8
+        # unused elements)
+        Ks, Vs, Q2, dO2, dSt = block_tiles()
+        Ls = cuda.shared.array(SSZ, float32)  # L_i in log2 units, a buffer of Br each
+        Ds = cuda.shared.array(SSZ, float32)
+        st = cuda.local.array((QT, 4), float32)  # S^T, then P^T
+        dpt = cuda.local.array((QT, 4), float32)  # dP^T, then dS^T
+        dv_acc = cuda.local.array((DN, 4), float32)
+        dk_acc = cuda.local.array((DN, 4), float32)
+        dq_acc = cuda.local.array((QN, 4), float32)
+
+        tid = cuda.threadIdx.x
+        lane = uint32(tid % 32)
+        warp = uint32(tid // 32)
+        g, t = lane >> uint32(2), lane & uint32(3)
+        BHkv = uint32(dk.shape[0])
+        tile = uint32(cuda.blockIdx.x) // BHkv
+        hkv = int64(uint32(cuda.blockIdx.x) - tile * BHkv)
+        c0 = int64(tile) * Bc
+        nr = 0
+        n_atomic = uint32(0)
+        kr = warp * uint32(16)  # this warp's keys c0 + kr ..; the lane's: kr + g and kr + g + 8
+        b_lane, bt_lane = lane_rows(DS, lane)
+        # K_j's and V_j's A fragments (rows kr + lane % 16, columns 8 (lane / 16) ..): ldmatrix each step
+        a_lane = (kr + (lane & uint32(15))) * uint32(DS) + (lane >> uint32(4)) * uint32(8)
+        sr = (warp & uint32(1)) * uint32(16)  # dQ (atomic_dq): rows sr .., columns qc ..
+        qc = (warp >> uint32(1)) * uint32(QW)
+
+        n = load_kv(Ks, 0, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, 0, v, v_lay, hkv, c0, Nk, tid)
+        i_first = first_visible_q_block(c0, Br, Nq, Nk, CAUSAL)
+        n_i = (Nq + Br - 1) // Br - i_first
+        n_steps = G * n_i
+        if NBUF == 2 and n_steps > 0:  # step 0's Q_i, dO_i into buffer 0, with K_j and V_j
+            bh, i = group_step(0, n_i, i_first, hkv, G)
+            n += load_q(Q2, 0, q, q_lay, bh, i * Br, Nq, tid) + load_q(dO2, 0, do, do_lay, bh, i * Br, Nq, tid)
+            if tid < Br:
+                row = i * Br + tid
+                Ls[tid], Ds[tid] = read_stats(lse, D, bh, row if row < Nq else -1)
+                if COUNT and row < Nq:
+                    nr += 8
+        commit()
+        if COUNT:
+            nr += n * SB
+        wait_all()
+        cuda.syncthreads()
+        for j in range(DN):
+            for e in range(4):
+                dv_acc[j, e] = F32_ZERO
+                dk_acc[j, e] = F32_ZERO
+
+        # The pipeline (NBUF = 2, sm_80+): step s + 1's Q_i, dO_i load (cp.async) into the other buffer while step s
+        # computes; its L_i, D_i are read into registers then and stored at the step's end.  A barrier after each
+        # wait: every thread's copies have landed, and every warp is done with the buffer the next copies overwrite.
+        # NBUF = 1 (the sm_75 path, no cp.async; a T4's shared memory): each step loads its own, between barriers.
+        for step in range(n_steps):  # the query blocks of each query head of the group in turn
+            bh, i = group_step(step, n_i, i_first, hkv, G)
+            r0 = i * Br
+            cur = uint32(step % NBUF)
+            nxt = uint32((step + 1) % NBUF)
+            wait_all()
+            cuda.syncthreads()  # this step's buffer has landed; the previous step is done with the other (and dSt)
+            Ln = POS_INF
+            Dn = F32_ZERO
+            if NBUF == 1 or step + 1 < n_steps:
+                nbh, ni = group_step(step + NBUF - 1, n_i, i_first, hkv, G)  # NBUF = 1: this step
+                n = load_q(Q2, nxt * uint32(QSZ), q, q_lay, nbh, ni * Br, Nq, tid) \
+                    + load_q(dO2, nxt * uint32(QSZ), do, do_lay, nbh, ni * Br, Nq, tid)
+                commit()
+                if tid < Br:
+                    row = ni * Br + tid
+                    Ln, Dn = read_stats(lse, D, nbh, row if row < Nq else -1)
+                    if COUNT and row < Nq:
+                        nr += 8
+                if COUNT:
+                    nr += n * SB
+            if NBUF == 1:
+                if tid < Br:
+                    Ls[tid] = Ln
+                    Ds[tid] = Dn
+                cuda.syncthreads()
+            qo = cur * uint32(Br)  # this step's buffer: rows qo .. of Q2 and dO2, Ls[qo ..], Ds[qo ..]
+            qb = b_lane + qo * uint32(DS)
+            qbt = bt_lane + qo * uint32(DS)
+
+            # S^T = K_j Q_i^T and dP^T = V_j dO_i^T: 16 keys x Br queries, k = 0, 16, .. (the forward's order)
+            for j in range(QT):
+                for e in range(4):
+                    st[j, e] = F32_ZERO
+                    dpt[j, e] = F32_ZERO
+            for kk in range(KD):
+                ka0, ka1, ka2, ka3 = ldx4(Ks, a_lane + uint32(kk * 16))
+                for nb in range(QT // 2):
+                    b0, b1, b2, b3 = ldx4(Q2, qb + uint32(nb * 16 * DS + kk * 16))
+                    st[2 * nb, 0], st[2 * nb, 1], st[2 * nb, 2], st[2 * nb, 3] = mma(
+                        ka0, ka1, ka2, ka3, b0, b1,
+                        st[2 * nb, 0], st[2 * nb, 1], st[2 * nb, 2], st[2 * nb, 3])
+                    st[2 * nb + 1, 0], st[2 * nb + 1, 1], st[2 * nb + 1, 2], st[2 * nb + 1, 3] = mma(
+                        ka0, ka1, ka2, ka3, b2, b3,
+                        st[2 * nb + 1, 0], st[2 * nb + 1, 1], st[2 * nb + 1, 2], st[2 * nb + 1, 3])
+            for kk in range(KD):
+                va0, va1, va2, va3 = ldx4(Vs, a_lane + uint32(kk * 16))
+                for nb in range(QT // 2):
+                    b0, b1, b2, b3 = ldx4(dO2, qb + uint32(nb * 16 * DS + kk * 16))
+                    dpt[2 * nb, 0], dpt[2 * nb, 1], dpt[2 * nb, 2], dpt[2 * nb, 3] = mma(
+                        va0, va1, va2, va3, b0, b1,
+                        dpt[2 * nb, 0], dpt[2 * nb, 1], dpt[2 * nb, 2], dpt[2 * nb, 3])
+                    dpt[2 * nb + 1, 0], dpt[2 * nb + 1, 1], dpt[2 * nb + 1, 2], dpt[2 * nb + 1, 3] = mma(
+                        va0, va1, va2, va3, b2, b3,
+                        dpt[2 * nb + 1, 0], dpt[2 * nb + 1, 1], dpt[2 * nb + 1, 2], dpt[2 * nb + 1, 3])
+
+            # P^T = exp2(S^T scale log2e - L), dS^T = P^T (Z dP^T - D), 0 where masked; st <- Z P^T, dpt <- dS^T.
+            # Entry (key kr + g + 8 h, query 8 j + 2 t + e) is st[j, 2 h + e]
+            diagonal = CAUSAL and crosses_diagonal(r0, c0, Bc, Nq, Nk)
+            edge = c0 + Bc > Nk or diagonal  # uniform over the block
+            head = int64(drop_head(seed, bh))
+            for j in range(QT):
+                for e in range(2):
+                    ql = uint32(8 * j + e) + 2 * t  # the query of the tile: r0 + ql
+                    L2 = Ls[qo + ql]
+                    Dv = Ds[qo + ql]
+                    lim = key_limit(r0 + int64(ql), c0, Nq, Nk, CAUSAL)  # keys c0 + x, x <= lim
+                    rk = int64(drop_row(head, r0 + int64(ql)))
+                    for h in range(2):
+                        x = kr + g + uint32(8 * h)  # key c0 + x
+                        p = exp2_ieee(MUL_RN(scale_log2, st[j, 2 * h + e]) - L2)
+                        zs = drop(rk, c0 + int64(x), threshold, inv_keep)
+                        ds = p * (zs * dpt[j, 2 * h + e] - Dv)
+                        if edge and int64(x) > lim:
+                            p = F32_ZERO
+                            ds = F32_ZERO
+                        st[j, 2 * h + e] = p * zs
+                        dpt[j, 2 * h + e] = ds
+
+            # dV_j += (Z P)^T dO_i, dK_j += dS^T Q_i: A from the accumulators (rounded to the storage type, packed),
+            # k = the Br queries, 16 a step
+            for kk in range(Br // 16):
+                a0 = pack(st[2 * kk, 0], st[2 * kk, 1])
+                a1 = pack(st[2 * kk, 2], st[2 * kk, 3])
+                a2 = pack(st[2 * kk + 1, 0], st[2 * kk + 1, 1])
+                a3 = pack(st[2 * kk + 1, 2], st[2 * kk + 1, 3])
+                for nb in range(DN // 2):
+                    b0, b1, b2, b3 = ldx4_t(dO2, qbt + uint32(kk * 16 * DS + nb * 16))
+                    dv_acc[2 * nb, 0], dv_acc[2 * nb, 1], dv_acc[2 * nb, 2], dv_acc[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dv_acc[2 * nb, 0], dv_acc[2 * nb, 1], dv_acc[2 * nb, 2],
+                        dv_acc[2 * nb, 3])
+                    dv_acc[2 * nb + 1, 0], dv_acc[2 * nb + 1, 1], dv_acc[2 * nb + 1, 2], dv_acc[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dv_acc[2 * nb + 1, 0], dv_acc[2 * nb + 1, 1], dv_acc[2 * nb + 1, 2],
+                        dv_acc[2 * nb + 1, 3])
+                a0 = pack(dpt[2 * kk, 0], dpt[2 * kk, 1])
+                a1 = pack(dpt[2 * kk, 2], dpt[2 * kk, 3])
+                a2 = pack(dpt[2 * kk + 1, 0], dpt[2 * kk + 1, 1])
+                a3 = pack(dpt[2 * kk + 1, 2], dpt[2 * kk + 1, 3])
+                if ATOMIC_DQ:  # dS^T rounded, two queries a word: keys kr + g (+ 8), queries 16 kk + 2 t (+ 8)
+                    for h in range(2):
+                        at = (kr + g + uint32(8 * h)) * uint32(TS) + uint32(16 * kk) + 2 * t
+                        store_32(dSt, at, a0 if h == 0 else a1)
+                        store_32(dSt, at + uint32(8), a2 if h == 0 else a3)
+                for nb in range(DN // 2):
+                    b0, b1, b2, b3 = ldx4_t(Q2, qbt + uint32(kk * 16 * DS + nb * 16))
+                    dk_acc[2 * nb, 0], dk_acc[2 * nb, 1], dk_acc[2 * nb, 2], dk_acc[2 * nb, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dk_acc[2 * nb, 0], dk_acc[2 * nb, 1], dk_acc[2 * nb, 2],
+                        dk_acc[2 * nb, 3])
+                    dk_acc[2 * nb + 1, 0], dk_acc[2 * nb + 1, 1], dk_acc[2 * nb + 1, 2], dk_acc[2 * nb + 1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dk_acc[2 * nb + 1, 0], dk_acc[2 * nb + 1, 1], dk_acc[2 * nb + 1, 2],
+                        dk_acc[2 * nb + 1, 3])
+
+            if ATOMIC_DQ:  # dQ_i += dS K_j: this warp's 16 rows sr.., columns qc .. qc + d/2, k = the Bc keys
+                cuda.syncthreads()  # every warp's dS^T is in dSt
+                for j in range(QN):
+                    for e in range(4):
+                        dq_acc[j, e] = F32_ZERO
+                for kk in range(Bc // 16):
+                    a0, a1, a2, a3 = ld_a_t(dSt, sr, kk * 16, TS, lane)
+                    for nb in range(QN // 2):
+                        b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, qc + uint32(nb * 16), DS, lane)
+                        dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
+                            a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
+                            dq_acc[2 * nb, 3])
+                        dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2], \
+                            dq_acc[2 * nb + 1, 3] = mma(a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0],
+                                                        dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
+                                                        dq_acc[2 * nb + 1, 3])
+                    if QN_ODD:  # d/2 = 8 (2 u + 1) columns: the last n8 tile alone (its two matrices loaded twice)
+                        b0, b1, b2, b3 = ld_b_t1(Ks, kk * 16, qc + uint32(QW - 8), DS, lane)
+                        dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2], dq_acc[QN - 1, 3] = mma(
+                            a0, a1, a2, a3, b0, b1, dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2],
+                            dq_acc[QN - 1, 3])
+                for h in range(2):
+                    row = uint32(r0) + sr + g + uint32(8 * h)
+                    if row < uint32(Nq):
+                        for j in range(QN):
+                            col = qc + uint32(8 * j) + 2 * t
+                            if RED2:  # columns col, col + 1 in one
+                                red_add2(dq, (uint64(bh) * uint64(Nq) + uint64(row)) * uint64(d) + uint64(col),
+                                         dq_acc[j, 2 * h] * scale, dq_acc[j, 2 * h + 1] * scale)
+                            else:
+                                for e in range(2):
+                                    cuda.atomic.add(dq, (uint32(bh), row, col + uint32(e)),
+                                                    dq_acc[j, 2 * h + e] * scale)
+                            if COUNT:
+                                n_atomic += uint32(2)
+            if NBUF == 2 and tid < Br:  # the next step's L_i, D_i into the buffer no warp reads in this step
+                Ls[nxt * uint32(Br) + uint32(tid)] = Ln
+                Ds[nxt * uint32(Br) + uint32(tid)] = Dn
+
+        # dK_j = scale dS^T Q, dV_j: the lane's rows kr + g (+ 8), columns 8 j + 2 t (+ 1)
+        nw = 0
+        for h in range(2):
+            row = uint32(c0) + kr + g + uint32(8 * h)
+            if row < uint32(Nk):
+                for j in range(DN):
+                    for e in range(2):
+                        col = uint32(8 * j + e) + 2 * t
                         dk[hkv, row, col] = from_f32(dk_acc[j, 2 * h + e] * scale)
                         dv[hkv, row, col] = from_f32(dv_acc[j, 2 * h + e])
                         if COUNT:
@@ -527,24 +884,27 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
     """
     assert d % 16 == 0 and 16 <= d <= 128
     to_f32, from_f32, pack = _storage(dtype_name)
-    ld_a, _, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
+    ld_a, _, _, _, mma = fragments(dtype_name, k8)
     Br, Bc = q_block(d)
     DS = stride(d)
     KN, DN, KD = Bc // 8, d // 8, d // 16  # n8 tiles of S (16 x Bc a warp), of dQ (16 x d a warp); k16 steps of d
     CAUSAL, COUNT = causal, count
     SB = 2
     MUL_RN = rounded_mul("float32")
-    assert Bc <= Br  # Q_i, dO_i and then K_j, V_j in the same two tiles
-    block_tiles = _block_tiles((Br * DS, Br * DS), dtype_name, dynamic)
+    NBUF = kv_buffers(k8)
+    ROWS = max(NBUF * Bc, Br)  # rows of each tile: NBUF buffers of K_j (V_j), or first Q_i (dO_i)
+    block_tiles = _block_tiles((ROWS * DS, ROWS * DS), dtype_name, dynamic)
     load_q = tile_loader(Br, d, dtype_name, count, aligned)
-    load_kv = tile_loader(Bc, d, dtype_name, count, aligned)
+    load_kv = tile_loader(Bc, d, dtype_name, count, aligned, not k8)
+    commit, wait_all = (_nothing, _nothing) if k8 else (_mma.cp_async_commit, _mma.cp_async_wait_all)
+    ldx4, ldx4_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
     drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
 
     def kernel(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
                o_lay, seed, threshold, inv_keep):
-        # Q_i, dO_i until they are in registers (A fragments), then K_j, V_j in the same memory
+        # Q_i, dO_i until they are in registers (A fragments), then K_j, V_j in the same memory (NBUF buffers each)
         Qs, dOs = block_tiles()
-        Ks, Vs = Qs, dOs
+        K2, V2 = Qs, dOs
         Ls = cuda.shared.array(Br, float32)
         Ds = cuda.shared.array(Br, float32)
         qa = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments (this warp's 16 rows), all of d
@@ -560,9 +920,10 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
         r0, bh = last_tile_first(Nq, Br)
         hkv = kv_head(bh, G)
         sr = warp * uint32(16)
+        b_lane, bt_lane = lane_rows(DS, lane)
         nr = nw = 0
 
-        n = load_q(Qs, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, do, do_lay, bh, r0, Nq, tid)
+        n = load_q(Qs, 0, q, q_lay, bh, r0, Nq, tid) + load_q(dOs, 0, do, do_lay, bh, r0, Nq, tid)
         if COUNT:
             nr += n * SB
         cuda.syncthreads()
@@ -595,13 +956,31 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
         rka = int64(drop_row(head, r0 + int64(sr + g)))
         rkb = int64(drop_row(head, r0 + int64(sr + g + uint32(8))))
 
-        for jb in range(visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)):
-            c0 = jb * Bc
-            cuda.syncthreads()  # the previous step is done with Ks, Vs (the first: with Qs, dOs)
-            n = load_kv(Ks, k, k_lay, hkv, c0, Nk, tid) + load_kv(Vs, v, v_lay, hkv, c0, Nk, tid)
+        # The pipeline (NBUF = 2, sm_80+): K_{j+1}, V_{j+1} load (cp.async) into the other buffer while block j
+        # computes; a barrier after each wait (every thread's copies have landed; every warp is done with the buffer
+        # the next copies overwrite).  NBUF = 1 (sm_75): each block loads its own between barriers.
+        n_blocks = visible_kv_blocks(r0, Br, Bc, Nq, Nk, CAUSAL)
+        if NBUF == 2 and n_blocks > 0:  # block 0 into buffer 0: every warp is done with Q_i, dO_i (the barrier above)
+            n = load_kv(K2, 0, k, k_lay, hkv, 0, Nk, tid) + load_kv(V2, 0, v, v_lay, hkv, 0, Nk, tid)
+            commit()
             if COUNT:
                 nr += n * SB
-            cuda.syncthreads()
+        for jb in range(n_blocks):
+            c0 = jb * Bc
+            cur = uint32(jb % NBUF)
+            wait_all()
+            cuda.syncthreads()  # block j's buffer has landed; the previous step is done with the other one
+            if NBUF == 1 or jb + 1 < n_blocks:
+                at = uint32((jb + 1) % NBUF) * uint32(Bc * DS)
+                cn = c0 + (NBUF - 1) * Bc  # NBUF = 1: this block
+                n = load_kv(K2, at, k, k_lay, hkv, cn, Nk, tid) + load_kv(V2, at, v, v_lay, hkv, cn, Nk, tid)
+                commit()
+                if COUNT:
+                    nr += n * SB
+            if NBUF == 1:
+                cuda.syncthreads()
+            kb = b_lane + cur * uint32(Bc * DS)  # this block's buffer: ldmatrix rows of K_j, V_j
+            kbt = bt_lane + cur * uint32(Bc * DS)
 
             for j in range(KN):
                 for e in range(4):
@@ -609,7 +988,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
                     dp[j, e] = F32_ZERO
             for kk in range(KD):  # S = Q_i K_j^T, k = 0, 16, .. (the forward's order)
                 for nb in range(KN // 2):
-                    b0, b1, b2, b3 = ld_b(Ks, nb * 16, kk * 16, DS, lane)
+                    b0, b1, b2, b3 = ldx4(K2, kb + uint32(nb * 16 * DS + kk * 16))
                     s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3] = mma(
                         qa[kk, 0], qa[kk, 1], qa[kk, 2], qa[kk, 3], b0, b1,
                         s[2 * nb, 0], s[2 * nb, 1], s[2 * nb, 2], s[2 * nb, 3])
@@ -618,7 +997,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
                         s[2 * nb + 1, 0], s[2 * nb + 1, 1], s[2 * nb + 1, 2], s[2 * nb + 1, 3])
             for kk in range(KD):  # dP = dO_i V_j^T
                 for nb in range(KN // 2):
-                    b0, b1, b2, b3 = ld_b(Vs, nb * 16, kk * 16, DS, lane)
+                    b0, b1, b2, b3 = ldx4(V2, kb + uint32(nb * 16 * DS + kk * 16))
                     dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3] = mma(
                         da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3], b0, b1,
                         dp[2 * nb, 0], dp[2 * nb, 1], dp[2 * nb, 2], dp[2 * nb, 3])
@@ -652,7 +1031,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
                 a2 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                 a3 = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
                 for nb in range(DN // 2):
-                    b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, nb * 16, DS, lane)
+                    b0, b1, b2, b3 = ldx4_t(K2, kbt + uint32(kk * 16 * DS + nb * 16))
                     dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
                         a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
                         dq_acc[2 * nb, 3])
@@ -743,8 +1122,8 @@ def _dynamic_bytes(nbytes_tiles: int) -> int:
 
 
 def kv_tile_bytes(d: int) -> int:
-    """Bytes of the dK/dV kernel's 16-bit tiles (its L_i, D_i are static, 8 Br bytes more)."""
-    return kv_shared_bytes(d) - 8 * kv_block(d)[0]
+    """Bytes of the dK/dV kernel's 16-bit tiles (its L_i, D_i are static: 8 Br bytes more, 16 Br double-buffered)."""
+    return kv_shared_bytes(d) - (16 if transposed(d) else 8) * kv_block(d)[0]
 
 
 def q_tile_bytes(d: int) -> int:
@@ -817,7 +1196,7 @@ def run_backward_atomic(prob, ops, counters, k8: bool):
     launch(d_kernel(prob.d, name, count), grid[D_ZERO_NAME], NT)(o, do, D, dq_acc, prob.Nq,
                                                                  counters.array(D_ZERO_NAME), o_lay, lays[3])
     kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
-    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, True, dropout, bool(kv_dyn), aligned)
+    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, True, dropout, bool(kv_dyn), aligned, vector_red())
     launch(kv, grid[BACKWARD_KVQ_NAME], NT, kv_dyn)(
         q, k, v, do, ops["lse"].dev, D, dk, dv, dq_acc, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
         counters.array(BACKWARD_KVQ_NAME), *lays, *drop_args)
@@ -825,6 +1204,14 @@ def run_backward_atomic(prob, ops, counters, k8: bool):
     launch(cast_kernel(name, count), grid[CAST_DQ_NAME], ELEMWISE_THREADS)(dq_acc.reshape(n), dq.reshape(n), n,
                                                                           counters.array(CAST_DQ_NAME))
     return dq, dk, dv
+
+
+def vector_red() -> bool:
+    """Whether this GPU has ``red.global.add.v2.f32`` (cc >= 9.0; the simulator: its stand-in, so the tests run the
+    H200's code)."""
+    from ...device import SIMULATOR, info
+
+    return SIMULATOR or tuple(info().compute_capability) >= (9, 0)
 
 
 def _unused_dq():
@@ -924,8 +1311,8 @@ def compile_backward(ccs, dtypes, ds):
                                        dkdv_kernel(d, dtype, causal, count, k8, False, drop, kv_dyn, aligned),
                                        kv_sig, cc),
                         compile_kernel(f"{BACKWARD_KVQ_NAME} {tag}{' dynamic' * kv_dyn}",
-                                       dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn, aligned),
-                                       kv_sig, cc)]
+                                       dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn, aligned,
+                                                   tuple(cc) >= (9, 0)), kv_sig, cc)]
                 if d == ds[0]:
                     for count in (False, True):
                         tag = f"{dtype}{' count' * count}"

@@ -15,11 +15,19 @@ launch ("combine") with the online-softmax rescale of lesson 3:
   reads it (the G query heads x Nq tokens of the group, up to 8 a block).
 * **Paged cache** (vLLM, FlashAttention 2.5): ``block_table[b, p]`` names the page holding keys
   ``p*P .. p*P + P - 1`` of sequence b; pages in any order, P need not divide the length.
-* **CUDA cores**: 16-byte loads, fp32 accumulation, ``shfl_xor`` row sums (at Nq = 1 a tensor core would
-  multiply a 16-row tile of which one row is real).  float16, bfloat16 (its uint16 words, converted with
-  :mod:`flash_numba.kernels._bf16`: integer code, every cc) and float32.
+* **Two split kernels** (:func:`choose_path`).  On sm_80+ at float16 and bfloat16 (d a multiple of 16), the
+  tensor-core kernel (:mod:`.tc`): each warp streams its tiles of 16 keys through a cp.async pipeline in shared
+  memory (no registers held by loads in flight) and multiplies them with mma.m16n8k16, the group's rows padded to
+  an m16 tile: a tensor core wastes 12 of 16 rows at G = 4, and still takes ~29 PTX instructions a key (its
+  loop at d = 128: ~460 a 16-key tile, a third of them cp.async addresses) where CUDA cores issued ~108 (Nsight
+  Compute).  Elsewhere (float32, d = 8, 24, ..., a T4) the CUDA-core kernel (:mod:`.kernels`): 16-byte
+  register loads, fp32 accumulation, ``shfl_xor`` row sums.  float16, bfloat16 (its uint16 words, converted with
+  :mod:`flash_numba.kernels._bf16` on CUDA cores: integer code, every cc) and float32.  Measured on the H200
+  (d = 128, float16, G = 4, benchmarks/results/h200-2026-12-01-decode-pipeline): the tensor-core kernel streams
+  the cache at 2,943 GB/s at 32k and 3,795 at 128k, the CUDA-core kernel at 1,961 and 2,333.
 * **num_splits** (:func:`choose_splits`): as many splits as fill one wave of resident blocks
-  (:data:`RESIDENT_BLOCKS` an SM), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
+  (:func:`resident_blocks` an SM: the tensor-core kernel's by its shared memory, the CUDA-core kernel's
+  :data:`RESIDENT_BLOCKS`), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
 
 Counters: "flash_decode (one split)" (num_splits = 1: the split kernel writes o and lse), or
 "flash_decode split-KV" and "flash_decode combine"; :mod:`flash_numba.iomodel.flash_decode` predicts
@@ -34,26 +42,86 @@ import numpy as np
 
 from ... import _inputs
 from ...compile_check import Compiled, compile_kernel, count_variants
+from .. import _smem
 from .._common import COUNTER_TYPE
 from .._launch import launch
 from .._spec import lazy
 from .._decode_spec import DecodeSpec
+from . import tc
 from .kernels import (COMBINE_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME,
                       WARPS, combine_kernel, geometry, keys_in_flight, rows_per_block, split_kernel)
+from .tc import split_tc_kernel
 
-__all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_kernel", "combine_kernel", "geometry",
-           "rows_per_block", "keys_in_flight", "DTYPES", "MAX_SPLITS", "MAX_NQ", "SPLIT_NAME", "SPLIT_ONE_NAME",
-           "COMBINE_NAME"]
+__all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_kernel", "split_tc_kernel",
+           "combine_kernel", "geometry", "rows_per_block", "keys_in_flight", "DTYPES", "MAX_SPLITS", "MAX_NQ",
+           "SPLIT_NAME", "SPLIT_ONE_NAME", "COMBINE_NAME", "PATHS", "choose_path", "path_of", "row_tile",
+           "resident_blocks"]
 
 DTYPES = ("float16", "bfloat16", "float32")
 #: New query tokens a call may hold (speculative decoding's drafts).
 MAX_NQ = 16
-#: Split-kernel blocks an SM runs at once: 4 for the d = 128 float16 builds of one to four rows (ptxas, sm_90:
+#: CUDA-core split-kernel blocks an SM runs at once: 4 for the d = 128 float16 builds of one to four rows (ptxas, sm_90:
 #: 112-125 registers a thread, 128 threads: four blocks fit 65,536 registers); the causal and eight-row builds
 #: (152 and ~210 registers) hold 3 and 2, so their grids of this many blocks run in 1.3 and 2 waves.
 RESIDENT_BLOCKS = 4
 #: The split rule's floor: keys a split reads at least (and two pages of a paged cache).
 MIN_KEYS_PER_SPLIT = 256
+#: The split kernel's two paths: "tc", tensor cores fed by a cp.async pipeline (:mod:`.tc`: sm_80+, float16 and
+#: bfloat16, d a multiple of 16), and "cuda", CUDA cores with 16-byte register loads (:mod:`.kernels`: every cc,
+#: every dtype and head dim).
+PATHS = ("tc", "cuda")
+
+
+def choose_path(d: int, dtype_name: str, cc) -> str:
+    """The split kernel's path for head dim d, storage ``dtype_name``, compute capability ``cc`` (None: the
+    simulator, which runs both): "tc" where :func:`.tc.runs` and cc >= 8.0 (cp.async, m16n8k16), else "cuda".
+    ``flash_numba._switches.DECODE_PATH`` or ``FLASH_NUMBA_DECODE_PATH`` in the environment force one ("tc" only
+    where it runs: a GPU below 8.0, or a dtype or head dim it does not run, is an error naming the switch)."""
+    import os
+
+    from ... import _switches
+
+    forced = _switches.DECODE_PATH or os.environ.get("FLASH_NUMBA_DECODE_PATH") or None
+    able = tc.runs(d, dtype_name) and (cc is None or tuple(cc) >= (8, 0))
+    if forced is None:
+        return "tc" if able else "cuda"
+    if forced not in PATHS:
+        raise ValueError(f"FLASH_NUMBA_DECODE_PATH: {forced!r} is not a path of flash_decode; use tc or cuda")
+    if forced == "tc" and not able:
+        raise ValueError(f"FLASH_NUMBA_DECODE_PATH: the tensor-core path runs float16 and bfloat16 at d = 16 .. 128 "
+                         f"(a multiple of 16) on compute capability 8.0 and up, not {dtype_name} at d = {d}"
+                         + ("" if cc is None else f" on {tuple(cc)}"))
+    return forced
+
+
+def path_of(prob) -> str:
+    """The path a problem runs: ``prob.path`` when set (:func:`flash_numba.decode.prepare` sets it), else
+    :func:`choose_path` for this device."""
+    if getattr(prob, "path", ""):
+        return prob.path
+    from ... import device
+
+    cc = None if device.SIMULATOR else device.info().compute_capability
+    return choose_path(prob.d, prob.dtype_name, cc)
+
+
+def row_tile(R: int, path: str) -> int:
+    """Query rows a split block computes for R = G * Nq rows of a KV head: the tensor-core kernel's m16 tile
+    (:data:`.tc.MMA_ROWS`), or the CUDA-core kernel's :func:`rows_per_block`."""
+    return tc.MMA_ROWS if path == "tc" else rows_per_block(R)
+
+
+def stages_of(prob) -> int:
+    """Pipeline stages of the tensor-core kernel (``prob.stages``, else :data:`.tc.STAGES`)."""
+    return getattr(prob, "stages", None) or tc.STAGES
+
+
+def resident_blocks(prob, path: str, shared_per_sm: int) -> int:
+    """Split blocks an SM runs at once: :data:`RESIDENT_BLOCKS` for the CUDA-core kernel (registers), the
+    tensor-core kernel's by its shared memory (:func:`.tc.resident_blocks`)."""
+    if path != "tc":
+        return RESIDENT_BLOCKS
+    return tc.resident_blocks(prob.d, stages_of(prob), tc.half_rows(prob.G * prob.Nq), shared_per_sm)
 
 
 def head_dim_ok(d: int) -> bool:
@@ -61,24 +129,30 @@ def head_dim_ok(d: int) -> bool:
     return 8 <= d <= 128 and d % 8 == 0
 
 
-def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int | None, sm_count: int) -> int:
+def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int | None, sm_count: int,
+                  resident: int = RESIDENT_BLOCKS) -> int:
     """``num_splits`` for ``num_splits=None``: as many splits as fill one wave of resident blocks, no more.
 
-    The grid has ``B * Hkv * row_tiles`` blocks per split and the GPU runs ``RESIDENT_BLOCKS * sm_count`` of
-    them at once (a wave).  Splits = ``wave // blocks``: the grid fills the GPU once without a partial second
+    The grid has ``B * Hkv * row_tiles`` blocks per split and the GPU runs ``resident * sm_count`` of
+    them at once (a wave; ``resident``: :func:`resident_blocks`, 4 for the CUDA-core kernel).  Splits = ``wave // blocks``: the grid fills the GPU once without a partial second
     wave (1 when one split already holds a wave), but no split shorter than :data:`MIN_KEYS_PER_SPLIT` keys of
     the longest sequence (nor than two pages): a split pays a block's start, its q, its merge and a partial row
     of d + 1 floats per query row, which a short chunk does not repay.  At most :data:`MAX_SPLITS`.
 
-    Measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16, benchmarks/results/h200-2026-12-01-decode):
-    8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8, 16/17, 32 and 64 at every cache length
+    The tensor-core kernel (2 stages: 80 KB of shared memory a block, two blocks an SM of 228 KB), measured on the
+    H200 (benchmarks/results/h200-2026-12-01-decode-pipeline): 4 splits (256 blocks, 0.97 of a wave of 264)
+    2,943 GB/s at 32k and 3,795 at 128k; 8 splits (two waves) 2,878 and 3,776; 3 stages at 4 splits (also two
+    blocks an SM) and 4 stages at 2 splits (one block an SM) within 2% of it (2,993 and 2,998 at 32k).
+
+    The CUDA-core kernel, measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16,
+    benchmarks/results/h200-2026-12-01-decode): 8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8, 16/17, 32 and 64 at every cache length
     from 4k to 128k (724 to 2,358 GB/s).  Against it, in time: 17 splits (1,088 blocks, two waves and 32 blocks
     of a third: this rule's first version, which aimed at two waves) 1.23-1.35x (16 at 4k: 1.53x); 32 and 64
     splits (3.9 and 7.8 waves) 1.03-1.55x and 1.04-1.60x, closest at 128k; 4 splits (half a wave) 1.02-1.57x;
     one split 2.1-5.6x.
     """
     blocks = max(1, B * Hkv * row_tiles)
-    want = max(1, RESIDENT_BLOCKS * max(1, sm_count) // blocks)
+    want = max(1, resident * max(1, sm_count) // blocks)
     min_keys = MIN_KEYS_PER_SPLIT if page_size is None else max(MIN_KEYS_PER_SPLIT, 2 * page_size)
     most = max(1, max_len // min_keys)
     return int(min(want, most, MAX_SPLITS))
@@ -94,23 +168,33 @@ def run(prob, ops, counters):
     o ``(rows, d)`` in the storage dtype and lse ``(rows,)`` float32, rows = B*Hq*Nq in (b, h, i) order."""
     S, d, dt = prob.num_splits, prob.d, prob.dtype
     rows = prob.rows
-    RT = rows_per_block(prob.G * prob.Nq)
-    row_tiles = -(-prob.G * prob.Nq // RT)
+    path = path_of(prob)
+    R = prob.G * prob.Nq
+    RT = row_tile(R, path)
+    row_tiles = -(-R // RT)
     grid = (S, prob.B * prob.Hkv * row_tiles)
     split = S > 1
-    kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, prob.causal, counters.enabled,
-                          prob.keys_in_flight)
+    shared = {}
+    if path == "tc":
+        stages, NR = stages_of(prob), tc.half_rows(R)
+        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, prob.causal, counters.enabled, stages)
+        if tc.dynamic(d, stages, NR):
+            shared = {"dynamic_bytes": _smem.total_bytes(tc.tile_sizes(d, stages), 2),
+                      "static_bytes": tc.static_bytes(d, NR)}
+    else:
+        kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, prob.causal, counters.enabled,
+                              prob.keys_in_flight)
     o = _inputs.empty((rows, d), dt)
     lse = _inputs.empty((rows,), np.float32)
     scale_log2 = np.float32(prob.scale * LOG2E)
     args = (ops["q"], ops["k"], ops["v"], ops["table"], ops["seqlens"])
     tail = (prob.Hkv, prob.G, prob.Nq, prob.page_size, prob.max_pages, rows, row_tiles, scale_log2)
     if not split:
-        launch(kernel, grid, NT)(*args, o.reshape(rows * d), lse, *tail, counters.array(SPLIT_ONE_NAME))
+        launch(kernel, grid, NT, **shared)(*args, o.reshape(rows * d), lse, *tail, counters.array(SPLIT_ONE_NAME))
         return o, lse
     o_part = _inputs.empty((S * rows * d,), np.float32)
     lse_part = _inputs.empty((S * rows,), np.float32)
-    launch(kernel, grid, NT)(*args, o_part, lse_part, *tail, counters.array(SPLIT_NAME))
+    launch(kernel, grid, NT, **shared)(*args, o_part, lse_part, *tail, counters.array(SPLIT_NAME))
     combine = combine_kernel(d, prob.dtype_name, counters.enabled)
     launch(combine, -(-rows // WARPS), NT)(o_part, lse_part, o.reshape(rows * d), lse, rows, S,
                                           counters.array(COMBINE_NAME))
@@ -169,11 +253,49 @@ def _split_argtypes(dtype: str, split: bool):
             types.Array(types.float32, 1, "C"), *(types.int64,) * 7, types.float32, COUNTER_TYPE)
 
 
+def _tc_shapes(dtype: str, d: int):
+    """The (NR, paged, split, causal, count) builds of the tensor-core kernel the tier assembles for a (dtype, d):
+    at d = 128 every non-causal one and two causal; elsewhere one and two halves of rows, paged and split, and
+    one causal; counted at float16, d = 64 (the counters are integer code)."""
+    if d == 128:
+        shapes = [(*s, False, False) for s in itertools.product((1, 2), (False, True), (False, True))]
+        shapes += [(1, True, True, True, False), (2, False, False, True, False)]
+    else:
+        shapes = [(1, True, True, False, False), (2, False, False, True, False)]
+    if dtype == "float16" and d == 64:
+        shapes.append((1, True, True, False, True))
+    return shapes
+
+
+def _tc_builds(cc, dtype: str, d: int) -> list[Compiled]:
+    """The tensor-core kernel's builds for one cc (8.0 and up), dtype and d, labelled with their dynamic shared
+    memory where they have any."""
+    out = []
+    for NR, paged, split, causal, count in _tc_shapes(dtype, d):
+        kernel = split_tc_kernel(d, dtype, NR, paged, split, causal, count)
+        dyn = _smem.total_bytes(tc.tile_sizes(d, tc.STAGES), 2) if tc.dynamic(d, tc.STAGES, NR) else 0
+        label = (f"{SPLIT_NAME if split else SPLIT_ONE_NAME} tc d={d} {dtype} halves={NR}"
+                 f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}"
+                 f"{f' dynamic={dyn}' if dyn else ''}")
+        out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
+    return out
+
+
 def compile_all(ccs, dtypes, ds) -> list[Compiled]:
-    """The compile tier: the split kernel's builds (:func:`_split_shapes`) and the combine, per cc, dtype, d."""
+    """The compile tier: the split kernel's builds (:func:`_split_shapes`), the tensor-core kernel's at cc 8.0 and
+    up (:func:`_tc_shapes`; the representative tier's float32 at d = 64 adds its float16 builds at d = 64, so that
+    every tier assembles it) and the combine, per cc, dtype, d."""
     from numba import types
 
     out = []
+    for cc in ccs:
+        if tuple(cc) < (8, 0):
+            continue
+        for dtype, d in itertools.product(dtypes, ds):
+            if tc.runs(d, dtype):
+                out += _tc_builds(cc, dtype, d)
+        if "float32" in dtypes and "float16" not in dtypes and 64 in ds:
+            out += _tc_builds(cc, "float16", 64)
     for cc, dtype, d in itertools.product(ccs, dtypes, ds):
         if dtype not in DTYPES or not head_dim_ok(d):
             continue

@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import uint32
+from numba import cuda, uint32
 
 from ...device import SIMULATOR, jit
 from .._common import batch_head
@@ -152,17 +152,41 @@ def tile_loader(R: int, C: int, RS: int, storage_name: str, count: bool):
     ``tid``, ``tid + 128``, ...: a warp reads consecutive chunks of a row.  A chunk wholly inside
     the array moves in one load when ``vec`` (the rows are 16-byte aligned), else element by
     element.  Counts the elements inside the array (when ``count``).  Call it from all 128 threads.
+
+    **Every load first, then the stores** (a tile wholly inside the array, with ``vec``): a thread issues all its
+    ``ROUNDS`` 16-byte loads into registers before the first shared store, so ROUNDS loads are in flight at once instead of one (a load-store pair
+    per chunk waits out the memory's latency ROUNDS times; a loop over ``range(tid, ...)`` has no constant
+    trip count to unroll).  The sm_75 path of flash2_tc's loader does the same.
     """
     ZERO = np.float32(0) if storage_name == "float16" else np.uint16(0)  # (a float16 constant lowers badly)
     CH = C // 8  # chunks per row
     N_CHUNKS = R * CH
+    ROUNDS = -(-N_CHUNKS // NT)  # chunks a thread (the last round may leave threads idle)
+    WORDS = 4 * ROUNDS
+    EVEN = N_CHUNKS % NT == 0  # every round has a chunk for every thread
     COUNT = count
     assert C % 8 == 0 and RS % 8 == 0
 
     @jit(device=True, inline="always")
     def load(x, bh, r0, c0, n_r, n_c, vec, buf, tid):
         n = 0
-        for e in range(tid, N_CHUNKS, NT):
+        if vec and n_r >= R and n_c >= C:  # the whole tile inside the array (uniform over the block)
+            w = cuda.local.array(WORDS, uint32)  # constant indices after unrolling: registers
+            for i in range(ROUNDS):  # every 16-byte load of this thread ...
+                e = tid + i * NT
+                if EVEN or e < N_CHUNKS:
+                    r = e // CH
+                    c = (e % CH) * 8
+                    w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3] = load8(x, bh, uint32(r0 + r), uint32(c0 + c))
+            for i in range(ROUNDS):  # ... then the shared stores
+                e = tid + i * NT
+                if EVEN or e < N_CHUNKS:
+                    r = e // CH
+                    to_shared8(buf, r * RS + (e % CH) * 8, (w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]))
+                    if COUNT:
+                        n += 8
+            return n
+        for e in range(tid, N_CHUNKS, NT):  # an edge tile: chunk by chunk
             r = e // CH
             c = (e % CH) * 8
             i = r * RS + c
