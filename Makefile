@@ -41,7 +41,7 @@ test: venv
 	$(PYTEST) --tier=representative
 
 test-all: venv
-	$(PYTEST) --tier=all
+	FLASH_NUMBA_FUZZ_EXAMPLES=4 $(PYTEST) --tier=all
 
 tour: venv
 	$(BIN)/flash-numba tour

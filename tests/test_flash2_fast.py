@@ -264,7 +264,7 @@ def test_split_s_dp_rule():
 
 
 @pytest.mark.parametrize("d, causal, p, share", [pytest.param(32, False, 0.0, False, marks=FULL),
-                                                 (32, True, 0.25, False), (40, True, 0.0, True),
+                                                 pytest.param(32, True, 0.25, False, marks=FULL), (40, True, 0.0, True),
                                                  pytest.param(40, False, 0.25, True, marks=FULL)])
 @pytest.mark.slow
 def test_s_and_dp_split_across_warps_is_bit_for_bit_the_unsplit_backward(rng, monkeypatch, d, causal, p, share):
