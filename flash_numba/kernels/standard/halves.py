@@ -153,10 +153,13 @@ def tile_loader(R: int, C: int, RS: int, storage_name: str, count: bool):
     the array moves in one load when ``vec`` (the rows are 16-byte aligned), else element by
     element.  Counts the elements inside the array (when ``count``).  Call it from all 128 threads.
 
-    **Every load first, then the stores** (a tile wholly inside the array, with ``vec``): a thread issues all its
-    ``ROUNDS`` 16-byte loads into registers before the first shared store, so ROUNDS loads are in flight at once instead of one (a load-store pair
-    per chunk waits out the memory's latency ROUNDS times; a loop over ``range(tid, ...)`` has no constant
-    trip count to unroll).  The sm_75 path of flash2_tc's loader does the same.
+    **Every load first, then the stores** (a tile wholly inside the array, with ``vec``): a thread issues all
+    its ``ROUNDS`` 16-byte loads into registers before the first shared store, so ROUNDS loads are in flight at
+    once instead of one (a load-store pair per chunk waits out the memory's latency ROUNDS times; a loop over
+    ``range(tid, ...)`` has no constant trip count to unroll).  Edge tiles keep the chunk-by-chunk loop: with the
+    edge tests inside the unrolled rounds ptxas took rowprod to 248 registers.  The sm_75 path of flash2_tc's
+    loader does the same.  H200, float16, N = 4096, d = 64: standard's forward 2.965 -> 2.070 ms
+    (`benchmarks/results/h200-2026-12-01-harness/launch_shares.csv`).
     """
     ZERO = np.float32(0) if storage_name == "float16" else np.uint16(0)  # (a float16 constant lowers badly)
     CH = C // 8  # chunks per row
