@@ -26,10 +26,10 @@ registers until the end; with dropout each P_ij tile is multiplied in shared mem
 NaN is multiplied on CUDA cores instead, so that a masked key adds nothing (0 * Inf would be NaN); a visible
 key multiplies, its P 0 or not (IEEE, as the reference).
 
-Measured on the H200 (benchmarks/results/h200-2026-12-01-standard-tc/, B*H = 32, N = 4096, d = 64, float16):
-scores 1.36 ms (2.1x its bytes at the copy rate), the softmax 0.58 ms (0.93x), P V 1.02 ms (1.6x): 2.97 ms
-where the CUDA-core forward took 5.18.  What the two product kernels lack is overlap: a block loads a tile,
-waits at a barrier, multiplies, waits again (no cp.async, no double buffering, as flash2_tc has).
+Measured on the H200 (B*H = 32, N = 4096, d = 64, float16; benchmarks/results/h200-2026-12-01-harness/, c6f8000):
+scores 0.96 ms (1.48x its bytes at the copy rate), the softmax 0.58 (0.90x), P V 0.53 (0.82x: V re-read from the
+L2): 2.07 ms, 1.07x the forward's byte bound, where the CUDA-core forward took 5.18.  Before the tile loader issued
+every load of a tile first (:func:`.halves.tile_loader`) the same forward took 2.97 ms (h200-2026-12-01-standard-tc/).
 
 bfloat16 is stored as uint16 words (the softmax kernel of :mod:`.forward` reads and writes them with
 :mod:`.._bf16`'s conversions); its mma is m16n8k16.bf16, from compute capability 8.0.
