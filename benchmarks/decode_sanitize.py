@@ -5,7 +5,8 @@
 
 Each hostile table or length must raise (ValueError / TypeError) before any launch; then valid calls run:
 a ragged paged cache in shuffled pages of 16 (lengths 300, 0, 1, 77), causal Nq = 3, GQA G = 4, with 1
-and 5 splits, and an unpaged one, on the default path (the tensor-core kernel on sm_80+) and the CUDA-core one.  Prints one line per case and "sanitize cases done".
+and 5 splits, and an unpaged one, on the default path (the tensor-core kernel on sm_80+) and the CUDA-core one.
+Prints one line per case and "sanitize cases done".
 """
 
 import sys

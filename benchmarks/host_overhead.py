@@ -114,7 +114,8 @@ def main(argv=None) -> int:
                 "bwd": lambda: fn.attention_backward(q, k, v, f.o, f.lse, do, kernel=kernel),
             }
             for pass_, call in calls.items():
-                row = {"inputs": kind, "kernel": kernel, "pass": pass_, "N": args.n, "BH": args.bh, "d": args.d, "dtype": args.dtype,
+                row = {"inputs": kind, "kernel": kernel, "pass": pass_, "N": args.n, "BH": args.bh, "d": args.d,
+                       "dtype": args.dtype,
                        "host_us": round(_host_us(call), 1), "gpu_us": round(_gpu_us(call), 1),
                        "plans": _launch_plan.ENABLED and kind == "torch"}
                 rows.append(row)

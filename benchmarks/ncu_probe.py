@@ -2,7 +2,8 @@
 
     ncu --profile-from-start off --section SpeedOfLight ... python benchmarks/ncu_probe.py WHAT [WHAT ...]
 
-WHAT: ``std64`` (standard attention's forward on tensor cores, float16, B*H = 32, N = 4096, d = 64), ``tc64``, ``tc128`` (flash2_tc forward, deterministic and atomic backward, float16, B*H = 32, N = 4096)
+WHAT: ``std64`` (standard attention's forward on tensor cores, float16, B*H = 32, N = 4096, d = 64), ``tc64``,
+``tc128`` (flash2_tc forward, deterministic and atomic backward, float16, B*H = 32, N = 4096)
 and ``decode`` (attention_decode, B = 8, Hq = 32, Hkv = 8, d = 128, float16, 32k cache, Nq = 1).  Only the
 calls between ``cuda.profile_start()`` and ``cuda.profile_stop()`` are profiled (``--profile-from-start off``).
 """

@@ -75,7 +75,8 @@ def main():
                 err = (g.double() - r).abs().max().item()
                 base = float("nan") if sanitize else (s.double() - r).abs().max().item()
                 rows.append(dict(case=f"N={Nq} d={d} {dt}{' causal' * causal}", path="atomic" if atomic else "det",
-                                 grad=name, err=err, torch_err=base, ratio=err / max(base, 1e-12) if not sanitize else float("nan"),
+                                 grad=name, err=err, torch_err=base,
+                                 ratio=float("nan") if sanitize else err / max(base, 1e-12),
                                  finite=bool(torch.isfinite(g).all())))
                 print(rows[-1], flush=True)
         if not sanitize:  # determinism: the deterministic path bit for bit over 20 calls

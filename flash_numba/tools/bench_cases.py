@@ -286,7 +286,8 @@ def torch_impl(name: str, torch) -> Impl:
 def implementation_names(dtype: str, torch=None) -> list[str]:
     """Every implementation that can run here: our kernels, then the PyTorch backends
     for ``dtype`` that this PyTorch has (none without ``torch``)."""
-    names = [n for n in [*kernels.NAMES, *VARIANTS] if dtype in kernels.get(kernel_of(n)[0]).dtypes]  # the dtype it runs
+    # our kernels and their variants that run the dtype
+    names = [n for n in [*kernels.NAMES, *VARIANTS] if dtype in kernels.get(kernel_of(n)[0]).dtypes]
     if torch is not None:
         from torch.nn.attention import SDPBackend
 

@@ -134,7 +134,8 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
     """``num_splits`` for ``num_splits=None``: as many splits as fill one wave of resident blocks, no more.
 
     The grid has ``B * Hkv * row_tiles`` blocks per split and the GPU runs ``resident * sm_count`` of
-    them at once (a wave; ``resident``: :func:`resident_blocks`, 4 for the CUDA-core kernel).  Splits = ``wave // blocks``: the grid fills the GPU once without a partial second
+    them at once (a wave; ``resident``: :func:`resident_blocks`, 4 for the CUDA-core kernel).  Splits = ``wave //
+    blocks``: the grid fills the GPU once without a partial second
     wave (1 when one split already holds a wave), but no split shorter than :data:`MIN_KEYS_PER_SPLIT` keys of
     the longest sequence (nor than two pages): a split pays a block's start, its q, its merge and a partial row
     of d + 1 floats per query row, which a short chunk does not repay.  At most :data:`MAX_SPLITS`.
@@ -145,7 +146,8 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
     blocks an SM) and 4 stages at 2 splits (one block an SM) within 2% of it (2,993 and 2,998 at 32k).
 
     The CUDA-core kernel, measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16,
-    benchmarks/results/h200-2026-12-01-decode): 8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8, 16/17, 32 and 64 at every cache length
+    benchmarks/results/h200-2026-12-01-decode): 8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8,
+    16/17, 32 and 64 at every cache length
     from 4k to 128k (724 to 2,358 GB/s).  Against it, in time: 17 splits (1,088 blocks, two waves and 32 blocks
     of a third: this rule's first version, which aimed at two waves) 1.23-1.35x (16 at 4k: 1.53x); 32 and 64
     splits (3.9 and 7.8 waves) 1.03-1.55x and 1.04-1.60x, closest at 128k; 4 splits (half a wave) 1.02-1.57x;

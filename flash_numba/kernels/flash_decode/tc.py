@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-import numpy as np
 from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ...device import jit
