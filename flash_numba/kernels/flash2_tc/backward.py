@@ -400,6 +400,64 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     return build(d, dtype_name, causal, count, k8, atomic_dq, dropout, dynamic, aligned, red2)
 
 
+@lru_cache(maxsize=None)
+def _atomic_dq(d: int, Bc: int, a_stride: int, transposed: bool, dtype_name: str, k8: bool, count: bool, red2: bool):
+    """``dq_step(dS, Ks, sr, qc, lane, g, t, dq_acc, dq, bh, r0, Nq, scale) -> atomics``: the atomic backward's
+    dQ_i += scale dS K_j for one warp (rows sr .. sr + 15 of the query block at r0, columns qc .. qc + d/2, over
+    the block's Bc keys), shared by both dK/dV kernels.  dS is read from shared memory with row stride
+    ``a_stride``, queries x keys (``ldmatrix``: :func:`_dkdv_shared`) or keys x queries (``transposed``,
+    ``ldmatrix.trans``: :func:`_dkdv_transposed`); K_j from ``Ks`` (Bc rows of stride(d)).  The lane adds its
+    accumulators ``dq_acc`` (QN x 4) into the float32 ``dq`` (BH, Nq, d): one ``red.global.add.v2.f32`` for two
+    columns (``red2``, sm_90) or two atomic adds.  Returns the float32 atomics made when counting, else 0."""
+    ld_a, ld_a_t, _, ld_b_t, mma = fragments(dtype_name, k8)
+    load_a = ld_a_t if transposed else ld_a
+    ld_b_t1 = fragments_single(dtype_name)
+    red_add2 = _mma.red_add_f32x2
+    DS = stride(d)
+    QW = d // 2  # dQ columns of a warp (2 x 2 warps over Br x d)
+    QN = QW // 8
+    QN_ODD = QN % 2 == 1  # d = 16, 48, 80, 112: the last n8 tile alone
+    COUNT, RED2 = count, red2
+
+    @jit(device=True, forceinline=True)
+    def dq_step(src, Ks, sr, qc, lane, g, t, dq_acc, dq, bh, r0, Nq, scale):
+        n_atomic = uint32(0)
+        for j in range(QN):
+            for e in range(4):
+                dq_acc[j, e] = F32_ZERO
+        for kk in range(Bc // 16):
+            a0, a1, a2, a3 = load_a(src, sr, kk * 16, a_stride, lane)
+            for nb in range(QN // 2):
+                b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, qc + uint32(nb * 16), DS, lane)
+                dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
+                    a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
+                    dq_acc[2 * nb, 3])
+                dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2], dq_acc[2 * nb + 1, 3] = mma(
+                    a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
+                    dq_acc[2 * nb + 1, 3])
+            if QN_ODD:  # d/2 = 8 (2 u + 1) columns: its two matrices loaded twice
+                b0, b1, b2, b3 = ld_b_t1(Ks, kk * 16, qc + uint32(QW - 8), DS, lane)
+                dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2], dq_acc[QN - 1, 3] = mma(
+                    a0, a1, a2, a3, b0, b1, dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2],
+                    dq_acc[QN - 1, 3])
+        for h in range(2):
+            row = uint32(r0) + sr + g + uint32(8 * h)
+            if row < uint32(Nq):
+                for j in range(QN):
+                    col = qc + uint32(8 * j) + 2 * t
+                    if RED2:  # columns col, col + 1 in one
+                        red_add2(dq, (uint64(bh) * uint64(Nq) + uint64(row)) * uint64(d) + uint64(col),
+                                 dq_acc[j, 2 * h] * scale, dq_acc[j, 2 * h + 1] * scale)
+                    else:
+                        for e in range(2):
+                            cuda.atomic.add(dq, (uint32(bh), row, col + uint32(e)), dq_acc[j, 2 * h + e] * scale)
+                    if COUNT:
+                        n_atomic += uint32(2)
+        return n_atomic
+
+    return dq_step
+
+
 def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, atomic_dq: bool, dropout: bool,
                  dynamic: bool, aligned: bool, red2: bool):
     """The dK/dV kernel above d = 64: S and dP in 2 x 2 warp tiles of 16 queries x Bc/2 keys, P (times Z) and dS
@@ -416,10 +474,9 @@ def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, a
     DN_ODD = DN % 2 == 1
     QW = d // 2  # dQ columns of a warp (2 x 2 warps over Br x d)
     QN = QW // 8
-    QN_ODD = QN % 2 == 1  # d = 16, 48, 80, 112
     ld_b_t1 = fragments_single(dtype_name)
-    CAUSAL, COUNT, ATOMIC_DQ, RED2 = causal, count, atomic_dq, red2
-    red_add2 = _mma.red_add_f32x2
+    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
+    dq_step = _atomic_dq(d, Bc, PS, False, dtype_name, k8, count, red2)
     SB = 2
     MUL_RN = rounded_mul("float32")
     block_tiles = _block_tiles((Bc * DS, Bc * DS, Br * DS, Br * DS, Br * PS, Br * PS), dtype_name, dynamic)
@@ -556,39 +613,7 @@ def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, a
                         dk_acc[DN - 1, 3])
 
             if ATOMIC_DQ:  # dQ_i += dS K_j: this warp's 16 rows sr.., columns qc .. qc + d/2, k = the Bc keys
-                for j in range(QN):
-                    for e in range(4):
-                        dq_acc[j, e] = F32_ZERO
-                for kk in range(Bc // 16):
-                    a0, a1, a2, a3 = ld_a(dSs, sr, kk * 16, PS, lane)
-                    for nb in range(QN // 2):
-                        b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, qc + uint32(nb * 16), DS, lane)
-                        dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
-                            a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
-                            dq_acc[2 * nb, 3])
-                        dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2], \
-                            dq_acc[2 * nb + 1, 3] = mma(a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0],
-                                                        dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
-                                                        dq_acc[2 * nb + 1, 3])
-                    if QN_ODD:  # d/2 = 8 (2 u + 1) columns: the last n8 tile alone (its two matrices loaded twice)
-                        b0, b1, b2, b3 = ld_b_t1(Ks, kk * 16, qc + uint32(QW - 8), DS, lane)
-                        dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2], dq_acc[QN - 1, 3] = mma(
-                            a0, a1, a2, a3, b0, b1, dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2],
-                            dq_acc[QN - 1, 3])
-                for h in range(2):
-                    row = uint32(r0) + sr + g + uint32(8 * h)
-                    if row < uint32(Nq):
-                        for j in range(QN):
-                            col = qc + uint32(8 * j) + 2 * t
-                            if RED2:  # columns col, col + 1 in one
-                                red_add2(dq, (uint64(bh) * uint64(Nq) + uint64(row)) * uint64(d) + uint64(col),
-                                         dq_acc[j, 2 * h] * scale, dq_acc[j, 2 * h + 1] * scale)
-                            else:
-                                for e in range(2):
-                                    cuda.atomic.add(dq, (uint32(bh), row, col + uint32(e)),
-                                                    dq_acc[j, 2 * h + e] * scale)
-                            if COUNT:
-                                n_atomic += uint32(2)
+                n_atomic += dq_step(dSs, Ks, sr, qc, lane, g, t, dq_acc, dq, bh, r0, Nq, scale)
 
         # dK_j = scale dS^T Q, dV_j: the lane's rows kr + g (+ 8), columns kc + 8 j + 2 t (+ 1)
         nw = 0
@@ -631,12 +656,10 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
     KD, QT, DN = d // 16, Br // 8, d // 8  # k16 steps of d; n8 tiles of S^T (queries), of dK and dV (columns)
     QW = d // 2  # dQ columns of a warp (2 x 2 warps over Br x d)
     QN = QW // 8
-    QN_ODD = QN % 2 == 1  # d = 16, 48
-    ld_b_t1 = fragments_single(dtype_name)
     store_32 = _mma.store_32
     ldx4, ldx4_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
-    CAUSAL, COUNT, ATOMIC_DQ, RED2 = causal, count, atomic_dq, red2
-    red_add2 = _mma.red_add_f32x2
+    CAUSAL, COUNT, ATOMIC_DQ = causal, count, atomic_dq
+    dq_step = _atomic_dq(d, Bc, TS, True, dtype_name, k8, count, red2)
     SB = 2
     MUL_RN = rounded_mul("float32")
     NBUF = kv_buffers(k8)
@@ -818,39 +841,7 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
 
             if ATOMIC_DQ:  # dQ_i += dS K_j: this warp's 16 rows sr.., columns qc .. qc + d/2, k = the Bc keys
                 cuda.syncthreads()  # every warp's dS^T is in dSt
-                for j in range(QN):
-                    for e in range(4):
-                        dq_acc[j, e] = F32_ZERO
-                for kk in range(Bc // 16):
-                    a0, a1, a2, a3 = ld_a_t(dSt, sr, kk * 16, TS, lane)
-                    for nb in range(QN // 2):
-                        b0, b1, b2, b3 = ld_b_t(Ks, kk * 16, qc + uint32(nb * 16), DS, lane)
-                        dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2], dq_acc[2 * nb, 3] = mma(
-                            a0, a1, a2, a3, b0, b1, dq_acc[2 * nb, 0], dq_acc[2 * nb, 1], dq_acc[2 * nb, 2],
-                            dq_acc[2 * nb, 3])
-                        dq_acc[2 * nb + 1, 0], dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2], \
-                            dq_acc[2 * nb + 1, 3] = mma(a0, a1, a2, a3, b2, b3, dq_acc[2 * nb + 1, 0],
-                                                        dq_acc[2 * nb + 1, 1], dq_acc[2 * nb + 1, 2],
-                                                        dq_acc[2 * nb + 1, 3])
-                    if QN_ODD:  # d/2 = 8 (2 u + 1) columns: the last n8 tile alone (its two matrices loaded twice)
-                        b0, b1, b2, b3 = ld_b_t1(Ks, kk * 16, qc + uint32(QW - 8), DS, lane)
-                        dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2], dq_acc[QN - 1, 3] = mma(
-                            a0, a1, a2, a3, b0, b1, dq_acc[QN - 1, 0], dq_acc[QN - 1, 1], dq_acc[QN - 1, 2],
-                            dq_acc[QN - 1, 3])
-                for h in range(2):
-                    row = uint32(r0) + sr + g + uint32(8 * h)
-                    if row < uint32(Nq):
-                        for j in range(QN):
-                            col = qc + uint32(8 * j) + 2 * t
-                            if RED2:  # columns col, col + 1 in one
-                                red_add2(dq, (uint64(bh) * uint64(Nq) + uint64(row)) * uint64(d) + uint64(col),
-                                         dq_acc[j, 2 * h] * scale, dq_acc[j, 2 * h + 1] * scale)
-                            else:
-                                for e in range(2):
-                                    cuda.atomic.add(dq, (uint32(bh), row, col + uint32(e)),
-                                                    dq_acc[j, 2 * h + e] * scale)
-                            if COUNT:
-                                n_atomic += uint32(2)
+                n_atomic += dq_step(dSt, Ks, sr, qc, lane, g, t, dq_acc, dq, bh, r0, Nq, scale)
             if NBUF == 2 and tid < Br:  # the next step's L_i, D_i into the buffer no warp reads in this step
                 Ls[nxt * uint32(Br) + uint32(tid)] = Ln
                 Ds[nxt * uint32(Br) + uint32(tid)] = Dn
