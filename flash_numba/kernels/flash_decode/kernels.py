@@ -97,6 +97,50 @@ def log2_or_minus_inf(x):
 
 
 @lru_cache(maxsize=None)
+def result_writer(d: int, dtype_name: str, split: bool, count: bool):
+    """``write(o, lse, row, s, rows, c, acc, ll, lse2) -> bytes``: column c of query row ``row``'s result, from
+    the unnormalised ``acc``, the row's sum ``ll`` and its log2-sum-exp ``lse2`` (column 0 also writes the lse),
+    shared by both split kernels.  ``split``: split s's partial (float32 O_s / l_s where the split saw a key of the
+    row, and lse2_s always, at ``s * rows + row``); else the final output in the storage dtype (0 where the row saw
+    no key) and lse in natural-log units (-inf there).  Returns the bytes written when counting, else 0."""
+    BF16 = dtype_name == "bfloat16"
+    STORE = "uint16" if BF16 else dtype_name
+    DT = uint16 if BF16 else nb_type(STORE)
+    S_ITEM = np.dtype(STORE).itemsize
+    D = d
+    SPLIT, COUNT = split, count
+    NEG_INF = float32(-math.inf)
+    ZERO = float32(0.0)
+    F_LN2 = float32(LN2)
+
+    @jit(device=True, forceinline=True, fastmath=FASTMATH)  # the kernels' division (div.approx), as inline
+    def write(o, lse, row, s, rows, c, acc, ll, lse2):
+        nw = 0
+        if SPLIT:  # partials: lse2_s always, O_s / l_s where the split saw a key of the row
+            at = uint64(s) * uint64(rows) + row
+            if lse2 != NEG_INF:
+                o[at * uint64(D) + uint64(c)] = acc / ll
+                if COUNT:
+                    nw += 4
+            if c == 0:
+                lse[at] = lse2
+                if COUNT:
+                    nw += 4
+        else:
+            val = acc / ll if ll > ZERO else ZERO
+            o[row * uint64(D) + uint64(c)] = _bf16.f32_to_bf16(val) if BF16 else DT(val)
+            if COUNT:
+                nw += S_ITEM
+            if c == 0:
+                lse[row] = lse2 * F_LN2 if ll > ZERO else NEG_INF
+                if COUNT:
+                    nw += 4
+        return nw
+
+    return write
+
+
+@lru_cache(maxsize=None)
 def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, causal: bool, count: bool,
                  T: int | None = None):
     """The split kernel for head dim d (a multiple of 16 bytes), storage ``dtype_name``, ``RT`` rows a block,
@@ -110,7 +154,6 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
     T = keys_in_flight(RT) if T is None else T
     BF16 = dtype_name == "bfloat16"  # stored as uint16 words: converted by _bf16 (bits << 16, round to even)
     STORE = "uint16" if BF16 else dtype_name
-    DT = uint16 if BF16 else nb_type(STORE)
     S_ITEM = np.dtype(STORE).itemsize
     D = d
     D_U = uint32(d)
@@ -123,11 +166,11 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
     RT2 = 2 * RT
     STEPS = LPR.bit_length() - 1  # log2(LPR) butterfly steps
     KEYS = NG * T  # keys a block step
-    PAGED, SPLIT, CAUSAL, COUNT = paged, split, causal, count
+    PAGED, CAUSAL, COUNT = paged, causal, count
     load16 = _vec.loader(STORE)
     NEG_INF = float32(-math.inf)
     ZERO = float32(0.0)
-    F_LN2 = float32(LN2)
+    write_result = result_writer(d, dtype_name, split, count)
     VB = V * S_ITEM  # 16 bytes a load
 
     @jit(fastmath=FASTMATH)
@@ -317,26 +360,7 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                     acc += sh_o[gi * D + tid]
                 ll = sh_stat[RT + r]
                 lse2 = sh_stat[r] + log2_or_minus_inf(ll)
-                row = uint64(grow0 + r)
-                if SPLIT:  # partials: lse2_s always, O_s / l_s where the split saw a key of the row
-                    at = uint64(s) * uint64(rows) + row
-                    if lse2 != NEG_INF:
-                        o[at * uint64(D) + uint64(tid)] = acc / ll
-                        if COUNT:
-                            nw += 4
-                    if tid == 0:
-                        lse[at] = lse2
-                        if COUNT:
-                            nw += 4
-                else:
-                    val = acc / ll if ll > ZERO else ZERO
-                    o[row * uint64(D) + uint64(tid)] = _bf16.f32_to_bf16(val) if BF16 else DT(val)
-                    if COUNT:
-                        nw += S_ITEM
-                    if tid == 0:
-                        lse[row] = lse2 * F_LN2 if ll > ZERO else NEG_INF
-                        if COUNT:
-                            nw += 4
+                nw += write_result(o, lse, uint64(grow0 + r), s, rows, tid, acc, ll, lse2)
             cuda.syncthreads()
         if COUNT:
             add_counts(counter, nr, nw)

@@ -41,9 +41,9 @@ from functools import lru_cache
 from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ...device import jit
-from .. import _bf16, _mma, _smem
+from .. import _mma, _smem
 from .._common import add_counts, exp2_ieee, nan_max, nb_type
-from .kernels import FASTMATH, LN2, NT, log2_or_minus_inf
+from .kernels import FASTMATH, NT, log2_or_minus_inf, result_writer
 
 WARPS = NT // 32
 FULL = 0xFFFFFFFF
@@ -118,6 +118,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     STORE = "uint16" if BF16 else dtype_name
     DT = nb_type(STORE)
     S_ITEM = 2
+    write_result = result_writer(d, dtype_name, split, count)
     pack = _mma.pack_bf16x2 if BF16 else _mma.pack_f16x2
     mma = _mma.mma_m16n8k16_bf16 if BF16 else _mma.mma_m16n8k16_f16
     ldsm, ldsm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
@@ -145,11 +146,10 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     QREGS = 4 * (d // 16)
     QROWS_D = MMA_ROWS * d
     TB = TABLE_BATCH
-    PAGED, SPLIT, CAUSAL, COUNT = paged, split, causal, count
+    PAGED, CAUSAL, COUNT = paged, causal, count
     NEG_INF = float32(-math.inf)
     ZERO = float32(0.0)
     ZERO_U = uint32(0)
-    F_LN2 = float32(LN2)
 
     @jit(device=True, forceinline=True)
     def load_tile(sm, buf, k, v, sh_pages, kb, hi, pb, P, Hkv, hkv, head_row, lane):
@@ -409,26 +409,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
             accv = sh_o[e]
             ll = sh_stat[MR + r]
             lse2 = sh_stat[r] + log2_or_minus_inf(ll)
-            row = uint64(grow0 + int64(r))
-            if SPLIT:  # partials: lse2_s always, O_s / l_s where the split saw a key of the row
-                at = uint64(sp) * uint64(rows) + row
-                if lse2 != NEG_INF:
-                    o[at * uint64(D) + uint64(c)] = accv / ll
-                    if COUNT:
-                        nw += 4
-                if c == 0:
-                    lse[at] = lse2
-                    if COUNT:
-                        nw += 4
-            else:
-                val = accv / ll if ll > ZERO else ZERO
-                o[row * uint64(D) + uint64(c)] = _bf16.f32_to_bf16(val) if BF16 else DT(val)
-                if COUNT:
-                    nw += S_ITEM
-                if c == 0:
-                    lse[row] = lse2 * F_LN2 if ll > ZERO else NEG_INF
-                    if COUNT:
-                        nw += 4
+            nw += write_result(o, lse, uint64(grow0 + int64(r)), sp, rows, c, accv, ll, lse2)
             e += uint32(NT)
         if COUNT:
             add_counts(counter, nr, nw)
