@@ -3,7 +3,8 @@
     ncu --profile-from-start off --section SpeedOfLight ... python benchmarks/ncu_probe.py WHAT [WHAT ...]
 
 WHAT: ``std64`` (standard attention's forward on tensor cores, float16, B*H = 32, N = 4096, d = 64), ``tc64``,
-``tc128`` (flash2_tc forward, deterministic and atomic backward, float16, B*H = 32, N = 4096)
+``tc128`` (flash2_tc forward, deterministic and atomic backward, float16, B*H = 32, N = 4096; ``tc64bf`` and
+``tc128bf`` the same in bfloat16)
 and ``decode`` (attention_decode, B = 8, Hq = 32, Hkv = 8, d = 128, float16, 32k cache, Nq = 1).  Only the
 calls between ``cuda.profile_start()`` and ``cuda.profile_stop()`` are profiled (``--profile-from-start off``).
 """
@@ -18,9 +19,9 @@ from numba import cuda
 import flash_numba as fn
 
 
-def tc(d):
+def tc(d, dtype=torch.float16):
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(1, 32, 4096, d, device="cuda", generator=g, dtype=torch.float16) for _ in range(4))
+    q, k, v, do = (torch.randn(1, 32, 4096, d, device="cuda", generator=g, dtype=dtype) for _ in range(4))
 
     def calls():
         f = fn.attention_forward(q, k, v, kernel="flash2_tc")
@@ -45,7 +46,8 @@ def decode():
 
 def main():
     what = sys.argv[1:] or ["tc64"]
-    make = {"std64": lambda: std(64), "tc64": lambda: tc(64), "tc128": lambda: tc(128), "decode": decode}
+    make = {"std64": lambda: std(64), "tc64": lambda: tc(64), "tc128": lambda: tc(128),
+            "tc64bf": lambda: tc(64, torch.bfloat16), "tc128bf": lambda: tc(128, torch.bfloat16), "decode": decode}
     runs = [make[w]() for w in what]
     for r in runs:  # compile and warm up outside the profiled range
         r()
