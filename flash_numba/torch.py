@@ -86,6 +86,8 @@ def _to_numpy(t):
 
 def _to_tensor(x, device, bf16: bool):
     """A result back as a tensor on ``device``; uint16 words of a bfloat16 call as torch.bfloat16."""
+    if type(x) is torch.Tensor:  # a call on CUDA tensors: the package's result is already one, on their device
+        return x
     if bf16 and not isinstance(x, torch.Tensor) and str(getattr(x, "dtype", "")) == "uint16":
         return torch.from_numpy(x.view("int16")).view(torch.bfloat16).to(device)
     return torch.as_tensor(x, device=device)
@@ -224,11 +226,13 @@ class FlashNumbaAttention(torch.autograd.Function):
 
 def _eager(q, k, v) -> bool:
     """Whether a call may run :class:`FlashNumbaAttention` instead of the custom ops: eager mode, plain tensors, and no
-    ``torch.func`` transform, dispatch mode (FakeTensorMode, selective checkpointing, FlopCounterMode) or function
-    mode that expects to see the op.  ``torch.compile`` evaluates the first test to False when it traces."""
+    ``torch.func`` transform, dispatch mode (FakeTensorMode, selective checkpointing, FlopCounterMode), function
+    mode or ``torch.jit.trace`` that expects to see the op.  ``torch.compile`` evaluates the first test to False
+    when it traces."""
     return (not torch.compiler.is_compiling() and type(q) is torch.Tensor and type(k) is torch.Tensor
             and type(v) is torch.Tensor and not torch._C._are_functorch_transforms_active()
-            and torch._C._len_torch_dispatch_stack() == 0 and not torch._C._is_torch_function_mode_enabled())
+            and torch._C._len_torch_dispatch_stack() == 0 and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._get_tracing_state() is None)
 
 
 #: The names of our backward nodes: the custom op's (GeneratedBackwardFor_flash_numba_attn_fwd_default) and the eager
