@@ -7,6 +7,8 @@ bfloat16 as under autocast).  Per implementation: ``host_us``, the CPU time of o
 that is not waited for (the launches are asynchronous); ``gpu_us``, the same between CUDA events, waited for.
 In a step that is host-bound (a small model), host_us is what the attention adds to the step; ``--profile``
 writes cProfile's 45 costliest functions (own time) over 200 of our steady-state calls.
+Implementations: ``sdpa`` (PyTorch's), ``flash_numba`` (ours as a model calls it: eager, our autograd.Function),
+``flash_numba-ops`` (ours through the two custom ops, as torch.compile and dispatch modes see it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import flash_numba.torch as fnt
 from flash_numba.torch import scaled_dot_product_attention as ours
 
 B, H, N, D = 64, 4, 256, 64
@@ -40,8 +43,15 @@ def main():
         y = f(q, k, v, is_causal=True)
         y.backward(grad)
 
+    def through_ops(*args, **kw):  # the custom ops even in eager mode
+        eager, fnt._eager = fnt._eager, lambda *_: False
+        try:
+            return ours(*args, **kw)
+        finally:
+            fnt._eager = eager
+
     rows = []
-    for name, f in (("sdpa", F.scaled_dot_product_attention), ("flash_numba", ours)):
+    for name, f in (("sdpa", F.scaled_dot_product_attention), ("flash_numba", ours), ("flash_numba-ops", through_ops)):
         for _ in range(20):
             step(f)
         torch.cuda.synchronize()

@@ -223,7 +223,14 @@ def _pick_kernel(kernel, q) -> str:
     if name is None or not shape:
         return DEFAULT_KERNEL  # not an array: the checks of the call say what is wrong
     gpu = None if device.SIMULATOR else device.info()
-    return default_kernel(name, shape[-1], gpu and gpu.compute_capability, gpu and gpu.name)
+    args = (name, shape[-1], gpu and gpu.compute_capability, gpu and gpu.name)
+    picked = _DEFAULTS.get(args)
+    if picked is None:  # default_kernel reads only its arguments: its answer is kept (host time of every call)
+        picked = _DEFAULTS[args] = default_kernel(*args)
+    return picked
+
+
+_DEFAULTS: dict = {}  # default_kernel's answers, by its arguments
 
 
 def default_kernels_text(cc=None, gpu: str | None = None) -> list[str]:

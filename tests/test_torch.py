@@ -12,6 +12,7 @@ and S terms. Two float64 implementations (ours and SDPA's math) therefore differ
 A wrong mask, scale or gradient formula is off by 1e-3 or more at these sizes.
 """
 
+import contextlib
 import math
 import warnings
 
@@ -238,9 +239,49 @@ def test_the_backward_uses_the_saved_o_and_lse_only(rng):
     q, k, v = randn(rng, 1, 5, 2), randn(rng, 1, 6, 2), randn(rng, 1, 6, 2)
     o = fnt.scaled_dot_product_attention(q, k, v, kernel="flash1")
     node = o.grad_fn.next_functions[0][0]  # o.grad_fn is the view back to (..., L, E)
-    assert "flash_numba_attn_fwd" in type(node).__name__  # the backward registered for our custom op
+    assert type(node).__name__ == "FlashNumbaAttentionBackward"  # eager: our autograd.Function, not the op's node
     saved = [t.shape for t in fnt.saved_for_backward(o)]
     assert saved == [(1, 5, 2), (1, 6, 2), (1, 6, 2), (1, 5, 2), (1, 5)]
+
+
+class _OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that notes the name of every op it sees and runs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_the_eager_path_equals_the_custom_ops(rng, dropout_p):
+    """Eager calls on plain tensors run FlashNumbaAttention (no custom-op dispatch: host time); under a dispatch mode
+    the custom ops run (what torch.compile and the modes see). Both give the same O and gradients bit for bit (with
+    dropout: the same seed drawn from torch.manual_seed), keep the same tensors for the backward, and refuse a
+    second derivative."""
+    q, k, v = randn(rng, 2, 5, 4), randn(rng, 2, 7, 4), randn(rng, 2, 7, 4)
+    do = randn(rng, 2, 5, 4, grad=False)
+    runs = []
+    for mode in (None, _OpNames()):
+        torch.manual_seed(7)
+        with mode or contextlib.nullcontext():
+            o = fnt.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, kernel="flash1")
+            saved = [(t.shape, t.dtype) for t in fnt.saved_for_backward(o)]
+            grads = torch.autograd.grad(o, (q, k, v), do)
+        runs.append((o.detach(), *grads, saved))
+        if mode is not None:
+            assert "flash_numba.attn_fwd.default" in mode.names and "flash_numba.attn_bwd.default" in mode.names
+        else:
+            assert type(o.grad_fn.next_functions[0][0]).__name__ == "FlashNumbaAttentionBackward"
+    (o1, *g1, s1), (o2, *g2, s2) = runs
+    assert torch.equal(o1, o2) and all(torch.equal(a, b) for a, b in zip(g1, g2)) and s1 == s2
+    o = fnt.scaled_dot_product_attention(q, k, v, kernel="flash1")
+    (g,) = torch.autograd.grad(o.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="attn_bwd"):  # the backward op has no derivative
+        g.sum().backward()
 
 
 # ----------------------------------------------------------------------------- what we refuse
