@@ -29,7 +29,8 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
   sm_80+ the next step's Q_i and dO_i load with cp.async into a second buffer while this step computes.  Above
   d = 64 (:func:`_dkdv_shared`; Bc = 32: at d = 128, 64 keys x d took 128 accumulators a lane and ptxas spilled)
   a warp owns 16 keys x d/2 columns, S and dP are computed in 2 x 2 warp tiles of 16 queries x Bc/2 keys, and
-  P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x keys), from where
+  P (times Z) and dS, rounded to the storage type a lane's two neighbouring keys at a time (one ``pack``, one
+  32-bit store), go to shared memory row-major (queries x keys), from where
   ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i (FA2 keeps them in
   shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by ``ldmatrix``, B = K_j by
   ``ldmatrix.trans``) and adds it into a float32 dQ with atomics, two neighbouring columns in one
