@@ -29,7 +29,8 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
   sm_80+ the next step's Q_i and dO_i load with cp.async into a second buffer while this step computes.  Above
   d = 64 (:func:`_dkdv_shared`; Bc = 32: at d = 128, 64 keys x d took 128 accumulators a lane and ptxas spilled)
   a warp owns 16 keys x d/2 columns, S and dP are computed in 2 x 2 warp tiles of 16 queries x Bc/2 keys, and
-  P (times Z) and dS, rounded to the storage type, go to shared memory row-major (queries x keys), from where
+  P (times Z) and dS, rounded to the storage type a lane's two neighbouring keys at a time (one ``pack``, one
+  32-bit store), go to shared memory row-major (queries x keys), from where
   ``ldmatrix.trans`` hands them back transposed as the A operand of (Z P)^T dO_i and dS^T Q_i (FA2 keeps them in
   shared memory the same way).  With ``atomic_dq`` it also computes dS K_j (A = dS by ``ldmatrix``, B = K_j by
   ``ldmatrix.trans``) and adds it into a float32 dQ with atomics, two neighbouring columns in one
@@ -62,7 +63,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int64, uint32, uint64
+from numba import cuda, float32, int64, uint16, uint32, uint64
 
 from ...device import jit
 from .. import _bf16, _dropout, _mma, _smem, _vec
@@ -150,7 +151,16 @@ def q_shared_bytes(d: int) -> int:
 def _storage(dtype_name: str):
     """(to_f32, from_f32, pack) device functions of a storage type: float16 or bfloat16 (uint16 words)."""
     if dtype_name == "bfloat16":
-        return _bf16.bf16_to_f32, _bf16.f32_to_bf16, _mma.pack_bf16x2
+        # from_f32: one cvt.rn.bf16x2 a value (sm_80+, as standard's tensor-core kernels).  With _bf16's integer
+        # rounding (8 instructions and a NaN branch a value) the dK/dV kernel at d = 128 took 176 registers (2 blocks
+        # an SM) in bfloat16 against float16's 128 (4 blocks): ptxas for sm_90, 2026-12-02
+        pack = _mma.pack_bf16x2
+
+        @jit(device=True, forceinline=True)
+        def to_bf16(x):
+            return uint16(pack(x, x) & uint32(0xFFFF))
+
+        return _bf16.bf16_to_f32, to_bf16, pack
     if dtype_name != "float16":
         raise ValueError(f"dtype: flash2_tc runs float16 and bfloat16, not {dtype_name}")
 
@@ -463,7 +473,8 @@ def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, a
     """The dK/dV kernel above d = 64: S and dP in 2 x 2 warp tiles of 16 queries x Bc/2 keys, P (times Z) and dS
     through shared memory (module docstring)."""
     assert d % 16 == 0 and 16 <= d <= 128
-    to_f32, from_f32, _ = _storage(dtype_name)
+    to_f32, from_f32, pack = _storage(dtype_name)
+    store_32 = _mma.store_32
     ld_a, ld_a_t, ld_b, ld_b_t, mma = fragments(dtype_name, k8)
     Br, Bc = kv_block(d)
     DS, PS = stride(d), stride(Bc)
@@ -576,9 +587,13 @@ def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, a
                         if edge and int64(x) > lim:
                             p = F32_ZERO
                             ds = F32_ZERO
-                        at = rl * uint32(PS) + sc + x
-                        Ps[at] = from_f32(p * zs)
-                        dSs[at] = from_f32(ds)
+                        s[j, 2 * h + e] = p * zs
+                        dp[j, 2 * h + e] = ds
+                    # keys sc + 8 j + 2 t and + 1: rounded in pairs (one cvt.rn.bf16x2 in bfloat16, where one
+                    # element's rounding in integer arithmetic took 8 instructions) and stored a word each
+                    at = rl * uint32(PS) + sc + uint32(8 * j) + 2 * t
+                    store_32(Ps, at, pack(s[j, 2 * h], s[j, 2 * h + 1]))
+                    store_32(dSs, at, pack(dp[j, 2 * h], dp[j, 2 * h + 1]))
             cuda.syncthreads()
 
             # dV_j += (Z P)^T dO_i, dK_j += dS^T Q_i: this warp's 16 keys kr.., all d columns, k = the Br queries
