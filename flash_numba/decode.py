@@ -61,6 +61,7 @@ class DecodeProblem:
     keys_in_flight: int | None = None  # T of the CUDA-core split kernel (None: its rule; the benchmark sets others)
     path: str = ""  # the split kernel's path, "tc" or "cuda" (prepare sets it; "": kernels.flash_decode.path_of)
     stages: int | None = None  # the tensor-core kernel's pipeline stages (None: its default; the benchmark sets others)
+    fused: bool | None = None  # the combine in the split kernel (None: kernels.flash_decode.fuse_combine's default)
     dtype_name: str = ""  # "float16", "bfloat16" or "float32" (dtype is the storage: uint16 for bfloat16)
     host_dtype: object = None  # ml_dtypes.bfloat16 when the NumPy inputs were: outputs are viewed as it
 
