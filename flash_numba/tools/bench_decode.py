@@ -31,7 +31,9 @@ forced; ``-s1`` is "without splits"), ``flash_decode-cuda`` and ``flash_decode-p
 kernel, forced with ``_switches.DECODE_PATH``; its own split rule), ``flash_decode-st<n>`` (the tensor-core kernel
 with n pipeline stages a warp instead of :data:`~flash_numba.kernels.flash_decode.tc.STAGES`; the split rule for
 that many), ``flash_decode-t4`` (the CUDA-core kernel with four keys in flight a lane group instead of its rule's
-two at four rows a block: a measurement of that choice),
+two at four rows a block: a measurement of that choice), ``-unfused`` / ``-fused`` (the partials merged by a
+combine kernel launched after the split kernel, or by the split kernel's last block of each group:
+:data:`~flash_numba.kernels.flash_decode.FUSE_COMBINE` is the default),
 ``flash2_fast`` and ``flash2_tc`` (the prefill kernels at Nq = 1, for contrast: B*Hq blocks; flash2_fast has no
 bfloat16), and PyTorch SDPA pinned to a
 backend: ``torch-flash`` and ``torch-cudnn`` (``enable_gqa=True``), ``torch-efficient`` (it refuses
@@ -118,15 +120,19 @@ class Case:
 
 def implementations(splits) -> list[str]:
     return (["flash_decode", "flash_decode-paged", "flash_decode-paged-s1", "flash_decode-cuda",
-             "flash_decode-paged-cuda", "flash_decode-st3", "flash_decode-t4"] + [f"flash_decode-s{s}" for s in splits]
+             "flash_decode-paged-cuda", "flash_decode-unfused", "flash_decode-st3", "flash_decode-t4"]
+            + [f"flash_decode-s{s}" for s in splits]
             + list(PREFILL) + list(TORCH))
 
 
 def variant(name: str) -> dict:
-    """What a ``flash_decode...`` name asks for: paged, path (None: the default), stages, splits, keys in flight."""
+    """What a ``flash_decode...`` name asks for: paged, path (None: the default), stages, splits, keys in flight,
+    fused (None: the default; ``-unfused``: the combine kernel launched after the split kernel, ``-fused``: merged
+    by its last blocks)."""
     parts = name.split("-")[1:]
     out = {"paged": "paged" in parts, "path": "cuda" if "cuda" in parts or "t4" in parts else None,
-           "stages": None, "splits": None, "keys_in_flight": 4 if "t4" in parts else None}
+           "stages": None, "splits": None, "keys_in_flight": 4 if "t4" in parts else None,
+           "fused": False if "unfused" in parts else True if "fused" in parts else None}
     for p in parts:
         if p.startswith("st") and p[2:].isdigit():
             out["stages"] = int(p[2:])
@@ -150,7 +156,7 @@ def prepared(name: str, case: Case, i: int):
     _switches.DECODE_PATH = var["path"] or saved
     try:
         prob, ops = _decode.prepare(q, k, v, case.seqlens, table, None, False, None, None)
-        prob.stages, prob.keys_in_flight = var["stages"], var["keys_in_flight"]
+        prob.stages, prob.keys_in_flight, prob.fused = var["stages"], var["keys_in_flight"], var["fused"]
         prob.num_splits = var["splits"] or _decode._num_splits(None, prob, case.N)
     finally:
         _switches.DECODE_PATH = saved
@@ -256,42 +262,62 @@ def step(name: str, case: Case):
     return fn
 
 
-_CYCLES_PER_MS: list = []
+_SLEEP: list = []
 
 
-def _sleep_cycles_per_ms(torch) -> float:
-    """GPU clock cycles of ``torch.cuda._sleep`` a millisecond (measured once)."""
-    if not _CYCLES_PER_MS:
+def _sleep_units_per_ms(torch) -> tuple:
+    """``(sleep(n), units a millisecond)``: a kernel on the default stream that keeps the GPU busy for n units
+    (``torch.cuda._sleep``'s clock cycles; where PyTorch lacks it, a one-thread Numba kernel of n 1-us
+    nanosleeps), calibrated once with events."""
+    if not _SLEEP:
+        sleep = getattr(torch.cuda, "_sleep", None)
+        n = 2_000_000
+        if sleep is None:
+            from numba import cuda
+
+            @cuda.jit
+            def spin(count):
+                for _ in range(count):
+                    cuda.nanosleep(1000)
+
+            def sleep(units):
+                spin[1, 1, 0](int(units))
+            n = 2_000
+        sleep(n)  # compiled, warm
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        torch.cuda._sleep(2_000_000)
+        sleep(n)
         b.record()
         b.synchronize()
-        _CYCLES_PER_MS.append(2_000_000 / a.elapsed_time(b))
-    return _CYCLES_PER_MS[0]
+        _SLEEP.append((sleep, n / a.elapsed_time(b)))
+    return _SLEEP[0]
 
 
-def queued_ms(fn, torch, repeats: int, blocked: bool) -> tuple[float, float]:
-    """``(GPU ms, host ms)`` a call: ``repeats`` calls ``fn(i)`` queued back to back on the default stream between two
-    events (GPU ms: the events' time / repeats; host ms: the host's time to queue them / repeats), after
+def queued_ms(fn, torch, repeats: int, blocked: bool) -> tuple[float, float, bool]:
+    """``(GPU ms, host ms, held)`` a call: ``repeats`` calls ``fn(i)`` queued back to back on the default stream
+    between two events (GPU ms: the events' time / repeats; host ms: the host's time to queue them / repeats), after
     :data:`WARMUP` calls.
 
     ``blocked``: a sleep kernel queued first holds the GPU until the host has queued every call (checked: the start
-    event has not run when the host is done, else the sleep is doubled and the window run again), so the GPU runs
-    the calls back to back and the time is the GPU's alone: the kernels and the gaps between them, no host latency
-    (the ``ms`` column).  Not blocked: the GPU waits for the host wherever the host takes longer per call than the
-    kernels, as in a loop of calls (the ``loop_ms`` column)."""
+    event has not run when the host is done, else the sleep is doubled and the window run again; ``held`` says
+    whether it was, at the last try), so the GPU runs the calls back to back and the time is the GPU's alone: the
+    kernels and the gaps between them, no host latency (the ``ms`` column).  Not blocked: the GPU waits for the host
+    wherever the host takes longer per call than the kernels, as in a loop of calls (the ``loop_ms`` column)."""
     import time
 
+    host_once = []
     for i in range(WARMUP):
+        t0 = time.perf_counter()
         fn(i)
-    hold = 1.0  # ms of sleep
-    for _ in range(8):
+        host_once.append((time.perf_counter() - t0) * 1e3)
+    hold = max(1.0, 2 * repeats * min(host_once))  # ms of sleep: twice the host's time to queue the window
+    for attempt in range(5):
         torch.cuda.synchronize()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if blocked:
-            torch.cuda._sleep(int(hold * _sleep_cycles_per_ms(torch)))
+            sleep, per_ms = _sleep_units_per_ms(torch)
+            sleep(int(hold * per_ms))
         start.record()
         t0 = time.perf_counter()
         for r in range(repeats):
@@ -300,10 +326,9 @@ def queued_ms(fn, torch, repeats: int, blocked: bool) -> tuple[float, float]:
         early = blocked and start.query()  # the GPU left the sleep before the host had queued every call
         stop.record()
         stop.synchronize()
-        if not early:
-            return start.elapsed_time(stop) / repeats, host / repeats
+        if not early or attempt == 4:
+            return start.elapsed_time(stop) / repeats, host / repeats, not early
         hold = 2 * max(hold, host)
-    raise RuntimeError(f"queued_ms: the host took longer to queue {repeats} calls than a {hold / 2:.0f} ms sleep")
 
 
 def loop_ms(name: str, case: Case, repeats: int) -> float:
@@ -421,7 +446,10 @@ def _sweep_one(torch, N, dtype, names, repeats, out, count: bool) -> int:
                         print(f"MISMATCH {name} N={N}: counted {r.hbm} != model {want}")
                         row["status"], status = "count != model", 1
             fn = step(name, case)
-            ms, host = queued_ms(fn, torch, repeats, blocked=True)
+            ms, host, held = queued_ms(fn, torch, repeats, blocked=True)
+            if not held:  # a call that waits for the GPU on the host (none should): ms holds host time
+                print(f"NOT HELD {name} N={N} {dtype}: the GPU ran before the host had queued the window")
+                row["status"] = "not held" if row["status"] == "ok" else row["status"]
             row.update(ms=ms, host_ms=host, tflops=flops / (ms * 1e-3) / 1e12, kv_gbps=kvb / (ms * 1e-3) / 1e9)
             row["loop_ms"] = queued_ms(fn, torch, repeats, blocked=False)[0]
             if ours(name):
@@ -463,7 +491,7 @@ def attention_model(r, case: Case, name: str):
     storage = _inputs.BF16_STORAGE if case.dtype == "bfloat16" else np.dtype(case.dtype)
     prob = _decode.DecodeProblem(B, HQ, HKV, 1, D, storage, paged, P, per if paged else 1,
                                  B * per if paged else B, seqlens, False, 1 / math.sqrt(D), num_splits=r.num_splits,
-                                 dtype_name=case.dtype)
+                                 dtype_name=case.dtype, fused=var["fused"])
     prob.path = var["path"] or fd.path_of(prob)
     return model.decode(prob)
 
