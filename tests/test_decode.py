@@ -431,6 +431,39 @@ def test_gpu_torch_tensors_side_stream_and_determinism(rng):
     assert (np.abs(a.o.cpu().numpy().astype(np.float64) - o_ref) <= tol).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_a_launch_plan_replays_a_step_and_still_checks_the_lengths(monkeypatch, rng, paged):
+    """PyTorch tensors: the first call records a launch plan, the next ones replay it (no Numba launch path) after
+    the host checks.  A replay gives the normal path's bits; lengths changed in place (same shapes: the same plan)
+    give the float64 answer of the new lengths; a length past the cache is still refused before any launch."""
+    torch = pytest.importorskip("torch")
+    from flash_numba import _launch_plan
+
+    lengths = (700, 0, 513)
+    q, k, v, seqlens, table = make(rng, 3, 8, 2, 1, 64, lengths, np.float16, page_size=64 if paged else None)
+    t = [torch.from_numpy(x).cuda() for x in (q, k, v, seqlens)] + ([torch.from_numpy(table).cuda()] if paged else [])
+    kw = dict(cache_seqlens=t[3], block_table=t[4] if paged else None)
+    first = fn.attention_decode(*t[:3], **kw)
+    prob, _ = decode.check(*t[:3], t[3], kw["block_table"], None, False, None, None)
+    key = decode.plan_key(prob, tuple(t))
+    assert isinstance(_launch_plan.lookup(key), _launch_plan.Plan)
+    again = fn.attention_decode(*t[:3], **kw)  # replayed
+    assert torch.equal(first.o, again.o) and torch.equal(first.lse, again.lse)
+    t[3].copy_(torch.tensor([5, 0, 576], dtype=torch.int32))  # new lengths within the pages, same shapes and splits
+    replayed = fn.attention_decode(*t[:3], **kw)
+    monkeypatch.setattr(_launch_plan, "ENABLED", False)
+    normal = fn.attention_decode(*t[:3], **kw)
+    assert torch.equal(replayed.o, normal.o) and torch.equal(replayed.lse, normal.lse)
+    o_ref, _ = decode_reference(q, k, v, np.array([5, 0, 576], np.int32), table)
+    tol = tolerance(np.float16, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), 700, 64, 1 / 8, "tc")
+    assert (np.abs(replayed.o.cpu().numpy().astype(np.float64) - o_ref) <= tol).all()
+    monkeypatch.setattr(_launch_plan, "ENABLED", True)
+    t[3][0] = 10**6
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        fn.attention_decode(*t[:3], **kw)
+
+
 def test_the_decode_figure_plots_the_benchmark_rows(tmp_path):
     """fig_decode reads the benchmark's CSV (here a made-up one) and writes the PNG and the points it plots."""
     pytest.importorskip("matplotlib")

@@ -17,8 +17,10 @@ same three steps as :mod:`flash_numba.tools.bench`:
    counts the host's launch work as GPU time; ``call_ms`` (``flash_decode``, ``flash_decode-paged``), whole
    ``attention_decode`` calls back to back, host checks included (they copy the lengths back to the host: a
    synchronisation each call).  Our calls in ``ms``, ``host_ms``, ``loop_ms``: the launches of a call checked once
-   per input set (:func:`prepared`), as PyTorch's calls check nothing on the host.  Calls rotate among KV caches
-   that together exceed 3x the L2 cache (the paged cache and the repeated K, V for memory-efficient: one copy).
+   per input set (:func:`prepared`), as PyTorch's calls check nothing on the host, then launched as
+   :func:`flash_numba.attention_decode` launches them (its launch plan replayed: :func:`step`).  Calls rotate among
+   KV caches that together exceed 3x the L2 cache (the paged cache and the repeated K, V for memory-efficient: one
+   copy).
 3. **Report**: a fixed-width table per cache length and a CSV with the harness's columns
    (:data:`flash_numba.tools.bench_report.CSV_FIELDS`: ``pass`` = ``decode``, ``H`` = query heads, ``N`` =
    cache length, ``flops`` = 4 B Hq N d) and two more: ``kv_gbps`` (the KV bytes of the Hkv heads,
@@ -248,17 +250,27 @@ def step(name: str, case: Case):
         return lambda i: call(base, case, i % n_calls_sets(base, case))
     if not ours(name):
         return lambda i: call(name, case, i % n_calls_sets(name, case))
-    from .. import _inputs, _stream
+    from .. import _launch_plan
     from .. import decode as _decode
-    from ..hbm import Counters
 
-    probs = [prepared(name, case, i) for i in range(n_calls_sets(name, case))]
-    off = Counters(False)
+    calls = []
+    for i in range(n_calls_sets(name, case)):
+        prob, ops = prepared(name, case, i)
+        q, k, v = case.sets[i]
+        table = case.paged()[3] if variant(name)["paged"] else None
+        if table is not None:
+            q, k, v = case.paged()[:3]
+        tensors = (q, k, v, case.seqlens) + (() if table is None else (table,))
+        calls.append((prob, ops, tensors, _decode.plan_key(prob, tensors)))
 
-    def fn(i):
-        prob, ops = probs[i % len(probs)]
-        with _stream.using(prob.stream), _inputs.allocate_like(prob):
-            _decode.SPEC.run(prob, ops, off)
+    def fn(i):  # as attention_decode after its checks: the launch plan's replay, recorded at the first call
+        prob, ops, tensors, key = calls[i % len(calls)]
+        plan = _launch_plan.lookup(key)
+        if plan:
+            return plan.replay(tensors)
+        with _launch_plan.recording(key if plan is None else None, tensors) as recording:
+            r = _decode._run(prob, ops, False)
+            recording.finish((r.o, r.lse), None)
     return fn
 
 
