@@ -70,7 +70,7 @@ def make(csv_path, out_dir, splits_of: dict | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     plt = pyplot()
     dtypes = list(dict.fromkeys(x["dtype"] for x in pts)) or ["float16"]
-    fig, axes = plt.subplots(len(dtypes), 2, figsize=(12, 4.8 * len(dtypes)), squeeze=False)
+    fig, axes = plt.subplots(len(dtypes), 2, figsize=(15, 4.8 * len(dtypes)), squeeze=False)
     for (ax_t, ax_b), dt in zip(axes, dtypes):
         for name, label, color, style in SERIES:
             p = sorted((x for x in pts if x["implementation"] == name and x["dtype"] == dt), key=lambda x: x["N"])
@@ -88,7 +88,7 @@ def make(csv_path, out_dir, splits_of: dict | None = None) -> list[Path]:
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
         ax_t.set_yscale("log")
-        ax_b.legend(fontsize=7, loc="upper left")
+        ax_b.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the panel: no line hidden
     device = next((c for c in comments if c.startswith("device:")), "")
     fig.suptitle("One decoding step: B = 8, Hq = 32, Hkv = 8, d = 128, one new token; GPU time a call, calls queued "
                  "back to back (bench_decode's ms)\n" + device, fontsize=9)
