@@ -6,10 +6,14 @@ matrix-vector: the cache read is the bound, about one FLOP per byte (G FLOPs per
 attention, G = Hq / Hkv query heads sharing a KV head).  A prefill kernel puts one block per (sequence,
 head) on the GPU (B*H = 32 blocks for 132 SMs in our benchmark) and reads the cache at a few percent of
 HBM's rate; this module splits the cache of each (sequence, KV head) into ``num_splits`` chunks, each
-its own thread block (:mod:`.kernels`, "split kernel"), and merges the partial results in a second
-launch ("combine") with the online-softmax rescale of lesson 3:
+its own thread block (:mod:`.kernels`, "split kernel"), and merges the partial results ("combine") with the
+online-softmax rescale of lesson 3:
 
     lse2_s = m_s + log2(l_s),  LSE2 = log2(sum_s 2^lse2_s),  O = sum_s 2^(lse2_s - LSE2) * (O_s / l_s)
+
+in the split kernel itself: the last block of each group to finish, found with an atomic counter, merges the
+group's partials (:mod:`.fused`, :data:`FUSE_COMBINE`: one launch a call), or in a second launch, the combine
+kernel (``_switches.DECODE_FUSED = False``).
 
 * **GQA reads each KV element once per step**: the block of KV head hkv computes every query row that
   reads it (the G query heads x Nq tokens of the group, up to 8 a block).
@@ -23,15 +27,16 @@ launch ("combine") with the online-softmax rescale of lesson 3:
   Compute).  Elsewhere (float32, d = 8, 24, ..., a T4) the CUDA-core kernel (:mod:`.kernels`): 16-byte
   register loads, fp32 accumulation, ``shfl_xor`` row sums.  float16, bfloat16 (its uint16 words, converted with
   :mod:`flash_numba.kernels._bf16` on CUDA cores: integer code, every cc) and float32.  Measured on the H200
-  (d = 128, float16, G = 4, benchmarks/results/h200-2026-12-01-decode-pipeline): the tensor-core kernel streams
-  the cache at 2,943 GB/s at 32k and 3,795 at 128k, the CUDA-core kernel at 1,961 and 2,333.
+  (d = 128, float16, G = 4, B = 8, calls queued back to back, benchmarks/results/h200-2026-12-02-decode): the
+  tensor-core kernel streams the cache at 3,987 GB/s at 32k and 4,187 at 128k (PyTorch flash 4,385 and 4,557),
+  the CUDA-core kernel at 2,402 and 2,481.
 * **num_splits** (:func:`choose_splits`): as many splits as fill one wave of resident blocks
   (:func:`resident_blocks` an SM: the tensor-core kernel's by its shared memory, the CUDA-core kernel's
   :data:`RESIDENT_BLOCKS`), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
 
-Counters: "flash_decode (one split)" (num_splits = 1: the split kernel writes o and lse), or
-"flash_decode split-KV" and "flash_decode combine"; :mod:`flash_numba.iomodel.flash_decode` predicts
-them by term.  Public entry: :func:`flash_numba.attention_decode`.
+Counters: "flash_decode (one split)" (num_splits = 1: the split kernel writes o and lse), "flash_decode split-KV
++ combine" (the combine fused), or "flash_decode split-KV" and "flash_decode combine";
+:mod:`flash_numba.iomodel.flash_decode` predicts them by term.  Public entry: :func:`flash_numba.attention_decode`.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ RESIDENT_BLOCKS = 4
 MIN_KEYS_PER_SPLIT = 256
 #: With more than one split, the split kernel's last block of each group merges the group's partials (:mod:`.fused`:
 #: one launch a call) instead of a combine kernel launched after it.  ``_switches.DECODE_FUSED`` overrides it.
+#: Measured on the H200 (d = 128, G = 4, B*Hkv = 64, 4 splits, float16; benchmarks/results/h200-2026-12-02-decode):
+#: the unfused step takes 8.5% longer at 4k, 2.0% at 32k, 0.8% at 128k (4-9 us).
 FUSE_COMBINE = True
 #: The split kernel's two paths: "tc", tensor cores fed by a cp.async pipeline (:mod:`.tc`: sm_80+, float16 and
 #: bfloat16, d a multiple of 16), and "cuda", CUDA cores with 16-byte register loads (:mod:`.kernels`: every cc,
@@ -150,7 +157,10 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
     The tensor-core kernel (2 stages: 80 KB of shared memory a block, two blocks an SM of 228 KB), measured on the
     H200 (benchmarks/results/h200-2026-12-01-decode-pipeline): 4 splits (256 blocks, 0.97 of a wave of 264)
     2,943 GB/s at 32k and 3,795 at 128k; 8 splits (two waves) 2,878 and 3,776; 3 stages at 4 splits (also two
-    blocks an SM) and 4 stages at 2 splits (one block an SM) within 2% of it (2,993 and 2,998 at 32k).
+    blocks an SM) and 4 stages at 2 splits (one block an SM) within 2% of it (2,993 and 2,998 at 32k).  (Those
+    runs timed each launch with events around Numba's launch path, host work included: relative to each other
+    only.  Timed as calls queued back to back, benchmarks/results/h200-2026-12-02-decode, the rule's 4 splits with
+    the combine fused stream 2,886 GB/s at 4k, 3,987 at 32k and 4,187 at 128k, one split 1.5-1.9x slower.)
 
     The CUDA-core kernel, measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16,
     benchmarks/results/h200-2026-12-01-decode): 8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8,
