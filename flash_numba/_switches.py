@@ -37,6 +37,9 @@ under another).  Nothing here imports anything: any module may read it.
     flash_decode's split kernel: "tc" (tensor cores fed by a cp.async pipeline; sm_80+, float16 and
     bfloat16, d a multiple of 16) or "cuda" (CUDA cores, every GPU); None: the environment's
     ``FLASH_NUMBA_DECODE_PATH``, else "tc" where it runs (``kernels/flash_decode.choose_path``).
+``DECODE_FUSED``
+    flash_decode with more than one split: True merges the partials in the split kernel's last block of each
+    group (one launch), False in a combine kernel launched after it; None: ``kernels/flash_decode.FUSE_COMBINE``.
 """
 
 from __future__ import annotations
@@ -52,9 +55,11 @@ SHARE_P_DS: bool | None = None
 SPLIT_DV_DK: bool = True
 TC_PATH: str | None = None
 DECODE_PATH: str | None = None
+DECODE_FUSED: bool | None = None
 
 NAMES = ("POISON_OUTPUTS", "DYNAMIC_ABOVE", "FORCE_DQ_COPIES", "FORCE_SPLIT_S_DP", "FORCE_DQ_LANE_GROUPS",
-         "SHARE_P_DS", "SPLIT_DV_DK", "TC_PATH", "DECODE_PATH")
+         "SHARE_P_DS", "SPLIT_DV_DK", "TC_PATH", "DECODE_PATH",
+         "DECODE_FUSED")
 
 
 def values() -> tuple:

@@ -10,11 +10,12 @@ int32s a call).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _inputs, _stream, device
+from . import _inputs, _launch_plan, _stream, _switches, device
 from .hbm import Counters, HBMCount
 from .kernels import flash_decode as _fd
 
@@ -61,6 +62,7 @@ class DecodeProblem:
     keys_in_flight: int | None = None  # T of the CUDA-core split kernel (None: its rule; the benchmark sets others)
     path: str = ""  # the split kernel's path, "tc" or "cuda" (prepare sets it; "": kernels.flash_decode.path_of)
     stages: int | None = None  # the tensor-core kernel's pipeline stages (None: its default; the benchmark sets others)
+    fused: bool | None = None  # the combine in the split kernel (None: kernels.flash_decode.fuse_combine's default)
     dtype_name: str = ""  # "float16", "bfloat16" or "float32" (dtype is the storage: uint16 for bfloat16)
     host_dtype: object = None  # ml_dtypes.bfloat16 when the NumPy inputs were: outputs are viewed as it
 
@@ -172,12 +174,31 @@ def _no_table():
 
     key = 0 if device.SIMULATOR else id(cuda.current_context())
     if key not in _NO_TABLE:
-        _NO_TABLE[key] = cuda.to_device(np.zeros(1, np.int32))
+        _NO_TABLE[key] = _launch_plan.persistent(cuda.to_device(np.zeros(1, np.int32)))
     return _NO_TABLE[key]
 
 
 def prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, stream):
     """Check every argument on the host; return the :class:`DecodeProblem` and the device operands."""
+    prob, checked = check(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, stream)
+    return prob, operands(prob, checked)
+
+
+def operands(prob, checked) -> dict:
+    """The device operands of a checked call (:func:`check`): q, k, v as flat device views, the lengths and the
+    table on the device."""
+    args, meta, table = checked
+    seqlens = prob.seqlens
+    ops = {"q": _flat(args["q"], "q", False), "k": _flat(args["k_cache"], "k_cache", True),
+           "v": _flat(args["v_cache"], "v_cache", True)}
+    ops["seqlens"] = _metadata_device(meta.get("cache_seqlens"), seqlens)
+    ops["table"] = _metadata_device(meta["block_table"], table) if prob.paged else _no_table()
+    return ops
+
+
+def check(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, stream):
+    """Check every argument on the host: ``(prob, checked)``, the :class:`DecodeProblem` and what
+    :func:`operands` needs to build the device operands."""
     causal = _bool(causal, "causal")
     args = {"q": _inputs._gather(q, "q"), "k_cache": _inputs._gather(k_cache, "k_cache"),
             "v_cache": _inputs._gather(v_cache, "v_cache")}
@@ -267,11 +288,7 @@ def prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal,
                          lead=(B, Hq), dtype_name=dts["q"], host_dtype=args["q"].host_dtype, path=path)
     prob.num_splits = _num_splits(num_splits, prob, int(seqlens.max()) if B else 0)
     prob.stream = _stream.for_call(q, stream)  # PyTorch's current stream for tensors (flash_numba._stream)
-    ops = {"q": _flat(args["q"], "q", False), "k": _flat(args["k_cache"], "k_cache", True),
-           "v": _flat(args["v_cache"], "v_cache", True)}
-    ops["seqlens"] = _metadata_device(meta.get("cache_seqlens"), seqlens)
-    ops["table"] = _metadata_device(meta["block_table"], table) if paged else _no_table()
-    return prob, ops
+    return prob, (args, meta, table)
 
 
 def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, num_splits=None, causal=False,
@@ -292,7 +309,8 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     storage, d 8 to 128 a multiple of 8.
 
     ``num_splits``: chunks each (sequence, KV head) cache is split into, one thread block each, merged by
-    a combine kernel (1: one launch, no partials).  None chooses
+    the last block of each group to finish (one launch; :data:`flash_numba.kernels.flash_decode.FUSE_COMBINE`)
+    or by a combine kernel (1: one launch, no partials).  None chooses
     (:func:`flash_numba.kernels.flash_decode.choose_splits`): as many splits as fill one wave of this GPU
     (``flash_numba.device.info().sm_count`` SMs, each running two blocks of the tensor-core kernel at d = 128
     (its shared memory) or four of the CUDA-core kernel; B*Hkv blocks per split, times the row tiles: G * Nq
@@ -307,10 +325,43 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
 
     Every argument is checked on the host before a launch (dtypes, shapes, lengths against the cache or the
     pages given, each page index a sequence uses against the cache): bad metadata raises an error naming the
-    argument and never becomes an out-of-bounds read.  Returns a :class:`DecodeResult`.
+    argument and never becomes an out-of-bounds read.  On PyTorch tensors (with ``cache_seqlens`` a tensor, no
+    ``count_hbm``) the first call of a shape records its launches and later calls replay them after the checks
+    (:func:`plan_key`, :mod:`flash_numba._launch_plan`): 0.02-0.04 ms of host time a step instead of Numba's
+    0.7-1.3 ms on the H200 (benchmarks/results/h200-2026-12-02-decode).  Returns a :class:`DecodeResult`.
     """
     count = _bool(count_hbm, "count_hbm")
-    prob, ops = prepare(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, stream)
+    prob, checked = check(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, causal, scale, stream)
+    tensors = (q, k_cache, v_cache) + tuple(t for t in (cache_seqlens, block_table) if t is not None)
+    key = plan_key(prob, tensors, count)
+    plan = _launch_plan.lookup(key)
+    if plan:
+        o, lse = plan.replay(tensors)
+        return DecodeResult(o, lse, None, KERNEL, prob.num_splits)
+    ops = operands(prob, checked)
+    with _launch_plan.recording(key if plan is None else None, tensors) as recording:
+        result = _run(prob, ops, count)
+        recording.finish((result.o, result.lse), None)
+    return result
+
+
+def plan_key(prob, tensors, count: bool = False):
+    """The launch-plan key of a checked call on PyTorch tensors (None: the call takes the normal path; see
+    :mod:`flash_numba._launch_plan`).  A replay skips Numba's launch path (hundreds of microseconds of host time
+    a call), not the checks: every call's lengths and table are still checked on the host first.  The key holds
+    what the launches depend on besides the data: the tensors' shapes, strides, dtypes and devices (the lengths
+    and the table among them: without ``cache_seqlens`` the call copies its lengths to the device, which no plan
+    can replay), the splits, path, pipeline stages and fusion chosen, causal, scale, the stream and the switches;
+    the lengths' values are read by the kernels on the device, so they may change between replays."""
+    if count or not _launch_plan.ENABLED:
+        return None
+    return _launch_plan.key("decode", KERNEL, tensors, (
+        prob.num_splits, prob.path, prob.stages, prob.fused, prob.keys_in_flight, prob.causal, float(prob.scale),
+        prob.paged, _stream.handle(prob.stream), *_switches.values(), os.environ.get("FLASH_NUMBA_DECODE_PATH")))
+
+
+def _run(prob, ops, count: bool) -> DecodeResult:
+    """The launches of a checked call on its stream (the normal path)."""
     counters = Counters(count)
     from .api import _one_launch_at_a_time
 

@@ -148,6 +148,45 @@ def test_matches_float64_reference_in_one_two_and_three_splits(monkeypatch, rng,
         assert (np.abs(o - outs[0]) <= 2 * tol).all()
 
 
+FUSED_CASES = [  # (dtype, path, Nq, causal, Hq, Hkv, lengths, page_size, splits)
+    (np.float16, "tc", 3, True, 8, 2, (13, 0, 2), 5, (2, 3)),  # 12 rows a group: 3 trips of the 4 warps' merge
+    (np.float32, "cuda", 3, True, 8, 2, (13, 0, 2), None, (2, 3)),  # two row tiles (8 + 4 rows) a KV head
+    pytest.param("bfloat16", "tc", 1, False, 4, 1, (45, 7), None, (40,), marks=FULL),  # 40 splits: two a lane
+]
+
+
+@pytest.mark.parametrize("dtype, path, Nq, causal, Hq, Hkv, lengths, page_size, splits", FUSED_CASES)
+def test_the_combine_fused_into_the_split_kernel_gives_the_combine_kernels_bits(monkeypatch, rng, dtype, path, Nq,
+                                                                               causal, Hq, Hkv, lengths, page_size,
+                                                                               splits):
+    """The last block of each group merges the partials (kernels/flash_decode/fused.py): the same o and lse, bit
+    for bit, as the combine kernel launched after the split kernel (the same sums in the same order), in one
+    launch; its counted bytes equal the IO model's (the group counters' term included); the counters are zero
+    again after the call (the next launch on the stream finds them so).  Empty splits (a length of 0, causal rows
+    before the cache, 40 splits of 45 and 7 keys) included."""
+    monkeypatch.setattr(_switches, "DECODE_PATH", path)
+    q, k, v, seqlens, table = make(rng, len(lengths), Hq, Hkv, Nq, 16, lengths,
+                                   np.float32 if dtype == "bfloat16" else dtype, page_size)
+    q, k, v = as_words(dtype, q, k, v)
+    o_ref, _ = decode_reference(*(as_float(dtype, x) for x in (q, k, v)), seqlens, table, causal=causal)
+    tol = tolerance(dtype, o_ref, as_float(dtype, q), np.nan_to_num(as_float(dtype, k)),
+                    np.nan_to_num(as_float(dtype, v)), max(lengths), 16, 0.25, path)
+    for S in splits:
+        got = {}
+        for fused in (False, True):
+            monkeypatch.setattr(_switches, "DECODE_FUSED", fused)
+            r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, num_splits=S, causal=causal,
+                                    count_hbm=True)
+            assert tuple(r.hbm.per_kernel) == fd.launches(S, fused)
+            assert r.hbm == model_of(r, q, k, seqlens, table, causal, "bfloat16" if dtype == "bfloat16" else "")
+            assert (r.hbm.terms["split counters"] > 0) == fused
+            got[fused] = r
+        assert np.array_equal(got[True].o, got[False].o) and np.array_equal(got[True].lse, got[False].lse), S
+        o = as_float(dtype, got[True].o).astype(np.float64)
+        assert (np.abs(o - o_ref) <= tol).all(), S
+        assert not np.asarray(fd.semaphores(0)).any()
+
+
 def test_many_pages_one_sequence_page_size_one(rng):
     """Page size 1 and 140 keys: the block stages the table 128 entries at a time (two batches)."""
     q, k, v, seqlens, table = make(rng, 1, 2, 1, 1, 8, (140,), np.float32, page_size=1)
@@ -213,6 +252,7 @@ def test_split_rule():
     # the tensor-core kernel at d = 128, float16, G = 4 on an H200 (228 KB of shared memory an SM): 2 stages,
     # 80 KB a block, two blocks an SM: 264 // 64 = 4 splits; 4 stages, one block: 2 splits
     assert fd.tc.resident_blocks(128, 2, 1, 228 * 1024) == 2 and fd.tc.resident_blocks(128, 4, 1, 228 * 1024) == 1
+    assert fd.tc.resident_blocks(128, 2, 1, 228 * 1024, fused=True) == 2  # the merge's 4 KB keep two blocks an SM
     assert fd.choose_splits(8, 8, 1, 32768, None, 132, fd.tc.resident_blocks(128, 2, 1, 228 * 1024)) == 4
 
 
@@ -338,10 +378,14 @@ def test_the_spec_describes_the_kernel():
     assert spec.supports(128, "float16") is None and spec.supports(64, "float32") is None
     assert spec.supports(12, "float16") == ("flash_decode runs float16, bfloat16 and float32 with head dims 8 to "
                                             "128, a multiple of 8")
-    assert spec.launches(1) == (fd.SPLIT_ONE_NAME,) and spec.launches(4) == (fd.SPLIT_NAME, fd.COMBINE_NAME)
+    assert spec.launches(1) == (fd.SPLIT_ONE_NAME,) and spec.launches(4, False) == (fd.SPLIT_NAME, fd.COMBINE_NAME)
+    assert spec.launches(4, True) == (fd.FUSED_NAME,) and spec.launches(1, True) == (fd.SPLIT_ONE_NAME,)
+    assert spec.launches(4) == ((fd.FUSED_NAME,) if fd.FUSE_COMBINE else (fd.SPLIT_NAME, fd.COMBINE_NAME))
     prob = decode.DecodeProblem(1, 4, 1, 1, 16, np.dtype(np.float16), False, 32, 1, 1, np.array([32], np.int32),
-                                False, 0.25, num_splits=2)
+                                False, 0.25, num_splits=2, fused=False)
     assert spec.flops(prob) == {fd.SPLIT_NAME: 4 * 16 * 32 * 4, fd.COMBINE_NAME: 2 * 16 * 2 * 4}
+    prob.fused = True
+    assert spec.flops(prob) == {fd.FUSED_NAME: 4 * 16 * 32 * 4 + 2 * 16 * 2 * 4}
     assert ((("float16",), (128,)) in spec.compile_groups)
 
 
@@ -385,6 +429,39 @@ def test_gpu_torch_tensors_side_stream_and_determinism(rng):
     assert torch.equal(a.o, b.o) and torch.equal(a.lse, b.lse)
     tol = tolerance(np.float16, o_ref, q, k, v, 4096, 128, 1 / np.sqrt(128))
     assert (np.abs(a.o.cpu().numpy().astype(np.float64) - o_ref) <= tol).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_a_launch_plan_replays_a_step_and_still_checks_the_lengths(monkeypatch, rng, paged):
+    """PyTorch tensors: the first call records a launch plan, the next ones replay it (no Numba launch path) after
+    the host checks.  A replay gives the normal path's bits; lengths changed in place (same shapes: the same plan)
+    give the float64 answer of the new lengths; a length past the cache is still refused before any launch."""
+    torch = pytest.importorskip("torch")
+    from flash_numba import _launch_plan
+
+    lengths = (700, 0, 513)
+    q, k, v, seqlens, table = make(rng, 3, 8, 2, 1, 64, lengths, np.float16, page_size=64 if paged else None)
+    t = [torch.from_numpy(x).cuda() for x in (q, k, v, seqlens)] + ([torch.from_numpy(table).cuda()] if paged else [])
+    kw = dict(cache_seqlens=t[3], block_table=t[4] if paged else None)
+    first = fn.attention_decode(*t[:3], **kw)
+    prob, _ = decode.check(*t[:3], t[3], kw["block_table"], None, False, None, None)
+    key = decode.plan_key(prob, tuple(t))
+    assert isinstance(_launch_plan.lookup(key), _launch_plan.Plan)
+    again = fn.attention_decode(*t[:3], **kw)  # replayed
+    assert torch.equal(first.o, again.o) and torch.equal(first.lse, again.lse)
+    t[3].copy_(torch.tensor([5, 0, 576], dtype=torch.int32))  # new lengths within the pages, same shapes and splits
+    replayed = fn.attention_decode(*t[:3], **kw)
+    monkeypatch.setattr(_launch_plan, "ENABLED", False)
+    normal = fn.attention_decode(*t[:3], **kw)
+    assert torch.equal(replayed.o, normal.o) and torch.equal(replayed.lse, normal.lse)
+    o_ref, _ = decode_reference(q, k, v, np.array([5, 0, 576], np.int32), table)
+    tol = tolerance(np.float16, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), 700, 64, 1 / 8, "tc")
+    assert (np.abs(replayed.o.cpu().numpy().astype(np.float64) - o_ref) <= tol).all()
+    monkeypatch.setattr(_launch_plan, "ENABLED", True)
+    t[3][0] = 10**6
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        fn.attention_decode(*t[:3], **kw)
 
 
 def test_the_decode_figure_plots_the_benchmark_rows(tmp_path):

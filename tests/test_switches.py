@@ -10,7 +10,7 @@ from flash_numba.kernels.flash2_fast import layout
 
 def test_every_switch_has_a_documented_default():
     assert _switches.POISON_OUTPUTS  # every test runs poisoned (tests/conftest.py)
-    assert _switches.values()[1:] == (device.STATIC_SHARED_LIMIT, None, None, None, None, True, None, None)
+    assert _switches.values()[1:] == (device.STATIC_SHARED_LIMIT, None, None, None, None, True, None, None, None)
     for name in _switches.NAMES:
         assert f"``{name}``" in _switches.__doc__, name
 

@@ -7,7 +7,7 @@
   against the IO model :mod:`flash_numba.iomodel.flash_decode`.
 * :func:`blocks_figure`: thread blocks against SMs, without and with splits.
 * :func:`recorded_rates`, :func:`rates_figure`: the H200's decode benchmark (GB/s of KV cache by length),
-  ``data/h200-2026-12-01-decode/decode.csv``, with its GPU, date and command.
+  ``data/h200-2026-12-02-decode/decode.csv``, with its GPU, date and command.
 """
 
 from __future__ import annotations
@@ -290,23 +290,23 @@ def blocks_figure(B: int, Hkv: int, sm_count: int, splits=(1, 8), resident: int 
 
 # ============================================================================= recorded H200 results
 
-DECODE_CSV = DATA / "h200-2026-12-01-decode" / "decode.csv"
-DECODE_SOURCE = ("NVIDIA H200 (sm_90, 132 SMs), 2026-12-01, commit f4f9e75 (branch decode), "
-                 "benchmarks/results/h200-2026-12-01-decode/decode.csv: "
-                 "python -m flash_numba.tools.bench_decode --csv decode.csv")
+DECODE_CSV = DATA / "h200-2026-12-02-decode" / "decode.csv"
+DECODE_SOURCE = ("NVIDIA H200 (sm_90, 132 SMs), 2026-12-02, commit 0579997 (branch decode), "
+                 "benchmarks/results/h200-2026-12-02-decode/decode.csv: bash benchmarks/decode_sweep.sh OUT "
+                 "(GPU time a step, steps queued back to back)")
 
 
-def recorded_rates(implementations=("flash_decode-s8", "flash_decode-s1", "flash2_fast", "torch-flash",
-                                    "torch-efficient", "torch-math")) -> dict:
+def recorded_rates(implementations=("flash_decode", "flash_decode-s1", "flash_decode-cuda", "flash2_fast",
+                                    "torch-flash", "torch-efficient", "torch-math"), dtype="float16") -> dict:
     """{implementation: {N: KV GB/s}} from the recorded decode benchmark (B = 8, Hq = 32, Hkv = 8, d = 128,
-    float16, one new token): ``kv_gbps`` = 2 B Hkv N d s / time."""
+    ``dtype`` float16 or bfloat16, one new token): ``kv_gbps`` = 2 B Hkv N d s / time."""
     with open(DECODE_CSV) as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     out = {name: {} for name in implementations}
     for r in rows:
-        if r["implementation"] in out and r["status"] == "ok":
+        if r["implementation"] in out and r["status"] == "ok" and r.get("dtype", "float16") == dtype:
             out[r["implementation"]][int(r["N"])] = float(r["kv_gbps"])
-    return out
+    return {name: by_n for name, by_n in out.items() if by_n}
 
 
 def recorded_header() -> list[str]:

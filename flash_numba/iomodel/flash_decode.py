@@ -16,9 +16,13 @@ for the same ``row_tiles``.  Terms:
 ``o and lse``     ``rows * (d s + 4)``: the output and its log-sum-exp, written once
 ``partials``      S > 1 only: ``lse2_s`` written and read (``2 * 4 * S * rows``), and ``O_s / l_s`` written and
                   read (``2 * 4 d`` per row and split that saw one of the row's keys)
+``split counters`` S > 1 with the combine fused into the split kernel (:mod:`~flash_numba.kernels.flash_decode.fused`)
+                  only: each block's ``atomicAdd`` on its group's counter (4 read, 4 written) and each group's last
+                  block's reset (4 written): ``8 * blocks + 4 * blocks / S``
 
 The split kernel's launch holds the first five terms' reads and its writes (or, with S > 1, the partials'
-writes); the combine reads the partials and writes o and lse.  Split s of sequence b reads keys
+writes); the combine reads the partials and writes o and lse.  Fused, one launch holds them all, the counters
+too.  Split s of sequence b reads keys
 ``s*chunk .. min(L, (s+1)*chunk) - 1``, ``chunk = ceil(L / S)``.  Causal (bottom-right among the new tokens):
 row i of a sequence sees keys ``j <= L - Nq + i``; the block still reads its whole chunk.
 """
@@ -26,9 +30,9 @@ row i of a sequence sees keys ``j <= L - Nq + i``; the block still reads its who
 from __future__ import annotations
 
 from ..hbm import HBMCount, KernelBytes
-from ..kernels.flash_decode import COMBINE_NAME, SPLIT_NAME, SPLIT_ONE_NAME, path_of, row_tile
+from ..kernels.flash_decode import COMBINE_NAME, SPLIT_NAME, SPLIT_ONE_NAME, FUSED_NAME, fused_of, path_of, row_tile
 
-TERMS = ("KV cache", "q", "lengths", "page table", "o and lse", "partials")
+TERMS = ("KV cache", "q", "lengths", "page table", "o and lse", "partials", "split counters")
 
 
 def _splits(L: int, S: int):
@@ -60,6 +64,11 @@ def partial_rows(prob) -> int:
     return n * prob.Hq
 
 
+def _groups(prob) -> int:
+    """Grid rows of the split kernel, B Hkv row_tiles: the groups of S blocks that split one cache."""
+    return prob.B * prob.Hkv * -(-prob.G * prob.Nq // row_tile(prob.G * prob.Nq, path_of(prob)))
+
+
 def terms(prob) -> dict[str, int]:
     """The model's bytes of the call by term (see the module docstring); they sum to :func:`decode`'s total."""
     s = prob.dtype.itemsize
@@ -72,6 +81,7 @@ def terms(prob) -> dict[str, int]:
         for L in prob.seqlens:
             pages += sum((e - 1) // prob.page_size - a // prob.page_size + 1
                          for a, e in _splits(int(L), S) if a < e)
+    groups = _groups(prob)
     out = {
         "KV cache": row_tiles * prob.Hkv * 2 * d * s * Lsum,
         "q": S * rows * d * s,
@@ -79,6 +89,7 @@ def terms(prob) -> dict[str, int]:
         "page table": 4 * row_tiles * prob.Hkv * pages,
         "o and lse": rows * (d * s + 4),
         "partials": 0 if S == 1 else 2 * 4 * S * rows + 2 * 4 * d * partial_rows(prob),
+        "split counters": 8 * S * groups + 4 * groups if fused_of(prob) else 0,
     }
     return out
 
@@ -89,6 +100,11 @@ def decode(prob) -> HBMCount:
     reads = t["KV cache"] + t["q"] + t["lengths"] + t["page table"]
     if prob.num_splits == 1:
         per = {SPLIT_ONE_NAME: KernelBytes(reads, t["o and lse"])}
+    elif fused_of(prob):  # the partials written and read in one launch; the counters: 4 read a block, the rest written
+        half = t["partials"] // 2
+        counter_reads = 4 * prob.num_splits * _groups(prob)
+        per = {FUSED_NAME: KernelBytes(reads + half + counter_reads,
+                                       half + t["o and lse"] + t["split counters"] - counter_reads)}
     else:
         half = t["partials"] // 2  # written by the split kernel, read by the combine
         per = {SPLIT_NAME: KernelBytes(reads, half), COMBINE_NAME: KernelBytes(half, t["o and lse"])}

@@ -1,23 +1,31 @@
 """The decode benchmark: ``flash-numba bench --pass decode`` (or ``python -m flash_numba.tools.bench_decode``).
 
 One decoding step, B = 8 sequences, Hq = 32 query heads, Hkv = 8 KV heads (grouped-query attention, G = 4),
-d = 128, float16, one new token (Nq = 1), a KV cache of N = 4k ... 128k tokens.  The same three steps as
-:mod:`flash_numba.tools.bench`:
+d = 128, float16 and bfloat16 (``--dtype``), one new token (Nq = 1), a KV cache of N = 4k ... 128k tokens.  The
+same three steps as :mod:`flash_numba.tools.bench`:
 
 1. **Validate**: ``flash_decode`` against the float64 reference (:func:`flash_numba.reference.decode_reference`)
    on a small ragged, paged problem, and at every benchmark size against PyTorch's math path upcast to float32
-   (two sequences); its counted bytes against the IO model at every size.
-2. **Time**: ours, the kernels alone: events around each kernel launch (:class:`~flash_numba.tools.timing.
-   LaunchTimer`; the arguments checked once per cache), summed per call, median of ``--repeats`` calls after
-   :data:`WARMUP`; PyTorch and flash2_fast: ``--repeats`` whole calls queued back to back between two events
-   (their host work runs ahead of the GPU).  ``call_ms`` (flash_decode only): whole ``attention_decode`` calls
-   the same way, host checks included (they copy the lengths back to the host: a synchronisation each call).
-   Calls rotate among KV caches that together exceed 3x the L2 cache (the paged cache and the repeated K, V
-   for memory-efficient: one copy).
+   (two sequences); its counted bytes against the IO model at every size (``--count``: the dtypes counted).
+2. **Time**, every implementation the same way (:func:`queued_ms`): ``--repeats`` calls queued back to back on
+   the default stream between two CUDA events, behind a sleep kernel that holds the GPU until the host has queued
+   them all, so the GPU runs them back to back: ``ms`` is the GPU's time a call (kernels and the gaps between
+   launches), no host latency in it, for ours and PyTorch's alike.  Beside it: ``host_ms``, the host's time to
+   queue one call; ``loop_ms``, the same calls without the sleep (where the host takes longer per call than the
+   GPU, the GPU waits: what a loop of calls sees); ``launch_ms`` (ours), the previous method, each launch bracketed
+   by its own two events around Numba's Python launch path (:class:`~flash_numba.tools.timing.LaunchTimer`), which
+   counts the host's launch work as GPU time; ``call_ms`` (``flash_decode``, ``flash_decode-paged``), whole
+   ``attention_decode`` calls back to back, host checks included (they copy the lengths back to the host: a
+   synchronisation each call).  Our calls in ``ms``, ``host_ms``, ``loop_ms``: the launches of a call checked once
+   per input set (:func:`prepared`), as PyTorch's calls check nothing on the host, then launched as
+   :func:`flash_numba.attention_decode` launches them (its launch plan replayed: :func:`step`).  Calls rotate among
+   KV caches that together exceed 3x the L2 cache (the paged cache and the repeated K, V for memory-efficient: one
+   copy).
 3. **Report**: a fixed-width table per cache length and a CSV with the harness's columns
    (:data:`flash_numba.tools.bench_report.CSV_FIELDS`: ``pass`` = ``decode``, ``H`` = query heads, ``N`` =
    cache length, ``flops`` = 4 B Hq N d) and two more: ``kv_gbps`` (the KV bytes of the Hkv heads,
-   2 B Hkv N d s, over the time: how fast the cache streams), ``num_splits`` and ``call_ms``.
+   2 B Hkv N d s, over ``ms``: how fast the cache streams), ``num_splits``, ``host_ms``, ``loop_ms``,
+   ``launch_ms`` and ``call_ms``.  ``benchmarks/decode_sweep.sh OUT`` runs the issue's sweep and draws its figure.
 
 Implementations: ``flash_decode`` (``num_splits=None``: the rule's choice, the default path: tensor cores on
 sm_80+), ``flash_decode-paged`` (the same cache in shuffled pages of 256 rows), ``flash_decode-s<S>`` (S splits
@@ -25,8 +33,11 @@ forced; ``-s1`` is "without splits"), ``flash_decode-cuda`` and ``flash_decode-p
 kernel, forced with ``_switches.DECODE_PATH``; its own split rule), ``flash_decode-st<n>`` (the tensor-core kernel
 with n pipeline stages a warp instead of :data:`~flash_numba.kernels.flash_decode.tc.STAGES`; the split rule for
 that many), ``flash_decode-t4`` (the CUDA-core kernel with four keys in flight a lane group instead of its rule's
-two at four rows a block: a measurement of that choice),
-``flash2_fast`` (the prefill kernel at Nq = 1, for contrast: B*Hq blocks), and PyTorch SDPA pinned to a
+two at four rows a block: a measurement of that choice), ``-unfused`` / ``-fused`` (the partials merged by a
+combine kernel launched after the split kernel, or by the split kernel's last block of each group:
+:data:`~flash_numba.kernels.flash_decode.FUSE_COMBINE` is the default),
+``flash2_fast`` and ``flash2_tc`` (the prefill kernels at Nq = 1, for contrast: B*Hq blocks; flash2_fast has no
+bfloat16), and PyTorch SDPA pinned to a
 backend: ``torch-flash`` and ``torch-cudnn`` (``enable_gqa=True``), ``torch-efficient`` (it refuses
 ``enable_gqa``: K and V repeated to Hq heads before timing) and ``torch-math`` (``enable_gqa=True``).
 """
@@ -56,7 +67,13 @@ TOLERANCE = 2e-2  # max |x - ref| / max |ref| for float16 outputs (the harness's
 TORCH = {"torch-flash": "FLASH_ATTENTION", "torch-cudnn": "CUDNN_ATTENTION", "torch-efficient": "EFFICIENT_ATTENTION",
          "torch-math": "MATH"}
 FIELDS = ("implementation", "B", "H", "N", "d", "dtype", "causal", "pass", "ms", "tflops", "peak_fraction", "flops",
-          "hbm_bytes", "hbm_source", "peak_mem_bytes", "status", "kv_gbps", "num_splits", "call_ms")
+          "hbm_bytes", "hbm_source", "peak_mem_bytes", "status", "kv_gbps", "num_splits", "host_ms", "loop_ms",
+          "launch_ms", "call_ms")
+#: The implementations whose whole public call is timed too (``call_ms``).
+PUBLIC = ("flash_decode", "flash_decode-paged")
+#: The prefill kernels called with one query token, for contrast (flash2_fast: CUDA cores, float16; flash2_tc:
+#: tensor cores, float16 and bfloat16).
+PREFILL = ("flash2_fast", "flash2_tc")
 
 
 class Case:
@@ -104,15 +121,20 @@ class Case:
 
 
 def implementations(splits) -> list[str]:
-    return (["flash_decode", "flash_decode-paged", "flash_decode-cuda", "flash_decode-paged-cuda", "flash_decode-st3",
-             "flash_decode-t4"] + [f"flash_decode-s{s}" for s in splits] + ["flash2_fast"] + list(TORCH))
+    return (["flash_decode", "flash_decode-paged", "flash_decode-paged-s1", "flash_decode-cuda",
+             "flash_decode-paged-cuda", "flash_decode-unfused", "flash_decode-st3", "flash_decode-t4"]
+            + [f"flash_decode-s{s}" for s in splits]
+            + list(PREFILL) + list(TORCH))
 
 
 def variant(name: str) -> dict:
-    """What a ``flash_decode...`` name asks for: paged, path (None: the default), stages, splits, keys in flight."""
+    """What a ``flash_decode...`` name asks for: paged, path (None: the default), stages, splits, keys in flight,
+    fused (None: the default; ``-unfused``: the combine kernel launched after the split kernel, ``-fused``: merged
+    by its last blocks)."""
     parts = name.split("-")[1:]
     out = {"paged": "paged" in parts, "path": "cuda" if "cuda" in parts or "t4" in parts else None,
-           "stages": None, "splits": None, "keys_in_flight": 4 if "t4" in parts else None}
+           "stages": None, "splits": None, "keys_in_flight": 4 if "t4" in parts else None,
+           "fused": False if "unfused" in parts else True if "fused" in parts else None}
     for p in parts:
         if p.startswith("st") and p[2:].isdigit():
             out["stages"] = int(p[2:])
@@ -136,7 +158,7 @@ def prepared(name: str, case: Case, i: int):
     _switches.DECODE_PATH = var["path"] or saved
     try:
         prob, ops = _decode.prepare(q, k, v, case.seqlens, table, None, False, None, None)
-        prob.stages, prob.keys_in_flight = var["stages"], var["keys_in_flight"]
+        prob.stages, prob.keys_in_flight, prob.fused = var["stages"], var["keys_in_flight"], var["fused"]
         prob.num_splits = var["splits"] or _decode._num_splits(None, prob, case.N)
     finally:
         _switches.DECODE_PATH = saved
@@ -170,10 +192,10 @@ def call(name: str, case: Case, i: int, count_hbm: bool = False):
         r = _decode.DecodeResult(_inputs.finish(prob, o, (1, D)), _inputs.finish(prob, lse, (1,)), hbm,
                                  _decode.KERNEL, prob.num_splits)
         return r.o, r
-    if name == "flash2_fast":
+    if name in PREFILL:
         from ..api import attention_forward
 
-        return attention_forward(q, k, v, kernel="flash2_fast").o, None
+        return attention_forward(q, k, v, kernel=name).o, None
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -193,10 +215,15 @@ def ours(name: str) -> bool:
     return name.startswith("flash_decode")
 
 
-def kernel_ms(name: str, case: Case, repeats: int) -> float:
-    """A flash_decode call's launches alone: :class:`~flash_numba.tools.timing.LaunchTimer` brackets each kernel
-    launch with two events (no host work between them), summed per call; median of ``repeats`` calls after
-    :data:`WARMUP`.  The arguments are checked once per input set (:func:`flash_numba.decode.prepare`)."""
+def launch_ms(name: str, case: Case, repeats: int) -> float:
+    """A flash_decode call's launches, each bracketed by two events (:class:`~flash_numba.tools.timing.LaunchTimer`),
+    summed per call; median of ``repeats`` calls after :data:`WARMUP`, the arguments checked once per input set.
+
+    Kept as the ``launch_ms`` column to show what it measured: the start event is recorded before Numba's Python
+    launch path (typing and packing the arguments, 20-50 us a launch on the H200's host) and the GPU, idle after the
+    previous call's synchronisation, reaches it at once, so the host's launch work lands inside the time; torch's
+    calls, queued back to back, never had theirs counted.  ``ms`` (:func:`queued_ms`, blocked) times both the same
+    way."""
     from .. import _inputs
     from .. import decode as _decode
     from .timing import LaunchTimer
@@ -214,21 +241,111 @@ def kernel_ms(name: str, case: Case, repeats: int) -> float:
     return statistics.median(once(WARMUP + r) for r in range(repeats))
 
 
-def loop_ms(name: str, case: Case, repeats: int) -> float:
-    """Whole calls: two events around ``repeats`` calls queued back to back (the host runs ahead of the GPU
-    where its work per call is shorter), divided by ``repeats``, after :data:`WARMUP` calls."""
-    torch = case.torch
-    n = n_calls_sets(name, case)
+def step(name: str, case: Case):
+    """``fn(i)``: one decode step of ``name`` on input set i, as the timing loops call it.  flash_decode variants:
+    the launches of a call checked once per input set (:func:`prepared`: no host checks, no synchronisation, so
+    calls queue back to back like PyTorch's); the public call with ``name + ":call"`` (host checks included)."""
+    if name.endswith(":call"):
+        base = name[:-len(":call")]
+        return lambda i: call(base, case, i % n_calls_sets(base, case))
+    if not ours(name):
+        return lambda i: call(name, case, i % n_calls_sets(name, case))
+    from .. import _launch_plan
+    from .. import decode as _decode
+
+    calls = []
+    for i in range(n_calls_sets(name, case)):
+        prob, ops = prepared(name, case, i)
+        q, k, v = case.sets[i]
+        table = case.paged()[3] if variant(name)["paged"] else None
+        if table is not None:
+            q, k, v = case.paged()[:3]
+        tensors = (q, k, v, case.seqlens) + (() if table is None else (table,))
+        calls.append((prob, ops, tensors, _decode.plan_key(prob, tensors)))
+
+    def fn(i):  # as attention_decode after its checks: the launch plan's replay, recorded at the first call
+        prob, ops, tensors, key = calls[i % len(calls)]
+        plan = _launch_plan.lookup(key)
+        if plan:
+            return plan.replay(tensors)
+        with _launch_plan.recording(key if plan is None else None, tensors) as recording:
+            r = _decode._run(prob, ops, False)
+            recording.finish((r.o, r.lse), None)
+    return fn
+
+
+_SLEEP: list = []
+
+
+def _sleep_units_per_ms(torch) -> tuple:
+    """``(sleep(n), units a millisecond)``: a kernel on the default stream that keeps the GPU busy for n units
+    (``torch.cuda._sleep``'s clock cycles; where PyTorch lacks it, a one-thread Numba kernel of n 1-us
+    nanosleeps), calibrated once with events."""
+    if not _SLEEP:
+        sleep = getattr(torch.cuda, "_sleep", None)
+        n = 2_000_000
+        if sleep is None:
+            from numba import cuda
+
+            @cuda.jit
+            def spin(count):
+                for _ in range(count):
+                    cuda.nanosleep(1000)
+
+            def sleep(units):
+                spin[1, 1, 0](int(units))
+            n = 2_000
+        sleep(n)  # compiled, warm
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        sleep(n)
+        b.record()
+        b.synchronize()
+        _SLEEP.append((sleep, n / a.elapsed_time(b)))
+    return _SLEEP[0]
+
+
+def queued_ms(fn, torch, repeats: int, blocked: bool) -> tuple[float, float, bool]:
+    """``(GPU ms, host ms, held)`` a call: ``repeats`` calls ``fn(i)`` queued back to back on the default stream
+    between two events (GPU ms: the events' time / repeats; host ms: the host's time to queue them / repeats), after
+    :data:`WARMUP` calls.
+
+    ``blocked``: a sleep kernel queued first holds the GPU until the host has queued every call (checked: the start
+    event has not run when the host is done, else the sleep is doubled and the window run again; ``held`` says
+    whether it was, at the last try), so the GPU runs the calls back to back and the time is the GPU's alone: the
+    kernels and the gaps between them, no host latency (the ``ms`` column).  Not blocked: the GPU waits for the host
+    wherever the host takes longer per call than the kernels, as in a loop of calls (the ``loop_ms`` column)."""
+    import time
+
+    host_once = []
     for i in range(WARMUP):
-        call(name, case, i % n)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for r in range(repeats):
-        call(name, case, (WARMUP + r) % n)
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / repeats
+        t0 = time.perf_counter()
+        fn(i)
+        host_once.append((time.perf_counter() - t0) * 1e3)
+    hold = max(1.0, 2 * repeats * min(host_once))  # ms of sleep: twice the host's time to queue the window
+    for attempt in range(5):
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if blocked:
+            sleep, per_ms = _sleep_units_per_ms(torch)
+            sleep(int(hold * per_ms))
+        start.record()
+        t0 = time.perf_counter()
+        for r in range(repeats):
+            fn(WARMUP + r)
+        host = (time.perf_counter() - t0) * 1e3
+        early = blocked and start.query()  # the GPU left the sleep before the host had queued every call
+        stop.record()
+        stop.synchronize()
+        if not early or attempt == 4:
+            return start.elapsed_time(stop) / repeats, host / repeats, not early
+        hold = 2 * max(hold, host)
+
+
+def loop_ms(name: str, case: Case, repeats: int) -> float:
+    """Whole calls of ``name`` (:func:`step`) queued back to back, not blocked (:func:`queued_ms`)."""
+    return queued_ms(step(name, case), case.torch, repeats, blocked=False)[0]
 
 
 def max_rel_error(x, ref) -> float:
@@ -279,11 +396,13 @@ def validate_case(name: str, case: Case) -> list[str]:
 def kv_sets(N: int, dtype: str) -> int:
     from .microbench import l2_cache_bytes
 
-    nbytes = model.kv_bytes(B, HKV, N, D, np.dtype(dtype).itemsize)
+    nbytes = model.kv_bytes(B, HKV, N, D, 2 if dtype in ("float16", "bfloat16") else 4)
     return max(1, min(4, math.ceil(3 * (l2_cache_bytes() or 0) / nbytes)))
 
 
-def run(Ns, names, dtype: str, repeats: int, csv_path: str | None, command: str) -> int:
+def run(Ns, names, dtypes, repeats: int, csv_path: str | None, command: str, count_dtypes=("float16",)) -> int:
+    """The sweep: every dtype, cache length and implementation; ``count_dtypes``: the dtypes whose flash_decode rows
+    are also counted and compared with the IO model (a counting build of each kernel: compile time)."""
     import torch
 
     print(device.describe())
@@ -293,54 +412,78 @@ def run(Ns, names, dtype: str, repeats: int, csv_path: str | None, command: str)
         return 1
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     header = [f"device: {device.describe()}", f"date: {date}", f"command: {command}",
-              f"decode: B = {B}, Hq = {HQ}, Hkv = {HKV}, d = {D}, Nq = 1, {dtype}; kv_gbps = 2 B Hkv N d s / time; "
-              f"median of {repeats} calls after {WARMUP}, CUDA events, caches rotated (3x L2)"]
+              f"decode: B = {B}, Hq = {HQ}, Hkv = {HKV}, d = {D}, Nq = 1, {' and '.join(dtypes)}; "
+              f"kv_gbps = 2 B Hkv N d s / ms; caches rotated (3x L2); {repeats} calls a window after {WARMUP}",
+              "ms: GPU time a call, calls queued back to back behind a sleep kernel (the host queues them all before "
+              "the GPU starts: no host latency), the same for every implementation; host_ms: the host's time to "
+              "queue one call; loop_ms: the same calls without the sleep (the GPU waits where the host is slower); "
+              "launch_ms (ours): each launch bracketed by its own events around Numba's launch path (the old "
+              "method: host launch work inside); call_ms: whole attention_decode calls (host checks, a sync)"]
     out = csvfile.RowWriter(csv_path, header, FIELDS) if csv_path else None
     status = 0
     try:
-        for N in Ns:
-            case = Case(torch, N, dtype, kv_sets(N, dtype))
-            kvb = model.kv_bytes(B, HKV, N, D, np.dtype(dtype).itemsize)
-            flops = 4 * B * HQ * N * D
-            lines = [f"N = {N}: KV cache {kvb / 1e9:.3f} GB",
-                     f"{'implementation':<20} {'splits':>6} {'ms':>9} {'GB/s':>8} {'HBM bytes':>14} {'status':>10}"]
-            for name in names:
-                row = dict(implementation=name, B=B, H=HQ, N=N, d=D, dtype=dtype, causal=False, flops=flops,
-                           status="ok", hbm_source="n/a")
-                row["pass"] = "decode"
-                try:
-                    mism = validate_case(name, case)
-                    if mism:
-                        print("\n".join(mism))
-                        row["status"], status = "mismatch", 1
-                    if ours(name):
-                        _, r = call(name, case, 0, count_hbm=True)
-                        want = attention_model(r, case, name)
-                        row.update(hbm_bytes=r.hbm.total, hbm_source="counted", num_splits=r.num_splits)
-                        if r.hbm != want:
-                            print(f"MISMATCH {name} N={N}: counted {r.hbm} != model {want}")
-                            row["status"], status = "count != model", 1
-                    ms = kernel_ms(name, case, repeats) if ours(name) else loop_ms(name, case, repeats)
-                    row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, kv_gbps=kvb / (ms * 1e-3) / 1e9)
-                    if name == "flash_decode":  # the whole API call: host checks (the metadata copied back), launches
-                        row["call_ms"] = loop_ms(name, case, repeats)
-                except Exception as exc:  # a backend that refuses the call: its status, the sweep goes on
-                    if not name.startswith("torch"):
-                        raise
-                    row["status"] = f"not available: {str(exc).splitlines()[0][:80]}"
-                if out:
-                    out.write(row)
-                ms = row.get("ms")
-                t = "" if ms is None else f"{ms:.4f}"
-                gbps = "" if ms is None else f"{row['kv_gbps']:.0f}"
-                lines.append(f"{name:<20} {row.get('num_splits', ''):>6} {t:>9} {gbps:>8} "
-                             f"{row.get('hbm_bytes') or '':>14} {row['status'][:10]:>10}")
-            print("\n".join(lines), flush=True)
-            del case
-            torch.cuda.empty_cache()
+        for dtype in dtypes:
+            for N in Ns:
+                status |= _sweep_one(torch, N, dtype, names, repeats, out, dtype in count_dtypes)
     finally:
         if out:
             out.close()
+    return status
+
+
+def _sweep_one(torch, N, dtype, names, repeats, out, count: bool) -> int:
+    status = 0
+    case = Case(torch, N, dtype, kv_sets(N, dtype))
+    kvb = model.kv_bytes(B, HKV, N, D, 2)
+    flops = 4 * B * HQ * N * D
+    lines = [f"N = {N}, {dtype}: KV cache {kvb / 1e9:.3f} GB",
+             f"{'implementation':<24} {'splits':>6} {'ms':>9} {'GB/s':>8} {'host_ms':>8} {'loop_ms':>8} "
+             f"{'launch_ms':>9} {'call_ms':>8} {'status':>10}"]
+    for name in names:
+        row = dict(implementation=name, B=B, H=HQ, N=N, d=D, dtype=dtype, causal=False, flops=flops,
+                   status="ok", hbm_source="n/a")
+        row["pass"] = "decode"
+        try:
+            mism = validate_case(name, case)
+            if mism:
+                print("\n".join(mism))
+                row["status"], status = "mismatch", 1
+            if ours(name):
+                _, r = call(name, case, 0, count_hbm=count)
+                row["num_splits"] = r.num_splits
+                if count:
+                    want = attention_model(r, case, name)
+                    row.update(hbm_bytes=r.hbm.total, hbm_source="counted")
+                    if r.hbm != want:
+                        print(f"MISMATCH {name} N={N}: counted {r.hbm} != model {want}")
+                        row["status"], status = "count != model", 1
+            fn = step(name, case)
+            ms, host, held = queued_ms(fn, torch, repeats, blocked=True)
+            if not held:  # a call that waits for the GPU on the host (none should): ms holds host time
+                print(f"NOT HELD {name} N={N} {dtype}: the GPU ran before the host had queued the window")
+                row["status"] = "not held" if row["status"] == "ok" else row["status"]
+            row.update(ms=ms, host_ms=host, tflops=flops / (ms * 1e-3) / 1e12, kv_gbps=kvb / (ms * 1e-3) / 1e9)
+            row["loop_ms"] = queued_ms(fn, torch, repeats, blocked=False)[0]
+            if ours(name):
+                row["launch_ms"] = launch_ms(name, case, repeats)
+            if name in PUBLIC:  # the whole API call: host checks (the metadata copied back), launches
+                row["call_ms"] = loop_ms(name + ":call", case, repeats)
+        except Exception as exc:  # a backend that refuses the call: its status, the sweep goes on
+            if ours(name):
+                raise
+            row["status"] = f"not available: {str(exc).splitlines()[0][:80]}"
+        if out:
+            out.write(row)
+
+        def f(key, fmt):
+            x = row.get(key)
+            return "" if x is None else format(x, fmt)
+        lines.append(f"{name:<24} {row.get('num_splits', ''):>6} {f('ms', '.4f'):>9} {f('kv_gbps', '.0f'):>8} "
+                     f"{f('host_ms', '.4f'):>8} {f('loop_ms', '.4f'):>8} {f('launch_ms', '.4f'):>9} "
+                     f"{f('call_ms', '.4f'):>8} {row['status'][:10]:>10}")
+    print("\n".join(lines), flush=True)
+    del case
+    torch.cuda.empty_cache()
     return status
 
 
@@ -355,8 +498,12 @@ def attention_model(r, case: Case, name: str):
     seqlens = np.full(B, case.N, np.int32)
     P = PAGE_SIZE if paged else case.N
     per = -(-case.N // PAGE_SIZE)
-    prob = _decode.DecodeProblem(B, HQ, HKV, 1, D, np.dtype(case.dtype), paged, P, per if paged else 1,
-                                 B * per if paged else B, seqlens, False, 1 / math.sqrt(D), num_splits=r.num_splits)
+    from .. import _inputs
+
+    storage = _inputs.BF16_STORAGE if case.dtype == "bfloat16" else np.dtype(case.dtype)
+    prob = _decode.DecodeProblem(B, HQ, HKV, 1, D, storage, paged, P, per if paged else 1,
+                                 B * per if paged else B, seqlens, False, 1 / math.sqrt(D), num_splits=r.num_splits,
+                                 dtype_name=case.dtype, fused=var["fused"])
     prob.path = var["path"] or fd.path_of(prob)
     return model.decode(prob)
 
@@ -366,7 +513,10 @@ def main(argv=None, command: str | None = None) -> int:
     p.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_N), help="cache lengths")
     p.add_argument("--splits", type=int, nargs="*", default=list(DEFAULT_SPLITS), help="forced num_splits rows")
     p.add_argument("--kernels", nargs="+", help="implementations (default: all)")
-    p.add_argument("--dtype", choices=("float16",), default="float16")
+    p.add_argument("--dtype", nargs="+", choices=("float16", "bfloat16"), default=["float16"],
+                   help="one sweep per dtype, in order, into one CSV")
+    p.add_argument("--count", nargs="*", choices=("float16", "bfloat16"), default=["float16"],
+                   help="dtypes whose flash_decode rows are counted against the IO model (a counting build each)")
     p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--csv", help="write the rows here")
     args = p.parse_args(argv)
@@ -375,7 +525,7 @@ def main(argv=None, command: str | None = None) -> int:
         return 2
     names = args.kernels or implementations(args.splits)
     return run(args.n, names, args.dtype, args.repeats, args.csv,
-               command or "python -m flash_numba.tools.bench_decode " + " ".join(argv or sys.argv[1:]))
+               command or "python -m flash_numba.tools.bench_decode " + " ".join(argv or sys.argv[1:]), args.count)
 
 
 if __name__ == "__main__":

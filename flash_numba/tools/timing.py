@@ -61,10 +61,15 @@ class LaunchTimer(Counters):
     Every kernel module asks ``counters.array(name)`` once per launch, for the counter of launch
     ``name``, in launch order (it may ask for several before launching them: the standard forward
     does); that gives the names.  Inside ``with timer:`` every Numba kernel launch is bracketed by
-    two CUDA events on the default stream, so the i-th launch's time is that of its kernel alone,
-    not the host's work before it (an event per ``array()`` call timed that too: benchmarks/results/LOG.md,
-    2026-12-01, figures 5b and 6).  The kernels run uncounted; launches from other threads inside the block are timed
-    too (a benchmark tool).
+    two CUDA events on the default stream, so the i-th launch's time leaves out the host's work before the
+    launch (an event per ``array()`` call timed that too: benchmarks/results/LOG.md, 2026-12-01, figures 5b and 6).
+    Not the host's work inside it: the start event is recorded before Numba's ``_Kernel.launch`` packs the
+    arguments, and a GPU with nothing else queued reaches it at once and waits for the launch, so that packing
+    (tens of microseconds a launch, more with many arguments) counts as the kernel's time.  For kernels of a
+    millisecond and more that is a few percent; for short ones time calls queued back to back instead
+    (:func:`flash_numba.tools.bench_decode.queued_ms`: 0.09-0.26 ms of a decode step's 0.05-1 ms were host work,
+    benchmarks/results/h200-2026-12-02-decode).  The kernels run uncounted; launches from other threads inside the
+    block are timed too (a benchmark tool).
     """
 
     def __init__(self) -> None:

@@ -6,10 +6,14 @@ matrix-vector: the cache read is the bound, about one FLOP per byte (G FLOPs per
 attention, G = Hq / Hkv query heads sharing a KV head).  A prefill kernel puts one block per (sequence,
 head) on the GPU (B*H = 32 blocks for 132 SMs in our benchmark) and reads the cache at a few percent of
 HBM's rate; this module splits the cache of each (sequence, KV head) into ``num_splits`` chunks, each
-its own thread block (:mod:`.kernels`, "split kernel"), and merges the partial results in a second
-launch ("combine") with the online-softmax rescale of lesson 3:
+its own thread block (:mod:`.kernels`, "split kernel"), and merges the partial results ("combine") with the
+online-softmax rescale of lesson 3:
 
     lse2_s = m_s + log2(l_s),  LSE2 = log2(sum_s 2^lse2_s),  O = sum_s 2^(lse2_s - LSE2) * (O_s / l_s)
+
+in the split kernel itself: the last block of each group to finish, found with an atomic counter, merges the
+group's partials (:mod:`.fused`, :data:`FUSE_COMBINE`: one launch a call), or in a second launch, the combine
+kernel (``_switches.DECODE_FUSED = False``).
 
 * **GQA reads each KV element once per step**: the block of KV head hkv computes every query row that
   reads it (the G query heads x Nq tokens of the group, up to 8 a block).
@@ -23,20 +27,22 @@ launch ("combine") with the online-softmax rescale of lesson 3:
   Compute).  Elsewhere (float32, d = 8, 24, ..., a T4) the CUDA-core kernel (:mod:`.kernels`): 16-byte
   register loads, fp32 accumulation, ``shfl_xor`` row sums.  float16, bfloat16 (its uint16 words, converted with
   :mod:`flash_numba.kernels._bf16` on CUDA cores: integer code, every cc) and float32.  Measured on the H200
-  (d = 128, float16, G = 4, benchmarks/results/h200-2026-12-01-decode-pipeline): the tensor-core kernel streams
-  the cache at 2,943 GB/s at 32k and 3,795 at 128k, the CUDA-core kernel at 1,961 and 2,333.
+  (d = 128, float16, G = 4, B = 8, calls queued back to back, benchmarks/results/h200-2026-12-02-decode): the
+  tensor-core kernel streams the cache at 3,987 GB/s at 32k and 4,187 at 128k (PyTorch flash 4,385 and 4,557),
+  the CUDA-core kernel at 2,402 and 2,481.
 * **num_splits** (:func:`choose_splits`): as many splits as fill one wave of resident blocks
   (:func:`resident_blocks` an SM: the tensor-core kernel's by its shared memory, the CUDA-core kernel's
   :data:`RESIDENT_BLOCKS`), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
 
-Counters: "flash_decode (one split)" (num_splits = 1: the split kernel writes o and lse), or
-"flash_decode split-KV" and "flash_decode combine"; :mod:`flash_numba.iomodel.flash_decode` predicts
-them by term.  Public entry: :func:`flash_numba.attention_decode`.
+Counters: "flash_decode (one split)" (num_splits = 1: the split kernel writes o and lse), "flash_decode split-KV
++ combine" (the combine fused), or "flash_decode split-KV" and "flash_decode combine";
+:mod:`flash_numba.iomodel.flash_decode` predicts them by term.  Public entry: :func:`flash_numba.attention_decode`.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 
@@ -50,11 +56,13 @@ from .._decode_spec import DecodeSpec
 from . import tc
 from .kernels import (COMBINE_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME,
                       WARPS, combine_kernel, geometry, keys_in_flight, rows_per_block, split_kernel)
+from .fused import FUSED_NAME
 from .tc import split_tc_kernel
 
 __all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_kernel", "split_tc_kernel",
            "combine_kernel", "geometry", "rows_per_block", "keys_in_flight", "DTYPES", "MAX_SPLITS", "MAX_NQ",
-           "SPLIT_NAME", "SPLIT_ONE_NAME", "COMBINE_NAME", "PATHS", "choose_path", "path_of", "row_tile",
+           "SPLIT_NAME", "SPLIT_ONE_NAME", "COMBINE_NAME", "FUSED_NAME", "FUSE_COMBINE", "fuse_combine", "fused_of",
+           "PATHS", "choose_path", "path_of", "row_tile",
            "resident_blocks"]
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -66,6 +74,11 @@ MAX_NQ = 16
 RESIDENT_BLOCKS = 4
 #: The split rule's floor: keys a split reads at least (and two pages of a paged cache).
 MIN_KEYS_PER_SPLIT = 256
+#: With more than one split, the split kernel's last block of each group merges the group's partials (:mod:`.fused`:
+#: one launch a call) instead of a combine kernel launched after it.  ``_switches.DECODE_FUSED`` overrides it.
+#: Measured on the H200 (d = 128, G = 4, B*Hkv = 64, 4 splits, float16; benchmarks/results/h200-2026-12-02-decode):
+#: the unfused step takes 8.5% longer at 4k, 2.0% at 32k, 0.8% at 128k (4-9 us).
+FUSE_COMBINE = True
 #: The split kernel's two paths: "tc", tensor cores fed by a cp.async pipeline (:mod:`.tc`: sm_80+, float16 and
 #: bfloat16, d a multiple of 16), and "cuda", CUDA cores with 16-byte register loads (:mod:`.kernels`: every cc,
 #: every dtype and head dim).
@@ -121,7 +134,8 @@ def resident_blocks(prob, path: str, shared_per_sm: int) -> int:
     tensor-core kernel's by its shared memory (:func:`.tc.resident_blocks`)."""
     if path != "tc":
         return RESIDENT_BLOCKS
-    return tc.resident_blocks(prob.d, stages_of(prob), tc.half_rows(prob.G * prob.Nq), shared_per_sm)
+    fused = fuse_combine(2, getattr(prob, "fused", None))  # (the splits are not chosen yet: as with more than one)
+    return tc.resident_blocks(prob.d, stages_of(prob), tc.half_rows(prob.G * prob.Nq), shared_per_sm, fused)
 
 
 def head_dim_ok(d: int) -> bool:
@@ -143,7 +157,10 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
     The tensor-core kernel (2 stages: 80 KB of shared memory a block, two blocks an SM of 228 KB), measured on the
     H200 (benchmarks/results/h200-2026-12-01-decode-pipeline): 4 splits (256 blocks, 0.97 of a wave of 264)
     2,943 GB/s at 32k and 3,795 at 128k; 8 splits (two waves) 2,878 and 3,776; 3 stages at 4 splits (also two
-    blocks an SM) and 4 stages at 2 splits (one block an SM) within 2% of it (2,993 and 2,998 at 32k).
+    blocks an SM) and 4 stages at 2 splits (one block an SM) within 2% of it (2,993 and 2,998 at 32k).  (Those
+    runs timed each launch with events around Numba's launch path, host work included: relative to each other
+    only.  Timed as calls queued back to back, benchmarks/results/h200-2026-12-02-decode, the rule's 4 splits with
+    the combine fused stream 2,886 GB/s at 4k, 3,987 at 32k and 4,187 at 128k, one split 1.5-1.9x slower.)
 
     The CUDA-core kernel, measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16,
     benchmarks/results/h200-2026-12-01-decode): 8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8,
@@ -160,14 +177,81 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
     return int(min(want, most, MAX_SPLITS))
 
 
-def launches(num_splits: int) -> tuple[str, ...]:
-    """The counter names of a call's launches, in order."""
-    return (SPLIT_ONE_NAME,) if num_splits == 1 else (SPLIT_NAME, COMBINE_NAME)
+def fuse_combine(num_splits: int, fused=None) -> bool:
+    """Whether a call of ``num_splits`` merges its partials in the split kernel (:mod:`.fused`): never with one
+    split; else ``fused`` (a problem's ``fused``: the benchmark sets it), else ``_switches.DECODE_FUSED``, else
+    :data:`FUSE_COMBINE`."""
+    from ... import _switches
+
+    if num_splits == 1:
+        return False
+    for choice in (fused, _switches.DECODE_FUSED, FUSE_COMBINE):
+        if choice is not None:
+            return bool(choice)
+    return FUSE_COMBINE
+
+
+def fused_of(prob) -> bool:
+    """:func:`fuse_combine` for a problem."""
+    return fuse_combine(prob.num_splits, getattr(prob, "fused", None))
+
+
+def launches(num_splits: int, fused=None) -> tuple[str, ...]:
+    """The counter names of a call's launches, in order (``fused``: as :func:`fuse_combine`)."""
+    if num_splits == 1:
+        return (SPLIT_ONE_NAME,)
+    return (FUSED_NAME,) if fuse_combine(num_splits, fused) else (SPLIT_NAME, COMBINE_NAME)
+
+
+#: The fused kernels' group counters a stream holds: one per grid row (CUDA's limit on the grid's axis y).
+MAX_GROUPS = 65535
+_SEMAPHORES: dict = {}
+
+
+def semaphores(stream):
+    """The int32 group counters of the fused split kernel for launches on ``stream``: zeros, kept per CUDA context
+    and stream (each fused launch leaves them zero: its last block of a group resets the group's counter, and
+    launches on one stream run one after another).  Built once, by a copy on that stream."""
+    from numba import cuda
+    from numba.core import config
+
+    from ... import _launch_plan, _stream
+    from ...device import SIMULATOR
+
+    h = 0 if SIMULATOR else _stream.handle(stream)
+    per_thread = h == 0 and getattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0)
+    key = (0 if SIMULATOR else id(cuda.current_context()), h, threading.get_ident() if per_thread else 0)
+    sem = _SEMAPHORES.get(key)
+    if sem is None:
+        if len(_SEMAPHORES) > 256:  # streams come and go in some programs
+            _SEMAPHORES.clear()
+        sem = _SEMAPHORES[key] = _launch_plan.persistent(cuda.to_device(np.zeros(MAX_GROUPS, np.int32),
+                                                                        stream=stream))
+    return sem
+
+
+_DUMMY: dict = {}
+
+
+def _unused(dtype):
+    """A one-element device array of ``dtype`` for the fused arguments a build does not read (one per context)."""
+    from numba import cuda
+
+    from ... import _launch_plan
+    from ...device import SIMULATOR
+
+    key = (0 if SIMULATOR else id(cuda.current_context()), np.dtype(dtype).str)
+    if key not in _DUMMY:
+        _DUMMY[key] = _launch_plan.persistent(cuda.to_device(np.zeros(1, dtype)))
+    return _DUMMY[key]
 
 
 def run(prob, ops, counters):
-    """Launch the split kernel (and, with more than one split, the combine); returns device ``(o, lse)``,
-    o ``(rows, d)`` in the storage dtype and lse ``(rows,)`` float32, rows = B*Hq*Nq in (b, h, i) order."""
+    """Launch the split kernel (and, with more than one split and without :func:`fused_of`, the combine); returns
+    device ``(o, lse)``, o ``(rows, d)`` in the storage dtype and lse ``(rows,)`` float32, rows = B*Hq*Nq in
+    (b, h, i) order."""
+    from ... import _stream
+
     S, d, dt = prob.num_splits, prob.d, prob.dtype
     rows = prob.rows
     path = path_of(prob)
@@ -176,27 +260,36 @@ def run(prob, ops, counters):
     row_tiles = -(-R // RT)
     grid = (S, prob.B * prob.Hkv * row_tiles)
     split = S > 1
+    fused = fused_of(prob)
     shared = {}
     if path == "tc":
         stages, NR = stages_of(prob), tc.half_rows(R)
-        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, prob.causal, counters.enabled, stages)
-        if tc.dynamic(d, stages, NR):
+        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, prob.causal, counters.enabled, stages,
+                                 fused)
+        if tc.dynamic(d, stages, NR, fused):
             shared = {"dynamic_bytes": _smem.total_bytes(tc.tile_sizes(d, stages), 2),
-                      "static_bytes": tc.static_bytes(d, NR)}
+                      "static_bytes": tc.static_bytes(d, NR, fused)}
     else:
         kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, prob.causal, counters.enabled,
-                              prob.keys_in_flight)
+                              prob.keys_in_flight, fused)
     o = _inputs.empty((rows, d), dt)
     lse = _inputs.empty((rows,), np.float32)
     scale_log2 = np.float32(prob.scale * LOG2E)
     args = (ops["q"], ops["k"], ops["v"], ops["table"], ops["seqlens"])
     tail = (prob.Hkv, prob.G, prob.Nq, prob.page_size, prob.max_pages, rows, row_tiles, scale_log2)
+    unused = (_unused(dt), _unused(np.float32), _unused(np.int32))  # o_out, lse_out, sem: read by fused builds only
     if not split:
-        launch(kernel, grid, NT, **shared)(*args, o.reshape(rows * d), lse, *tail, counters.array(SPLIT_ONE_NAME))
+        launch(kernel, grid, NT, **shared)(*args, o.reshape(rows * d), lse, *unused, *tail,
+                                           counters.array(SPLIT_ONE_NAME))
         return o, lse
     o_part = _inputs.empty((S * rows * d,), np.float32)
     lse_part = _inputs.empty((S * rows,), np.float32)
-    launch(kernel, grid, NT, **shared)(*args, o_part, lse_part, *tail, counters.array(SPLIT_NAME))
+    if fused:
+        sem = semaphores(_stream.current())
+        launch(kernel, grid, NT, **shared)(*args, o_part, lse_part, o.reshape(rows * d), lse, sem, *tail,
+                                           counters.array(FUSED_NAME))
+        return o, lse
+    launch(kernel, grid, NT, **shared)(*args, o_part, lse_part, *unused, *tail, counters.array(SPLIT_NAME))
     combine = combine_kernel(d, prob.dtype_name, counters.enabled)
     launch(combine, -(-rows // WARPS), NT)(o_part, lse_part, o.reshape(rows * d), lse, rows, S,
                                           counters.array(COMBINE_NAME))
@@ -205,11 +298,16 @@ def run(prob, ops, counters):
 
 def _flops(prob) -> dict:
     """FLOPs per launch: 4 d per (query row, visible key) in the split kernel (S = q.k and P V: a multiply
-    and an add each); 2 d per (row, split that saw a key) in the combine."""
+    and an add each); 2 d per (row, split that saw a key) in the combine (the fused kernel: both)."""
     vis = _model("visible_pairs")(prob)
-    out = {launches(prob.num_splits)[0]: 4 * prob.d * vis}
+    names = launches(prob.num_splits, getattr(prob, "fused", None))
+    out = {names[0]: 4 * prob.d * vis}
     if prob.num_splits > 1:
-        out[COMBINE_NAME] = 2 * prob.d * _model("partial_rows")(prob)
+        merge = 2 * prob.d * _model("partial_rows")(prob)
+        if len(names) == 1:
+            out[names[0]] += merge
+        else:
+            out[COMBINE_NAME] = merge
     return out
 
 
@@ -249,10 +347,15 @@ def _array_1d(dtype: str):
 def _split_argtypes(dtype: str, split: bool):
     from numba import types
 
-    out = types.Array(types.float32, 1, "C") if split else _array_1d(dtype)
+    f32 = types.Array(types.float32, 1, "C")
+    out = f32 if split else _array_1d(dtype)
     i32 = types.Array(types.int32, 1, "C")
-    return (_array_1d(dtype), _array_1d(dtype), _array_1d(dtype), i32, i32, out,
-            types.Array(types.float32, 1, "C"), *(types.int64,) * 7, types.float32, COUNTER_TYPE)
+    return (_array_1d(dtype), _array_1d(dtype), _array_1d(dtype), i32, i32, out, f32, _array_1d(dtype), f32, i32,
+            *(types.int64,) * 7, types.float32, COUNTER_TYPE)
+
+
+def _name(split: bool, fused: bool) -> str:
+    return (FUSED_NAME if fused else SPLIT_NAME) if split else SPLIT_ONE_NAME
 
 
 def _tc_shapes(dtype: str, d: int):
@@ -271,12 +374,16 @@ def _tc_shapes(dtype: str, d: int):
 
 def _tc_builds(cc, dtype: str, d: int) -> list[Compiled]:
     """The tensor-core kernel's builds for one cc (8.0 and up), dtype and d, labelled with their dynamic shared
-    memory where they have any."""
+    memory where they have any; the split builds as :data:`FUSE_COMBINE` ships them, and the first split shape
+    the other way too."""
     out = []
-    for NR, paged, split, causal, count in _tc_shapes(dtype, d):
-        kernel = split_tc_kernel(d, dtype, NR, paged, split, causal, count)
-        dyn = _smem.total_bytes(tc.tile_sizes(d, tc.STAGES), 2) if tc.dynamic(d, tc.STAGES, NR) else 0
-        label = (f"{SPLIT_NAME if split else SPLIT_ONE_NAME} tc d={d} {dtype} halves={NR}"
+    shapes = [(*s, FUSE_COMBINE) for s in _tc_shapes(dtype, d)]
+    shapes += [(*s[:-1], not FUSE_COMBINE) for s in shapes if s[2]][:1]
+    for NR, paged, split, causal, count, fused in shapes:
+        fused = fused and split
+        kernel = split_tc_kernel(d, dtype, NR, paged, split, causal, count, tc.STAGES, fused)
+        dyn = _smem.total_bytes(tc.tile_sizes(d, tc.STAGES), 2) if tc.dynamic(d, tc.STAGES, NR, fused) else 0
+        label = (f"{_name(split, fused)} tc d={d} {dtype} halves={NR}"
                  f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}"
                  f"{f' dynamic={dyn}' if dyn else ''}")
         out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
@@ -286,7 +393,8 @@ def _tc_builds(cc, dtype: str, d: int) -> list[Compiled]:
 def compile_all(ccs, dtypes, ds) -> list[Compiled]:
     """The compile tier: the split kernel's builds (:func:`_split_shapes`), the tensor-core kernel's at cc 8.0 and
     up (:func:`_tc_shapes`; the representative tier's float32 at d = 64 adds its float16 builds at d = 64, so that
-    every tier assembles it) and the combine, per cc, dtype, d."""
+    every tier assembles it) and the combine, per cc, dtype, d; the split builds fused as :data:`FUSE_COMBINE`
+    says, and the first split shape of each list the other way."""
     from numba import types
 
     out = []
@@ -302,10 +410,12 @@ def compile_all(ccs, dtypes, ds) -> list[Compiled]:
         if dtype not in DTYPES or not head_dim_ok(d):
             continue
         for count in count_variants(dtype, d):
-            shapes = [_COUNTED_SHAPE] if count else _split_shapes(dtype, d)
-            for RT, paged, split, causal in shapes:
-                kernel = split_kernel(d, dtype, RT, paged, split, causal, count)
-                label = (f"{SPLIT_NAME if split else SPLIT_ONE_NAME} d={d} {dtype} rows={RT}"
+            shapes = [(*s, FUSE_COMBINE) for s in ([_COUNTED_SHAPE] if count else _split_shapes(dtype, d))]
+            shapes += [(*s[:-1], not FUSE_COMBINE) for s in shapes if s[2]][:1]
+            for RT, paged, split, causal, fused in shapes:
+                fused = fused and split
+                kernel = split_kernel(d, dtype, RT, paged, split, causal, count, None, fused)
+                label = (f"{_name(split, fused)} d={d} {dtype} rows={RT}"
                          f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}")
                 out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
             f32 = types.Array(types.float32, 1, "C")

@@ -142,13 +142,14 @@ def result_writer(d: int, dtype_name: str, split: bool, count: bool):
 
 @lru_cache(maxsize=None)
 def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, causal: bool, count: bool,
-                 T: int | None = None):
+                 T: int | None = None, fused: bool = False):
     """The split kernel for head dim d (a multiple of 16 bytes), storage ``dtype_name``, ``RT`` rows a block,
     a ``paged`` cache, ``split`` (partials out) or not (o and lse out), ``causal`` (bottom-right among the new
     tokens; only then can a key the block reads be masked for a row, so only then does P V test the mask: a
     masked key adds nothing, a visible one multiplies, p = 0 or not, as IEEE arithmetic and the reference do),
     ``count``ing bytes; ``T`` keys in flight a lane group (None: :func:`keys_in_flight`; the benchmark measures
-    others)."""
+    others); ``fused`` (with ``split``): the last block of a group merges the group's partials into ``o_out``,
+    ``lse_out`` (:mod:`.fused`; ``sem`` its counters), else those three arguments are not read."""
     g = geometry(d, dtype_name)
     V, C, LPR, NG = g["V"], g["C"], g["LPR"], g["NG"]
     T = keys_in_flight(RT) if T is None else T
@@ -172,10 +173,15 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
     ZERO = float32(0.0)
     write_result = result_writer(d, dtype_name, split, count)
     VB = V * S_ITEM  # 16 bytes a load
+    from .fused import SHARED_FLOATS, combine_tail  # (fused imports this module)
+
+    FUSED = fused and split
+    tail = combine_tail(d, dtype_name, count)
+    SHX = SHARED_FLOATS // 2 if FUSED else 1
 
     @jit(fastmath=FASTMATH)
-    def kernel(q, k, v, table, seqlens, o, lse, Hkv, G, Nq, P, max_pages, rows, row_tiles, scale_log2,
-               counter):
+    def kernel(q, k, v, table, seqlens, o, lse, o_out, lse_out, sem, Hkv, G, Nq, P, max_pages, rows, row_tiles,
+               scale_log2, counter):
         tid = cuda.threadIdx.x
         s = uint32(cuda.blockIdx.x)
         y = uint32(cuda.blockIdx.y)
@@ -362,6 +368,13 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                 lse2 = sh_stat[r] + log2_or_minus_inf(ll)
                 nw += write_result(o, lse, uint64(grow0 + r), s, rows, tid, acc, ll, lse2)
             cuda.syncthreads()
+        if FUSED:  # the group's last block merges its partials into o_out, lse_out
+            sh_flag = cuda.shared.array(1, int32)
+            sh_x = cuda.shared.array(SHX, float32)
+            sh_w = cuda.shared.array(SHX, float32)
+            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, sh_flag, sh_x, sh_w)
+            nr += tr
+            nw += tw
         if COUNT:
             add_counts(counter, nr, nw)
 

@@ -43,6 +43,7 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 from ...device import jit
 from .. import _mma, _smem
 from .._common import add_counts, exp2_ieee, nan_max, nb_type
+from .fused import SHARED_FLOATS, combine_tail
 from .kernels import FASTMATH, NT, log2_or_minus_inf, result_writer
 
 WARPS = NT // 32
@@ -80,35 +81,37 @@ def tile_sizes(d: int, stages: int) -> tuple[int, int]:
     return WARPS * stages * 2 * KT * DS, MMA_ROWS * DS
 
 
-def static_bytes(d: int, NR: int) -> int:
+def static_bytes(d: int, NR: int, fused: bool = False) -> int:
     """Bytes of the kernel's static shared arrays: the table batch, the length, O and the row statistics of the
-    merge (float32)."""
+    merge (float32); ``fused``: the last block's merge of the partials too (:mod:`.fused`)."""
     MR = 8 * NR
-    return 4 * (TABLE_BATCH + 1 + MR * d + 2 * WARPS * MR + 2 * MR)
+    merge = 4 + 4 * SHARED_FLOATS if fused else 0  # sh_flag, sh_x, sh_w
+    return 4 * (TABLE_BATCH + 1 + MR * d + 2 * WARPS * MR + 2 * MR) + merge
 
 
-def dynamic(d: int, stages: int, NR: int) -> bool:
+def dynamic(d: int, stages: int, NR: int, fused: bool = False) -> bool:
     """Whether the tiles go to dynamic shared memory (the block's shared memory passes 48 KB)."""
-    return _smem.is_dynamic(_smem.total_bytes(tile_sizes(d, stages), 2) + static_bytes(d, NR))
+    return _smem.is_dynamic(_smem.total_bytes(tile_sizes(d, stages), 2) + static_bytes(d, NR, fused))
 
 
-def shared_bytes(d: int, stages: int, NR: int) -> int:
+def shared_bytes(d: int, stages: int, NR: int, fused: bool = False) -> int:
     """A block's shared memory, static and dynamic."""
-    return _smem.total_bytes(tile_sizes(d, stages), 2) + static_bytes(d, NR)
+    return _smem.total_bytes(tile_sizes(d, stages), 2) + static_bytes(d, NR, fused)
 
 
-def resident_blocks(d: int, stages: int, NR: int, shared_per_sm: int) -> int:
+def resident_blocks(d: int, stages: int, NR: int, shared_per_sm: int, fused: bool = False) -> int:
     """Blocks an SM holds at once, by shared memory (1 KB a block reserved by the driver), at most 4 (the
     registers of 128 threads at up to 128 a thread)."""
-    return max(1, min(4, shared_per_sm // (shared_bytes(d, stages, NR) + 1024)))
+    return max(1, min(4, shared_per_sm // (shared_bytes(d, stages, NR, fused) + 1024)))
 
 
 @lru_cache(maxsize=None)
 def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, causal: bool, count: bool,
-                    stages: int = STAGES):
+                    stages: int = STAGES, fused: bool = False):
     """The tensor-core split kernel: head dim d (16 .. 128, a multiple of 16), ``dtype_name`` float16 or bfloat16,
     ``NR`` halves of the row tile in use (:func:`half_rows`), ``paged``, ``split`` (partials out), ``causal``,
-    ``count``, ``stages`` (2 .. 8) buffers a warp.  Arguments as :func:`.kernels.split_kernel`'s."""
+    ``count``, ``stages`` (2 .. 8) buffers a warp, ``fused`` (with ``split``: the last block of a group merges
+    the partials, :mod:`.fused`).  Arguments as :func:`.kernels.split_kernel`'s."""
     if not runs(d, dtype_name):
         raise ValueError(f"flash_decode's tensor-core kernel runs float16 and bfloat16 at d = 16 .. 128, a multiple "
                          f"of 16, not {dtype_name} at d = {d}")
@@ -119,12 +122,15 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     DT = nb_type(STORE)
     S_ITEM = 2
     write_result = result_writer(d, dtype_name, split, count)
+    FUSED = fused and split
+    tail = combine_tail(d, dtype_name, count)
+    SHX = SHARED_FLOATS // 2 if FUSED else 1
     pack = _mma.pack_bf16x2 if BF16 else _mma.pack_f16x2
     mma = _mma.mma_m16n8k16_bf16 if BF16 else _mma.mma_m16n8k16_f16
     ldsm, ldsm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
     cp_async, zero_16 = _mma.cp_async_16, _mma.zero_16
     commit, wait_pipe = _mma.cp_async_commit, _mma.cp_async_wait_group(stages - 2)
-    DYN = dynamic(d, stages, NR)
+    DYN = dynamic(d, stages, NR, FUSED)
     block_tiles = _smem.tiles(tile_sizes(d, stages), STORE, DYN)
     D = d
     D_U = uint32(d)
@@ -187,8 +193,8 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
         return nr
 
     @jit(fastmath=FASTMATH)
-    def kernel(q, k, v, table, seqlens, o, lse, Hkv, G, Nq, P, max_pages, rows, row_tiles, scale_log2,
-               counter):
+    def kernel(q, k, v, table, seqlens, o, lse, o_out, lse_out, sem, Hkv, G, Nq, P, max_pages, rows, row_tiles,
+               scale_log2, counter):
         sm, sh_q = block_tiles()
         sh_pages = cuda.shared.array(TB, int32)
         sh_len = cuda.shared.array(1, int32)
@@ -411,6 +417,13 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
             lse2 = sh_stat[r] + log2_or_minus_inf(ll)
             nw += write_result(o, lse, uint64(grow0 + int64(r)), sp, rows, c, accv, ll, lse2)
             e += uint32(NT)
+        if FUSED:  # the group's last block merges its partials into o_out, lse_out
+            sh_flag = cuda.shared.array(1, int32)
+            sh_x = cuda.shared.array(SHX, float32)
+            sh_w = cuda.shared.array(SHX, float32)
+            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, sh_flag, sh_x, sh_w)
+            nr += tr
+            nw += tw
         if COUNT:
             add_counts(counter, nr, nw)
 
