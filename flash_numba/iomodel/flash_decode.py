@@ -10,17 +10,19 @@ for the same ``row_tiles``.  Terms:
                   (once, when the group's rows fit one block: R <= 16 on the tensor-core path, R <= 8 on the
                   CUDA-core path); the keys of a split are read by its block
 ``q``             ``S * rows * d * s``: each split block reads its rows of q (into shared memory) once
-``lengths``       ``4 * blocks``: one ``cache_seqlens`` entry per block (S * B * Hkv * row_tiles blocks)
+``lengths``       ``4 * blocks``: one ``cache_seqlens`` entry per block (S * B * Hkv * row_tiles blocks); with
+                  S > 1 also ``4 * rows``, one per row read by the combine (which splits saw a key of the row)
 ``page table``    ``4 * row_tiles * Hkv * sum over (b, split) of the pages the split's keys touch``
                   (``(end - 1) // P - start // P + 1`` for a non-empty split; paged caches only)
 ``o and lse``     ``rows * (d s + 4)``: the output and its log-sum-exp, written once
 ``partials``      S > 1 only: ``lse2_s`` written and read (``2 * 4 * S * rows``), and ``O_s / l_s`` written and
-                  read (``2 * 4 d`` per row and split that saw one of the row's keys)
+                  read (``2 * 4 d`` per row and split that saw one of the row's keys: the geometry, whatever
+                  the scores, so a split whose scores of the row are all -inf has its partial too)
 
-The split kernel's launch holds the first five terms' reads and its writes (or, with S > 1, the partials'
-writes); the combine reads the partials and writes o and lse.  Split s of sequence b reads keys
-``s*chunk .. min(L, (s+1)*chunk) - 1``, ``chunk = ceil(L / S)``.  Causal (bottom-right among the new tokens):
-row i of a sequence sees keys ``j <= L - Nq + i``; the block still reads its whole chunk.
+The split kernel's launch holds the first four terms' reads (less the combine's lengths) and its writes (or,
+with S > 1, the partials' writes); the combine reads the partials and its lengths and writes o and lse.  Split s
+of sequence b reads keys ``s*chunk .. min(L, (s+1)*chunk) - 1``, ``chunk = ceil(L / S)``.  Causal (bottom-right
+among the new tokens): row i of a sequence sees keys ``j <= L - Nq + i``; the block still reads its whole chunk.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def terms(prob) -> dict[str, int]:
     out = {
         "KV cache": row_tiles * prob.Hkv * 2 * d * s * Lsum,
         "q": S * rows * d * s,
-        "lengths": 4 * S * prob.B * prob.Hkv * row_tiles,
+        "lengths": 4 * S * prob.B * prob.Hkv * row_tiles + _combine_lengths(prob),
         "page table": 4 * row_tiles * prob.Hkv * pages,
         "o and lse": rows * (d * s + 4),
         "partials": 0 if S == 1 else 2 * 4 * S * rows + 2 * 4 * d * partial_rows(prob),
@@ -83,15 +85,21 @@ def terms(prob) -> dict[str, int]:
     return out
 
 
+def _combine_lengths(prob) -> int:
+    """The combine's reads of ``cache_seqlens``: one per output row (none with one split: no combine)."""
+    return 0 if prob.num_splits == 1 else 4 * prob.rows
+
+
 def decode(prob) -> HBMCount:
     """Bytes per launch of the call, with :func:`terms` attached."""
     t = terms(prob)
-    reads = t["KV cache"] + t["q"] + t["lengths"] + t["page table"]
+    lengths = _combine_lengths(prob)
+    reads = t["KV cache"] + t["q"] + t["lengths"] - lengths + t["page table"]
     if prob.num_splits == 1:
         per = {SPLIT_ONE_NAME: KernelBytes(reads, t["o and lse"])}
     else:
         half = t["partials"] // 2  # written by the split kernel, read by the combine
-        per = {SPLIT_NAME: KernelBytes(reads, half), COMBINE_NAME: KernelBytes(half, t["o and lse"])}
+        per = {SPLIT_NAME: KernelBytes(reads, half), COMBINE_NAME: KernelBytes(half + lengths, t["o and lse"])}
     return HBMCount(per, t)
 
 

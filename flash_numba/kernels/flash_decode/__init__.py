@@ -176,15 +176,16 @@ def run(prob, ops, counters):
     row_tiles = -(-R // RT)
     grid = (S, prob.B * prob.Hkv * row_tiles)
     split = S > 1
+    causal = prob.causal
     shared = {}
     if path == "tc":
         stages, NR = stages_of(prob), tc.half_rows(R)
-        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, prob.causal, counters.enabled, stages)
+        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, causal, counters.enabled, stages)
         if tc.dynamic(d, stages, NR):
             shared = {"dynamic_bytes": _smem.total_bytes(tc.tile_sizes(d, stages), 2),
                       "static_bytes": tc.static_bytes(d, NR)}
     else:
-        kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, prob.causal, counters.enabled,
+        kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, causal, counters.enabled,
                               prob.keys_in_flight)
     o = _inputs.empty((rows, d), dt)
     lse = _inputs.empty((rows,), np.float32)
@@ -198,8 +199,8 @@ def run(prob, ops, counters):
     lse_part = _inputs.empty((S * rows,), np.float32)
     launch(kernel, grid, NT, **shared)(*args, o_part, lse_part, *tail, counters.array(SPLIT_NAME))
     combine = combine_kernel(d, prob.dtype_name, counters.enabled)
-    launch(combine, -(-rows // WARPS), NT)(o_part, lse_part, o.reshape(rows * d), lse, rows, S,
-                                          counters.array(COMBINE_NAME))
+    launch(combine, -(-rows // WARPS), NT)(o_part, lse_part, ops["seqlens"], o.reshape(rows * d), lse, rows, S,
+                                          prob.Hq, prob.Nq, int(causal), counters.array(COMBINE_NAME))
     return o, lse
 
 
@@ -309,7 +310,8 @@ def compile_all(ccs, dtypes, ds) -> list[Compiled]:
                          f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}")
                 out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
             f32 = types.Array(types.float32, 1, "C")
-            argtypes = (f32, f32, _array_1d(dtype), f32, types.int64, types.int64, COUNTER_TYPE)
+            argtypes = (f32, f32, types.Array(types.int32, 1, "C"), _array_1d(dtype), f32, *(types.int64,) * 5,
+                        COUNTER_TYPE)
             label = f"{COMBINE_NAME} d={d} {dtype}{' count' if count else ''}"
             out.append(compile_kernel(label, combine_kernel(d, dtype, count), argtypes, cc))
     return out

@@ -24,11 +24,20 @@ Unpaged (``PAGED = False``) the "page" is the sequence's own ``(Hkv, Nmax, d)`` 
 
 With one split the kernel writes ``o`` (storage dtype) and ``lse`` (natural log) itself; with more it writes,
 per split and row, ``lse2_s = m_s + log2(l_s)`` (base 2, -inf for a split that sees no key of that row) and the
-normalised partial ``O_s / l_s`` (float32, only where ``lse2_s`` is finite).
+normalised partial ``O_s / l_s`` (float32, only where the split sees a key of the row).
+
+"Saw no key" is the geometry (a length of 0, a causal row before the cache, a split whose keys all lie past a
+row's last visible key), never the scores (docs/RELIABILITY.md, section 2).  A row that sees keys whose scores
+are all -inf (an infinite q or k made them so) has l = 0 and no defined softmax: o = lse = NaN, as in the
+reference and the attention kernels.  A split that sees keys of a row, all of them at -inf, has l_s = 0 and
+lse2_s = -inf; its partial is then its unnormalised sum of 0 * v (0, or NaN where a v was Inf or NaN), which
+the combine weighs by 0: the visible products reach the result as IEEE arithmetic has them.
 
 **Combine kernel** (one warp per output row, 4 rows a block): ``LSE2 = log2(sum_s 2^lse2_s)``,
-``O = sum_s 2^(lse2_s - LSE2) O_s`` over the splits that saw a key, ``lse = LSE2 * ln 2``; a row no split saw
-(a length of 0, or a causal row before the cache) gets ``O = 0`` and ``lse = -inf``.
+``O = sum_s 2^(lse2_s - LSE2) O_s`` over the splits that saw a key of the row (from the geometry: the row's
+length, read once per row, and its last visible key), ``lse = LSE2 * ln 2``; a row no split saw (a length of 0,
+or a causal row before the cache) gets ``O = 0`` and ``lse = -inf``; a row that saw keys, only at -inf
+(LSE2 = -inf), gets ``O = lse = NaN``.
 
 Counted bytes (``COUNT``): what each thread's code reads and writes in global memory (see
 :mod:`flash_numba.hbm`); :mod:`flash_numba.iomodel.flash_decode` gives the same numbers term by term.
@@ -96,13 +105,28 @@ def log2_or_minus_inf(x):
     return math.log2(x) if x > float32(0.0) else float32(-math.inf)
 
 
+@jit(device=True, forceinline=True)
+def split_sees_key(L, s, S, i, Nq, causal):
+    """Whether split s of S (keys ``s * chunk .. min(L, (s + 1) * chunk) - 1``, ``chunk = ceil(L / S)``) holds a key
+    that new token i sees (all L keys, or with ``causal`` keys up to ``L - Nq + i``): the geometry, never the
+    scores.  The split kernels ask it at their end (recomputing from L, so that nothing stays live in their loop);
+    the combine asks it as ``s <= last // chunk``."""
+    last = L - 1
+    if causal:
+        last = min(last, i + (L - Nq))  # causal.last_visible_key(i, Nq, L)
+    first = uint32(s) * ((uint32(L) + uint32(S - 1)) // uint32(S))  # 32-bit: a 64-bit division costs registers
+    return int64(first) <= last  # and so < L: the split is not empty
+
+
 @lru_cache(maxsize=None)
 def result_writer(d: int, dtype_name: str, split: bool, count: bool):
-    """``write(o, lse, row, s, rows, c, acc, ll, lse2) -> bytes``: column c of query row ``row``'s result, from
-    the unnormalised ``acc``, the row's sum ``ll`` and its log2-sum-exp ``lse2`` (column 0 also writes the lse),
-    shared by both split kernels.  ``split``: split s's partial (float32 O_s / l_s where the split saw a key of the
-    row, and lse2_s always, at ``s * rows + row``); else the final output in the storage dtype (0 where the row saw
-    no key) and lse in natural-log units (-inf there).  Returns the bytes written when counting, else 0."""
+    """``write(o, lse, row, s, rows, c, acc, ll, lse2, seen) -> bytes``: column c of query row ``row``'s result,
+    from the unnormalised ``acc``, the row's sum ``ll``, its log2-sum-exp ``lse2`` and ``seen``, whether the block
+    saw a key of the row (the geometry; column 0 also writes the lse), shared by both split kernels.  ``split``:
+    split s's partial (float32 O_s / l_s where the split saw a key of the row, ``acc`` itself where l_s = 0, and
+    lse2_s always, at ``s * rows + row``); else the final output in the storage dtype (0 where the row saw no key,
+    NaN where it saw only -inf scores) and lse in natural-log units (-inf there, NaN there).  Returns the bytes
+    written when counting, else 0."""
     BF16 = dtype_name == "bfloat16"
     STORE = "uint16" if BF16 else dtype_name
     DT = uint16 if BF16 else nb_type(STORE)
@@ -110,29 +134,30 @@ def result_writer(d: int, dtype_name: str, split: bool, count: bool):
     D = d
     SPLIT, COUNT = split, count
     NEG_INF = float32(-math.inf)
+    NAN = float32(math.nan)
     ZERO = float32(0.0)
     F_LN2 = float32(LN2)
 
     @jit(device=True, forceinline=True, fastmath=FASTMATH)  # the kernels' division (div.approx), as inline
-    def write(o, lse, row, s, rows, c, acc, ll, lse2):
+    def write(o, lse, row, s, rows, c, acc, ll, lse2, seen):
         nw = 0
         if SPLIT:  # partials: lse2_s always, O_s / l_s where the split saw a key of the row
             at = uint64(s) * uint64(rows) + row
-            if lse2 != NEG_INF:
-                o[at * uint64(D) + uint64(c)] = acc / ll
+            if seen:  # l_s = 0 (every score it saw -inf): its sum of 0 * v (0 or NaN), which the combine weighs by 0
+                o[at * uint64(D) + uint64(c)] = acc if ll == ZERO else acc / ll
                 if COUNT:
                     nw += 4
             if c == 0:
                 lse[at] = lse2
                 if COUNT:
                     nw += 4
-        else:
-            val = acc / ll if ll > ZERO else ZERO
+        else:  # saw no key: 0 and -inf; saw only -inf scores (l = 0): no softmax, NaN and NaN (0 / 0, as IEEE)
+            val = acc / ll if ll > ZERO else (NAN if seen else ZERO)
             o[row * uint64(D) + uint64(c)] = _bf16.f32_to_bf16(val) if BF16 else DT(val)
             if COUNT:
                 nw += S_ITEM
             if c == 0:
-                lse[row] = lse2 * F_LN2 if ll > ZERO else NEG_INF
+                lse[row] = lse2 * F_LN2 if ll > ZERO else (NAN if seen else NEG_INF)
                 if COUNT:
                     nw += 4
         return nw
@@ -360,7 +385,8 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                     acc += sh_o[gi * D + tid]
                 ll = sh_stat[RT + r]
                 lse2 = sh_stat[r] + log2_or_minus_inf(ll)
-                nw += write_result(o, lse, uint64(grow0 + r), s, rows, tid, acc, ll, lse2)
+                seen = split_sees_key(int64(sh_len[0]), s, S, int64(uint32(r0 + r) % uint32(Nq)), int64(Nq), CAUSAL)
+                nw += write_result(o, lse, uint64(grow0 + r), s, rows, tid, acc, ll, lse2, seen)
             cuda.syncthreads()
         if COUNT:
             add_counts(counter, nr, nw)
@@ -370,7 +396,12 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
 
 @lru_cache(maxsize=None)
 def combine_kernel(d: int, dtype_name: str, count: bool):
-    """The combine kernel: one warp per output row, the splits' partials merged with the online-softmax rescale."""
+    """The combine kernel: one warp per output row, the splits' partials merged with the online-softmax rescale.
+
+    Which splits saw a key of a row is the geometry, as in the split kernel: the row's length L (``seqlens``, read
+    once per row), its last visible key ``last`` (L - 1, or with ``causal`` L - Nq + i for new token i) and the
+    splits' chunk ``ceil(L / num_splits)``: splits 0 .. last // chunk saw keys (and wrote a partial O_s), the
+    others none."""
     BF16 = dtype_name == "bfloat16"
     STORE = "uint16" if BF16 else dtype_name
     DT = uint16 if BF16 else nb_type(STORE)
@@ -378,12 +409,13 @@ def combine_kernel(d: int, dtype_name: str, count: bool):
     D = d
     COUNT = count
     NEG_INF = float32(-math.inf)
+    NAN = float32(math.nan)
     ZERO = float32(0.0)
     F_LN2 = float32(LN2)
     W_SPLITS = WARPS * MAX_SPLITS
 
     @jit(fastmath=FASTMATH)
-    def combine(o_part, lse_part, o, lse, rows, num_splits, counter):
+    def combine(o_part, lse_part, seqlens, o, lse, rows, num_splits, Hq, Nq, causal, counter):
         tid = cuda.threadIdx.x
         warp = uint32(tid) // uint32(32)
         lane = uint32(tid) % uint32(32)
@@ -394,6 +426,19 @@ def combine_kernel(d: int, dtype_name: str, count: bool):
         base = warp * uint32(MAX_SPLITS)
         nr = int64(0)
         nw = int64(0)
+        seq = uint64(Hq) * uint64(Nq)  # rows (b, h, i) a sequence
+        len0 = int32(0)
+        if ok and lane == 0:
+            len0 = seqlens[row // seq]
+            if COUNT:
+                nr += 4
+        L = int64(cuda.shfl_sync(FULL, len0, 0))
+        last = L - 1  # the row's last visible key
+        if causal:
+            last = min(last, int64(row % uint64(Nq)) + (L - int64(Nq)))  # causal.last_visible_key(i, Nq, L)
+        n_seen = int64(0)  # splits that saw a key of the row: 0 .. last // chunk
+        if last >= 0:
+            n_seen = last // ((L + int64(num_splits) - 1) // int64(num_splits)) + 1
         mm = NEG_INF
         s = lane
         while s < uint32(num_splits):
@@ -422,21 +467,23 @@ def combine_kernel(d: int, dtype_name: str, count: bool):
             sh_w[base + s] = exp2_ieee(x - lse2) if x != NEG_INF else ZERO
             s += uint32(32)
         cuda.syncthreads()
+        only_minus_inf = n_seen > 0 and lse2 == NEG_INF  # saw keys, every score -inf: no softmax, NaN
         if ok:
             c = lane
             while c < uint32(D):
                 acc = ZERO
-                for si in range(num_splits):
-                    if sh_x[base + si] != NEG_INF:  # a split that saw no key of the row wrote no partial
-                        acc += sh_w[base + si] * o_part[(uint64(si) * uint64(rows) + row) * uint64(D) + uint64(c)]
-                        if COUNT:
-                            nr += 4
+                for si in range(n_seen):  # a split that saw a key of the row wrote O_s (weight 0 where lse2_s = -inf:
+                    acc += sh_w[base + si] * o_part[(uint64(si) * uint64(rows) + row) * uint64(D) + uint64(c)]
+                    if COUNT:  # then 0 * O_s keeps a NaN of its 0 * v)
+                        nr += 4
+                if only_minus_inf:
+                    acc = NAN
                 o[row * uint64(D) + uint64(c)] = _bf16.f32_to_bf16(acc) if BF16 else DT(acc)
                 if COUNT:
                     nw += S_ITEM
                 c += uint32(32)
             if lane == 0:
-                lse[row] = lse2 * F_LN2 if lse2 != NEG_INF else NEG_INF
+                lse[row] = NAN if only_minus_inf else (lse2 * F_LN2 if lse2 != NEG_INF else NEG_INF)
                 if COUNT:
                     nw += 4
         if COUNT:

@@ -43,7 +43,7 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 from ...device import jit
 from .. import _mma, _smem
 from .._common import add_counts, exp2_ieee, nan_max, nb_type
-from .kernels import FASTMATH, NT, log2_or_minus_inf, result_writer
+from .kernels import FASTMATH, NT, log2_or_minus_inf, result_writer, split_sees_key
 
 WARPS = NT // 32
 FULL = 0xFFFFFFFF
@@ -409,7 +409,9 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
             accv = sh_o[e]
             ll = sh_stat[MR + r]
             lse2 = sh_stat[r] + log2_or_minus_inf(ll)
-            nw += write_result(o, lse, uint64(grow0 + int64(r)), sp, rows, c, accv, ll, lse2)
+            seen = split_sees_key(int64(sh_len[0]), sp, S, int64(uint32(r0 + int64(r)) % uint32(Nq)), int64(Nq),
+                                  CAUSAL)
+            nw += write_result(o, lse, uint64(grow0 + int64(r)), sp, rows, c, accv, ll, lse2, seen)
             e += uint32(NT)
         if COUNT:
             add_counts(counter, nr, nw)
