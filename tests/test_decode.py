@@ -9,7 +9,8 @@ tensor cores; G = 8, 24 rows, two tiles on either), float16, bfloat16 and float3
 splits (the same answer within rounding), the tensor-core kernel's pipeline (2, 3 and 4 stages, static and
 dynamic shared memory, two table segments), poisoned outputs (conftest), counted bytes equal to the IO model
 per launch and by term; every bad argument refused on the host, naming it.  NaN and Inf (docs/RELIABILITY.md,
-section 2) on both paths, one split and several: a visible P of 0 meets an Inf in v; a row whose visible scores are all
+section 2) on both paths, one split and several: a visible P of 0 meets an Inf in v; an Inf or NaN in v at a key
+causal masking hides from some new tokens reaches only those that see it; a row whose visible scores are all
 -inf is NaN, a split that sees only -inf scores of a row still hands its 0 * v to the combine, and a row that
 sees no key stays 0 with lse = -inf.
 """
@@ -270,6 +271,36 @@ def assert_like_reference(o, lse, o_ref, lse_ref, tol):
 
 #: (dtype, path): both split kernels; float16 on each, bfloat16 on tensor cores, float32 on CUDA cores
 NONFINITE_PATHS = [(np.float16, "tc"), ("bfloat16", "tc"), (np.float16, "cuda"), (np.float32, "cuda")]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype, path", NONFINITE_PATHS)
+def test_a_masked_key_adds_nothing_on_either_path_even_an_inf_or_nan_value(monkeypatch, rng, dtype, path):
+    """Causal, Nq = 3 new tokens, L = 17: token 0 sees keys 0..14, token 1 keys 0..15, token 2 all.  Keys 15 and 16
+    (the last Nq - 1, in the tensor-core kernel's first and second tiles of 16) are each hidden from some tokens:
+    +Inf in v[16, 1] and NaN in v[16, 3] reach token 2 only (+Inf, NaN); key 15's score is 1e4 below the others
+    (P = 0 in float64 too) and +Inf in v[15, 2] gives NaN to tokens 1 and 2, which see it (a visible entry
+    multiplies, 0 * Inf), and nothing to token 0, which does not.  The tensor cores would multiply token 0's
+    P = 0 by key 15's Inf (and tokens 0 and 1's by key 16's): docs/RELIABILITY.md, section 2.  Two query heads of
+    one KV head; one, two and three splits."""
+    d = 16
+    monkeypatch.setattr(_switches, "DECODE_PATH", path)
+    q, k, v, seqlens, _ = make(rng, 1, 2, 1, 3, d, (17,), np.float32 if dtype == "bfloat16" else dtype)
+    q[..., 0], k[..., 0] = 1.0, 0.0
+    k[0, 0, 15, 0] = -1e4 * np.sqrt(d)
+    v[0, 0, 16, 1], v[0, 0, 16, 3], v[0, 0, 15, 2] = np.inf, np.nan, np.inf
+    q, k, v = as_words(dtype, q, k, v)
+    o_ref, lse_ref = decode_reference(*(as_float(dtype, x) for x in (q, k, v)), seqlens, causal=True)
+    assert np.isposinf(o_ref[0, :, 2, 1]).all() and np.isnan(o_ref[0, :, 2, 3]).all()  # the case is drawn
+    assert np.isnan(o_ref[0, :, 1:, 2]).all() and np.isfinite(o_ref[0, :, 0]).all()
+    assert np.isfinite(o_ref[0, :, 1, [0, 1, 3]]).all()
+    kf, vf = (as_float(dtype, x) for x in (k, v))
+    tol = tolerance(dtype, np.nan_to_num(o_ref), as_float(dtype, q), np.where(np.abs(kf) < 1e3, kf, 0),
+                    np.where(np.isfinite(vf), vf, 0), 17, d, 1 / np.sqrt(d), path)  # key 15's P is 0: no error
+    for S in (1, 2, 3):
+        r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, num_splits=S, causal=True, count_hbm=True)
+        assert_like_reference(as_float(dtype, r.o).astype(np.float64), r.lse, o_ref, lse_ref, tol)
+        assert r.hbm == model_of(r, q, k, seqlens, None, True, "bfloat16" if dtype == "bfloat16" else ""), S
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -176,7 +176,7 @@ def run(prob, ops, counters):
     row_tiles = -(-R // RT)
     grid = (S, prob.B * prob.Hkv * row_tiles)
     split = S > 1
-    causal = prob.causal
+    causal = prob.causal and prob.Nq > 1  # one new token sees every key: the causal mask hides none
     shared = {}
     if path == "tc":
         stages, NR = stages_of(prob), tc.half_rows(R)
