@@ -8,7 +8,11 @@ tensor cores; G = 8, 24 rows, two tiles on either), float16, bfloat16 and float3
 (the tensor-core kernel for float16 and bfloat16, the CUDA-core kernel for all three), one, two and three
 splits (the same answer within rounding), the tensor-core kernel's pipeline (2, 3 and 4 stages, static and
 dynamic shared memory, two table segments), poisoned outputs (conftest), counted bytes equal to the IO model
-per launch and by term; every bad argument refused on the host, naming it.
+per launch and by term; every bad argument refused on the host, naming it.  NaN and Inf (docs/RELIABILITY.md,
+section 2) on both paths, one split and several: a visible P of 0 meets an Inf in v; an Inf or NaN in v at a key
+causal masking hides from some new tokens reaches only those that see it; a row whose visible scores are all
+-inf is NaN, a split that sees only -inf scores of a row still hands its 0 * v to the combine, and a row that
+sees no key stays 0 with lse = -inf.
 """
 
 import numpy as np
@@ -290,6 +294,88 @@ def test_a_visible_probability_of_zero_meets_inf(rng):
         assert np.array_equal(np.isnan(o), np.isnan(o_ref)) and np.array_equal(np.isinf(o), np.isinf(o_ref))
         fin = np.isfinite(o_ref)
         assert np.abs(o[fin] - o_ref[fin]).max() < 1e-5 and np.abs(r.lse - lse_ref).max() < 1e-3
+
+
+def assert_like_reference(o, lse, o_ref, lse_ref, tol):
+    """NaN, +Inf and -Inf exactly where the reference has them, in o and lse; the finite values within ``tol``
+    (o) and 1e-2 (lse)."""
+    for got, want in ((o, o_ref), (lse, lse_ref)):
+        assert np.array_equal(np.isnan(got), np.isnan(want)), np.argwhere(np.isnan(got) != np.isnan(want))
+        assert np.array_equal(np.isposinf(got), np.isposinf(want)) and np.array_equal(np.isneginf(got),
+                                                                                       np.isneginf(want))
+    fin = np.isfinite(o_ref)
+    assert (np.abs(o[fin] - o_ref[fin]) <= np.broadcast_to(tol, o_ref.shape)[fin]).all()
+    fin = np.isfinite(lse_ref)
+    assert np.abs(lse[fin] - lse_ref[fin]).max() < 1e-2
+
+
+#: (dtype, path): both split kernels; float16 on each, bfloat16 on tensor cores, float32 on CUDA cores
+NONFINITE_PATHS = [(np.float16, "tc"), ("bfloat16", "tc"), (np.float16, "cuda"), (np.float32, "cuda")]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype, path", NONFINITE_PATHS)
+def test_a_masked_key_adds_nothing_on_either_path_even_an_inf_or_nan_value(monkeypatch, rng, dtype, path):
+    """Causal, Nq = 3 new tokens, L = 17: token 0 sees keys 0..14, token 1 keys 0..15, token 2 all.  Keys 15 and 16
+    (the last Nq - 1, in the tensor-core kernel's first and second tiles of 16) are each hidden from some tokens:
+    +Inf in v[16, 1] and NaN in v[16, 3] reach token 2 only (+Inf, NaN); key 15's score is 1e4 below the others
+    (P = 0 in float64 too) and +Inf in v[15, 2] gives NaN to tokens 1 and 2, which see it (a visible entry
+    multiplies, 0 * Inf), and nothing to token 0, which does not.  The tensor cores would multiply token 0's
+    P = 0 by key 15's Inf (and tokens 0 and 1's by key 16's): docs/RELIABILITY.md, section 2.  Two query heads of
+    one KV head; one, two and three splits."""
+    d = 16
+    monkeypatch.setattr(_switches, "DECODE_PATH", path)
+    q, k, v, seqlens, _ = make(rng, 1, 2, 1, 3, d, (17,), np.float32 if dtype == "bfloat16" else dtype)
+    q[..., 0], k[..., 0] = 1.0, 0.0
+    k[0, 0, 15, 0] = -1e4 * np.sqrt(d)
+    v[0, 0, 16, 1], v[0, 0, 16, 3], v[0, 0, 15, 2] = np.inf, np.nan, np.inf
+    q, k, v = as_words(dtype, q, k, v)
+    o_ref, lse_ref = decode_reference(*(as_float(dtype, x) for x in (q, k, v)), seqlens, causal=True)
+    assert np.isposinf(o_ref[0, :, 2, 1]).all() and np.isnan(o_ref[0, :, 2, 3]).all()  # the case is drawn
+    assert np.isnan(o_ref[0, :, 1:, 2]).all() and np.isfinite(o_ref[0, :, 0]).all()
+    assert np.isfinite(o_ref[0, :, 1, [0, 1, 3]]).all()
+    kf, vf = (as_float(dtype, x) for x in (k, v))
+    tol = tolerance(dtype, np.nan_to_num(o_ref), as_float(dtype, q), np.where(np.abs(kf) < 1e3, kf, 0),
+                    np.where(np.isfinite(vf), vf, 0), 17, d, 1 / np.sqrt(d), path)  # key 15's P is 0: no error
+    for S in (1, 2, 3):
+        r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, num_splits=S, causal=True, count_hbm=True)
+        assert_like_reference(as_float(dtype, r.o).astype(np.float64), r.lse, o_ref, lse_ref, tol)
+        assert r.hbm == model_of(r, q, k, seqlens, None, True, "bfloat16" if dtype == "bfloat16" else ""), S
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype, path", NONFINITE_PATHS)
+def test_rows_whose_visible_scores_are_all_minus_inf_are_nan_and_rows_that_see_no_key_stay_zero(
+        monkeypatch, rng, dtype, path):
+    """docs/RELIABILITY.md, section 2: a row whose visible scores are all -inf (an infinite q or k made them so)
+    has no softmax: o = lse = NaN, as the reference; a row that sees no key (a length of 0, a causal row before
+    the cache; the geometry) gets o = 0, lse = -inf, whatever its q.  Causal, Nq = 3, two query heads, lengths 17,
+    0, 2.  Sequence 0: q[h = 0, token 1] has +Inf where every k is negative: its scores are all -inf (NaN row);
+    keys 0..8 have k = -Inf where every other q is 1: their scores are -inf on every row, so with two or three
+    splits the first split sees only -inf scores of every row, and +Inf in v[3, 2] meets their P = 0: NaN in
+    column 2 of every row (the combine weighs that split by 0, and 0 * NaN stays NaN).  Sequence 2 (L = 2):
+    token 0 sees no key, its q holds +Inf and NaN: o = 0, lse = -inf.  One, two and three splits; counted bytes
+    equal to the IO model."""
+    d = 16
+    monkeypatch.setattr(_switches, "DECODE_PATH", path)
+    q, k, v, seqlens, _ = make(rng, 3, 2, 1, 3, d, (17, 0, 2), np.float32 if dtype == "bfloat16" else dtype)
+    k[:, :, :, 0] = -np.abs(k[:, :, :, 0]) - 0.5
+    q[0, 0, 1, 0] = np.inf
+    q[:, :, :, 1] = 1.0
+    k[0, 0, :9, 1] = -np.inf
+    v[0, 0, 3, 2] = np.inf
+    q[2, :, 0, 2], q[2, :, 0, 3] = np.inf, np.nan
+    q, k, v = as_words(dtype, q, k, v)
+    o_ref, lse_ref = decode_reference(*(as_float(dtype, x) for x in (q, k, v)), seqlens, causal=True)
+    assert np.isnan(o_ref[0, 0, 1]).all() and np.isnan(lse_ref[0, 0, 1])  # the case is drawn
+    assert np.isnan(o_ref[0, :, :, 2]).all() and np.isfinite(np.delete(o_ref[0, 1], 2, axis=1)).all()
+    assert (o_ref[1] == 0).all() and (o_ref[2, :, 0] == 0).all() and np.isneginf(lse_ref[2, :, 0]).all()
+    qf, kf, vf = (np.where(np.isfinite(x), x, 0) for x in (as_float(dtype, y) for y in (q, k, v)))
+    tol = tolerance(dtype, np.nan_to_num(o_ref), qf, kf, vf, 17, d, 1 / np.sqrt(d), path)
+    for S in (1, 2, 3):
+        r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, num_splits=S, causal=True, count_hbm=True)
+        assert_like_reference(as_float(dtype, r.o).astype(np.float64), r.lse, o_ref, lse_ref, tol)
+        assert r.hbm == model_of(r, q, k, seqlens, None, True, "bfloat16" if dtype == "bfloat16" else ""), S
 
 
 def _args(rng, paged=True):

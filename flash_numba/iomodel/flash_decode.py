@@ -10,21 +10,25 @@ for the same ``row_tiles``.  Terms:
                   (once, when the group's rows fit one block: R <= 16 on the tensor-core path, R <= 8 on the
                   CUDA-core path); the keys of a split are read by its block
 ``q``             ``S * rows * d * s``: each split block reads its rows of q (into shared memory) once
-``lengths``       ``4 * blocks``: one ``cache_seqlens`` entry per block (S * B * Hkv * row_tiles blocks)
+``lengths``       ``4 * blocks``: one ``cache_seqlens`` entry per block (S * B * Hkv * row_tiles blocks); with
+                  S > 1 and the combine kernel (not fused) also ``4 * rows``, one per row read by the combine
+                  (which splits saw a key of the row)
 ``page table``    ``4 * row_tiles * Hkv * sum over (b, split) of the pages the split's keys touch``
                   (``(end - 1) // P - start // P + 1`` for a non-empty split; paged caches only)
 ``o and lse``     ``rows * (d s + 4)``: the output and its log-sum-exp, written once
 ``partials``      S > 1 only: ``lse2_s`` written and read (``2 * 4 * S * rows``), and ``O_s / l_s`` written and
-                  read (``2 * 4 d`` per row and split that saw one of the row's keys)
+                  read (``2 * 4 d`` per row and split that saw one of the row's keys: the geometry, whatever
+                  the scores, so a split whose scores of the row are all -inf has its partial too)
 ``split counters`` S > 1 with the combine fused into the split kernel (:mod:`~flash_numba.kernels.flash_decode.fused`)
                   only: each block's ``atomicAdd`` on its group's counter (4 read, 4 written) and each group's last
                   block's reset (4 written): ``8 * blocks + 4 * blocks / S``
 
-The split kernel's launch holds the first five terms' reads and its writes (or, with S > 1, the partials'
-writes); the combine reads the partials and writes o and lse.  Fused, one launch holds them all, the counters
-too.  Split s of sequence b reads keys
-``s*chunk .. min(L, (s+1)*chunk) - 1``, ``chunk = ceil(L / S)``.  Causal (bottom-right among the new tokens):
-row i of a sequence sees keys ``j <= L - Nq + i``; the block still reads its whole chunk.
+The split kernel's launch holds the first four terms' reads (less the combine's lengths) and its writes (or,
+with S > 1, the partials' writes); the combine reads the partials and its lengths and writes o and lse.  Fused,
+one launch holds them all, the counters too, and no length is read twice (the group's last block merges with the
+length its split already read).  Split s
+of sequence b reads keys ``s*chunk .. min(L, (s+1)*chunk) - 1``, ``chunk = ceil(L / S)``.  Causal (bottom-right
+among the new tokens): row i of a sequence sees keys ``j <= L - Nq + i``; the block still reads its whole chunk.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def terms(prob) -> dict[str, int]:
     out = {
         "KV cache": row_tiles * prob.Hkv * 2 * d * s * Lsum,
         "q": S * rows * d * s,
-        "lengths": 4 * S * prob.B * prob.Hkv * row_tiles,
+        "lengths": 4 * S * prob.B * prob.Hkv * row_tiles + _combine_lengths(prob),
         "page table": 4 * row_tiles * prob.Hkv * pages,
         "o and lse": rows * (d * s + 4),
         "partials": 0 if S == 1 else 2 * 4 * S * rows + 2 * 4 * d * partial_rows(prob),
@@ -94,10 +98,17 @@ def terms(prob) -> dict[str, int]:
     return out
 
 
+def _combine_lengths(prob) -> int:
+    """The combine kernel's reads of ``cache_seqlens``: one per output row (none with one split, or fused: no
+    combine kernel)."""
+    return 0 if prob.num_splits == 1 or fused_of(prob) else 4 * prob.rows
+
+
 def decode(prob) -> HBMCount:
     """Bytes per launch of the call, with :func:`terms` attached."""
     t = terms(prob)
-    reads = t["KV cache"] + t["q"] + t["lengths"] + t["page table"]
+    lengths = _combine_lengths(prob)
+    reads = t["KV cache"] + t["q"] + t["lengths"] - lengths + t["page table"]
     if prob.num_splits == 1:
         per = {SPLIT_ONE_NAME: KernelBytes(reads, t["o and lse"])}
     elif fused_of(prob):  # the partials written and read in one launch; the counters: 4 read a block, the rest written
@@ -107,7 +118,7 @@ def decode(prob) -> HBMCount:
                                        half + t["o and lse"] + t["split counters"] - counter_reads)}
     else:
         half = t["partials"] // 2  # written by the split kernel, read by the combine
-        per = {SPLIT_NAME: KernelBytes(reads, half), COMBINE_NAME: KernelBytes(half, t["o and lse"])}
+        per = {SPLIT_NAME: KernelBytes(reads, half), COMBINE_NAME: KernelBytes(half + lengths, t["o and lse"])}
     return HBMCount(per, t)
 
 

@@ -225,7 +225,8 @@ print(f"max |o - o_float64| = {dec_err:.1e}")
 
 # %% [markdown]
 # Your count has the cache, $q$, $o$ and the lse. The kernel also reads each block's length and the page
-# table entries its chunk touches, and with splits it writes and reads the partials:
+# table entries its chunk touches, and with splits it writes and reads the partials (and the combine reads each
+# row's length, to know which splits saw its keys):
 
 # %%
 mine_total = sum(count(1, Hq, Hkv, int(n), d, 4)[0] for n in lengths)

@@ -261,16 +261,16 @@ def run(prob, ops, counters):
     grid = (S, prob.B * prob.Hkv * row_tiles)
     split = S > 1
     fused = fused_of(prob)
+    causal = prob.causal and prob.Nq > 1  # one new token sees every key: the causal mask hides none
     shared = {}
     if path == "tc":
         stages, NR = stages_of(prob), tc.half_rows(R)
-        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, prob.causal, counters.enabled, stages,
-                                 fused)
+        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, causal, counters.enabled, stages, fused)
         if tc.dynamic(d, stages, NR, fused):
             shared = {"dynamic_bytes": _smem.total_bytes(tc.tile_sizes(d, stages), 2),
                       "static_bytes": tc.static_bytes(d, NR, fused)}
     else:
-        kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, prob.causal, counters.enabled,
+        kernel = split_kernel(d, prob.dtype_name, RT, prob.paged, split, causal, counters.enabled,
                               prob.keys_in_flight, fused)
     o = _inputs.empty((rows, d), dt)
     lse = _inputs.empty((rows,), np.float32)
@@ -291,8 +291,8 @@ def run(prob, ops, counters):
         return o, lse
     launch(kernel, grid, NT, **shared)(*args, o_part, lse_part, *unused, *tail, counters.array(SPLIT_NAME))
     combine = combine_kernel(d, prob.dtype_name, counters.enabled)
-    launch(combine, -(-rows // WARPS), NT)(o_part, lse_part, o.reshape(rows * d), lse, rows, S,
-                                          counters.array(COMBINE_NAME))
+    launch(combine, -(-rows // WARPS), NT)(o_part, lse_part, ops["seqlens"], o.reshape(rows * d), lse, rows, S,
+                                          prob.Hq, prob.Nq, int(causal), counters.array(COMBINE_NAME))
     return o, lse
 
 
@@ -419,7 +419,8 @@ def compile_all(ccs, dtypes, ds) -> list[Compiled]:
                          f"{' paged' if paged else ''}{' causal' if causal else ''}{' count' if count else ''}")
                 out.append(compile_kernel(label, kernel, _split_argtypes(dtype, split), cc))
             f32 = types.Array(types.float32, 1, "C")
-            argtypes = (f32, f32, _array_1d(dtype), f32, types.int64, types.int64, COUNTER_TYPE)
+            argtypes = (f32, f32, types.Array(types.int32, 1, "C"), _array_1d(dtype), f32, *(types.int64,) * 5,
+                        COUNTER_TYPE)
             label = f"{COMBINE_NAME} d={d} {dtype}{' count' if count else ''}"
             out.append(compile_kernel(label, combine_kernel(d, dtype, count), argtypes, cc))
     return out

@@ -23,19 +23,14 @@ the last block's reset (:mod:`flash_numba.iomodel.flash_decode`'s term "split co
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
-import numpy as np
-from numba import cuda, float32, int32, int64, uint16, uint32, uint64
+from numba import cuda, int32, int64, uint32, uint64
 
 from ...device import jit
-from .. import _bf16
-from .._common import exp2_ieee, nan_max, nb_type
-from .kernels import FASTMATH, LN2, MAX_SPLITS, NT, log2_or_minus_inf
+from .kernels import FASTMATH, MAX_SPLITS, NT, row_merger, splits_that_see
 
 WARPS = NT // 32
-FULL = 0xFFFFFFFF
 #: The counter name of the fused split kernel's launch (the split kernel and the combine in one).
 FUSED_NAME = "flash_decode split-KV + combine"
 #: Floats of the shared arrays the last block's merge uses (``lse2_s`` and the weights, a row of each a warp).
@@ -44,26 +39,19 @@ SHARED_FLOATS = 2 * WARPS * MAX_SPLITS
 
 @lru_cache(maxsize=None)
 def combine_tail(d: int, dtype_name: str, count: bool):
-    """``tail(o_part, lse_part, o, lse, sem, group, row0, nrows, rows, S, sh_flag, sh_x, sh_w) -> (nr, nw)``: the
-    end of a split block with S > 1, called by all its threads after its partials are written.  ``group`` its
-    grid row y, ``row0`` .. ``row0 + nrows - 1`` the group's rows (global (b, h, i) rows of ``rows``), ``sh_flag``
-    one int32 of shared memory, ``sh_x``, ``sh_w`` :data:`SHARED_FLOATS` // 2 float32 each.  Returns the bytes it
-    read and wrote when counting, else zeros."""
-    BF16 = dtype_name == "bfloat16"
-    STORE = "uint16" if BF16 else dtype_name
-    DT = uint16 if BF16 else nb_type(STORE)
-    S_ITEM = np.dtype(STORE).itemsize
-    D = d
+    """``tail(o_part, lse_part, o, lse, sem, group, row0, nrows, rows, S, L, Nq, causal, sh_flag, sh_x, sh_w) ->
+    (nr, nw)``: the end of a split block with S > 1, called by all its threads after its partials are written.
+    ``group`` its grid row y, ``row0`` .. ``row0 + nrows - 1`` the group's rows (global (b, h, i) rows of ``rows``,
+    all of one sequence, whose cache holds ``L`` keys; ``Nq`` new tokens, ``causal``), ``sh_flag`` one int32 of
+    shared memory, ``sh_x``, ``sh_w`` :data:`SHARED_FLOATS` // 2 float32 each.  The rows are merged by the combine
+    kernel's :func:`.kernels.row_merger`.  Returns the bytes it read and wrote when counting, else zeros."""
     COUNT = count
-    NEG_INF = float32(-math.inf)
-    ZERO = float32(0.0)
-    F_LN2 = float32(LN2)
+    merge = row_merger(d, dtype_name, count)
 
     @jit(device=True, forceinline=True, fastmath=FASTMATH)
-    def tail(o_part, lse_part, o, lse, sem, group, row0, nrows, rows, S, sh_flag, sh_x, sh_w):
+    def tail(o_part, lse_part, o, lse, sem, group, row0, nrows, rows, S, L, Nq, causal, sh_flag, sh_x, sh_w):
         tid = cuda.threadIdx.x
         warp = uint32(tid) >> uint32(5)
-        lane = uint32(tid) & uint32(31)
         nr = int64(0)
         nw = int64(0)
         cuda.threadfence()  # this thread's partials reach every block before the block counts itself in
@@ -83,56 +71,13 @@ def combine_tail(d: int, dtype_name: str, count: bool):
         if sh_flag[0] == int32(0):
             return nr, nw
         cuda.threadfence()  # the other blocks' partials, seen through their counts
-        base = warp * uint32(MAX_SPLITS)
         for it in range((nrows + WARPS - 1) // WARPS):  # warp w merges rows w, w + 4, ... (the same trips for all)
             r = int64(it) * WARPS + int64(warp)
-            ok = r < nrows
             row = uint64(row0 + r)
-            mm = NEG_INF
-            s = lane
-            while s < uint32(S):
-                x = NEG_INF
-                if ok:
-                    x = lse_part[uint64(s) * uint64(rows) + row]
-                    if COUNT:
-                        nr += 4
-                sh_x[base + s] = x
-                mm = nan_max(mm, x)
-                s += uint32(32)
-            for st in range(5):
-                mm = nan_max(mm, cuda.shfl_xor_sync(FULL, mm, 16 >> st))
-            m_use = mm if mm != NEG_INF else ZERO
-            w = ZERO
-            s = lane
-            while s < uint32(S):
-                w += exp2_ieee(sh_x[base + s] - m_use)
-                s += uint32(32)
-            for st in range(5):
-                w += cuda.shfl_xor_sync(FULL, w, 16 >> st)
-            lse2 = mm + log2_or_minus_inf(w)
-            s = lane
-            while s < uint32(S):
-                x = sh_x[base + s]
-                sh_w[base + s] = exp2_ieee(x - lse2) if x != NEG_INF else ZERO
-                s += uint32(32)
-            cuda.syncthreads()  # the weights written before any lane reads them (every warp runs the same trips)
-            if ok:
-                c = lane
-                while c < uint32(D):
-                    acc = ZERO
-                    for si in range(S):
-                        if sh_x[base + si] != NEG_INF:  # a split that saw no key of the row wrote no partial
-                            acc += sh_w[base + si] * o_part[(uint64(si) * uint64(rows) + row) * uint64(D) + uint64(c)]
-                            if COUNT:
-                                nr += 4
-                    o[row * uint64(D) + uint64(c)] = _bf16.f32_to_bf16(acc) if BF16 else DT(acc)
-                    if COUNT:
-                        nw += S_ITEM
-                    c += uint32(32)
-                if lane == 0:
-                    lse[row] = lse2 * F_LN2 if lse2 != NEG_INF else NEG_INF
-                    if COUNT:
-                        nw += 4
+            n_seen = splits_that_see(L, int64(row % uint64(Nq)), Nq, int64(S), causal)
+            tr, tw = merge(o_part, lse_part, o, lse, row, r < nrows, rows, S, n_seen, sh_x, sh_w)
+            nr += tr
+            nw += tw
             cuda.syncthreads()  # every lane done with this row's weights before the next row's
         return nr, nw
 

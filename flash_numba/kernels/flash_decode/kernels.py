@@ -24,11 +24,20 @@ Unpaged (``PAGED = False``) the "page" is the sequence's own ``(Hkv, Nmax, d)`` 
 
 With one split the kernel writes ``o`` (storage dtype) and ``lse`` (natural log) itself; with more it writes,
 per split and row, ``lse2_s = m_s + log2(l_s)`` (base 2, -inf for a split that sees no key of that row) and the
-normalised partial ``O_s / l_s`` (float32, only where ``lse2_s`` is finite).
+normalised partial ``O_s / l_s`` (float32, only where the split sees a key of the row).
+
+"Saw no key" is the geometry (a length of 0, a causal row before the cache, a split whose keys all lie past a
+row's last visible key), never the scores (docs/RELIABILITY.md, section 2).  A row that sees keys whose scores
+are all -inf (an infinite q or k made them so) has l = 0 and no defined softmax: o = lse = NaN, as in the
+reference and the attention kernels.  A split that sees keys of a row, all of them at -inf, has l_s = 0 and
+lse2_s = -inf; its partial is then its unnormalised sum of 0 * v (0, or NaN where a v was Inf or NaN), which
+the combine weighs by 0: the visible products reach the result as IEEE arithmetic has them.
 
 **Combine kernel** (one warp per output row, 4 rows a block): ``LSE2 = log2(sum_s 2^lse2_s)``,
-``O = sum_s 2^(lse2_s - LSE2) O_s`` over the splits that saw a key, ``lse = LSE2 * ln 2``; a row no split saw
-(a length of 0, or a causal row before the cache) gets ``O = 0`` and ``lse = -inf``.
+``O = sum_s 2^(lse2_s - LSE2) O_s`` over the splits that saw a key of the row (from the geometry: the row's
+length, read once per row, and its last visible key), ``lse = LSE2 * ln 2``; a row no split saw (a length of 0,
+or a causal row before the cache) gets ``O = 0`` and ``lse = -inf``; a row that saw keys, only at -inf
+(LSE2 = -inf), gets ``O = lse = NaN``.
 
 Counted bytes (``COUNT``): what each thread's code reads and writes in global memory (see
 :mod:`flash_numba.hbm`); :mod:`flash_numba.iomodel.flash_decode` gives the same numbers term by term.
@@ -96,13 +105,28 @@ def log2_or_minus_inf(x):
     return math.log2(x) if x > float32(0.0) else float32(-math.inf)
 
 
+@jit(device=True, forceinline=True)
+def split_sees_key(L, s, S, i, Nq, causal):
+    """Whether split s of S (keys ``s * chunk .. min(L, (s + 1) * chunk) - 1``, ``chunk = ceil(L / S)``) holds a key
+    that new token i sees (all L keys, or with ``causal`` keys up to ``L - Nq + i``): the geometry, never the
+    scores.  The split kernels ask it at their end (recomputing from L, so that nothing stays live in their loop);
+    the combine asks it as ``s <= last // chunk``."""
+    last = L - 1
+    if causal:
+        last = min(last, i + (L - Nq))  # causal.last_visible_key(i, Nq, L)
+    first = uint32(s) * ((uint32(L) + uint32(S - 1)) // uint32(S))  # 32-bit: a 64-bit division costs registers
+    return int64(first) <= last  # and so < L: the split is not empty
+
+
 @lru_cache(maxsize=None)
 def result_writer(d: int, dtype_name: str, split: bool, count: bool):
-    """``write(o, lse, row, s, rows, c, acc, ll, lse2) -> bytes``: column c of query row ``row``'s result, from
-    the unnormalised ``acc``, the row's sum ``ll`` and its log2-sum-exp ``lse2`` (column 0 also writes the lse),
-    shared by both split kernels.  ``split``: split s's partial (float32 O_s / l_s where the split saw a key of the
-    row, and lse2_s always, at ``s * rows + row``); else the final output in the storage dtype (0 where the row saw
-    no key) and lse in natural-log units (-inf there).  Returns the bytes written when counting, else 0."""
+    """``write(o, lse, row, s, rows, c, acc, ll, lse2, seen) -> bytes``: column c of query row ``row``'s result,
+    from the unnormalised ``acc``, the row's sum ``ll``, its log2-sum-exp ``lse2`` and ``seen``, whether the block
+    saw a key of the row (the geometry; column 0 also writes the lse), shared by both split kernels.  ``split``:
+    split s's partial (float32 O_s / l_s where the split saw a key of the row, ``acc`` itself where l_s = 0, and
+    lse2_s always, at ``s * rows + row``); else the final output in the storage dtype (0 where the row saw no key,
+    NaN where it saw only -inf scores) and lse in natural-log units (-inf there, NaN there).  Returns the bytes
+    written when counting, else 0."""
     BF16 = dtype_name == "bfloat16"
     STORE = "uint16" if BF16 else dtype_name
     DT = uint16 if BF16 else nb_type(STORE)
@@ -110,29 +134,30 @@ def result_writer(d: int, dtype_name: str, split: bool, count: bool):
     D = d
     SPLIT, COUNT = split, count
     NEG_INF = float32(-math.inf)
+    NAN = float32(math.nan)
     ZERO = float32(0.0)
     F_LN2 = float32(LN2)
 
     @jit(device=True, forceinline=True, fastmath=FASTMATH)  # the kernels' division (div.approx), as inline
-    def write(o, lse, row, s, rows, c, acc, ll, lse2):
+    def write(o, lse, row, s, rows, c, acc, ll, lse2, seen):
         nw = 0
         if SPLIT:  # partials: lse2_s always, O_s / l_s where the split saw a key of the row
             at = uint64(s) * uint64(rows) + row
-            if lse2 != NEG_INF:
-                o[at * uint64(D) + uint64(c)] = acc / ll
+            if seen:  # l_s = 0 (every score it saw -inf): its sum of 0 * v (0 or NaN), which the combine weighs by 0
+                o[at * uint64(D) + uint64(c)] = acc if ll == ZERO else acc / ll
                 if COUNT:
                     nw += 4
             if c == 0:
                 lse[at] = lse2
                 if COUNT:
                     nw += 4
-        else:
-            val = acc / ll if ll > ZERO else ZERO
+        else:  # saw no key: 0 and -inf; saw only -inf scores (l = 0): no softmax, NaN and NaN (0 / 0, as IEEE)
+            val = acc / ll if ll > ZERO else (NAN if seen else ZERO)
             o[row * uint64(D) + uint64(c)] = _bf16.f32_to_bf16(val) if BF16 else DT(val)
             if COUNT:
                 nw += S_ITEM
             if c == 0:
-                lse[row] = lse2 * F_LN2 if ll > ZERO else NEG_INF
+                lse[row] = lse2 * F_LN2 if ll > ZERO else (NAN if seen else NEG_INF)
                 if COUNT:
                     nw += 4
         return nw
@@ -366,13 +391,15 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                     acc += sh_o[gi * D + tid]
                 ll = sh_stat[RT + r]
                 lse2 = sh_stat[r] + log2_or_minus_inf(ll)
-                nw += write_result(o, lse, uint64(grow0 + r), s, rows, tid, acc, ll, lse2)
+                seen = split_sees_key(int64(sh_len[0]), s, S, int64(uint32(r0 + r) % uint32(Nq)), int64(Nq), CAUSAL)
+                nw += write_result(o, lse, uint64(grow0 + r), s, rows, tid, acc, ll, lse2, seen)
             cuda.syncthreads()
         if FUSED:  # the group's last block merges its partials into o_out, lse_out
             sh_flag = cuda.shared.array(1, int32)
             sh_x = cuda.shared.array(SHX, float32)
             sh_w = cuda.shared.array(SHX, float32)
-            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, sh_flag, sh_x, sh_w)
+            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, int64(sh_len[0]), int64(Nq), CAUSAL,
+                          sh_flag, sh_x, sh_w)
             nr += tr
             nw += tw
         if COUNT:
@@ -381,9 +408,33 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
     return kernel
 
 
+@jit(device=True, forceinline=True)
+def splits_that_see(L, i, Nq, S, causal):
+    """How many of the S splits of a length-L cache hold a key that new token i sees: splits 0 .. last // chunk
+    (``chunk = ceil(L / S)``, ``last`` the row's last visible key), each one for which :func:`split_sees_key` holds;
+    0 where the row sees no key.  The geometry, never the scores."""
+    last = L - 1
+    if causal:
+        last = min(last, i + (L - Nq))  # causal.last_visible_key(i, Nq, L)
+    n_seen = int64(0)
+    if last >= 0:
+        n_seen = last // ((L + S - 1) // S) + 1
+    return n_seen
+
+
 @lru_cache(maxsize=None)
-def combine_kernel(d: int, dtype_name: str, count: bool):
-    """The combine kernel: one warp per output row, the splits' partials merged with the online-softmax rescale."""
+def row_merger(d: int, dtype_name: str, count: bool):
+    """``merge(o_part, lse_part, o, lse, row, ok, rows, S, n_seen, sh_x, sh_w) -> (nr, nw)``: one warp merges the S
+    partials of query row ``row`` with the online-softmax rescale (lesson 3's rule) and writes its o and lse::
+
+        LSE2 = log2(sum_s 2^lse2_s),  O = sum_s 2^(lse2_s - LSE2) O_s,  lse = LSE2 ln 2
+
+    ``n_seen``: the splits that saw a key of the row (:func:`splits_that_see`), which wrote O_s (weight 0 where
+    lse2_s = -inf: then 0 * O_s keeps a NaN of its 0 * v); where they saw only -inf scores there is no softmax: o and
+    lse are NaN; where none saw a key, 0 and -inf.  ``sh_x``, ``sh_w``: :data:`MAX_SPLITS` float32 of shared memory
+    a warp (at ``warp * MAX_SPLITS``).  ``ok`` False: a row past the end, whose warp still takes the block-wide
+    barrier inside (every warp of the block calls it the same number of times).  Shared by the combine kernel and
+    the fused split kernel's last block (:mod:`.fused`).  Returns the bytes read and written when counting."""
     BF16 = dtype_name == "bfloat16"
     STORE = "uint16" if BF16 else dtype_name
     DT = uint16 if BF16 else nb_type(STORE)
@@ -391,25 +442,19 @@ def combine_kernel(d: int, dtype_name: str, count: bool):
     D = d
     COUNT = count
     NEG_INF = float32(-math.inf)
+    NAN = float32(math.nan)
     ZERO = float32(0.0)
     F_LN2 = float32(LN2)
-    W_SPLITS = WARPS * MAX_SPLITS
 
-    @jit(fastmath=FASTMATH)
-    def combine(o_part, lse_part, o, lse, rows, num_splits, counter):
-        tid = cuda.threadIdx.x
-        warp = uint32(tid) // uint32(32)
-        lane = uint32(tid) % uint32(32)
-        row = uint64(cuda.blockIdx.x) * uint64(WARPS) + uint64(warp)
-        ok = row < uint64(rows)
-        sh_x = cuda.shared.array(W_SPLITS, float32)  # lse2_s of the warp's row
-        sh_w = cuda.shared.array(W_SPLITS, float32)  # its weights 2^(lse2_s - LSE2)
-        base = warp * uint32(MAX_SPLITS)
+    @jit(device=True, forceinline=True, fastmath=FASTMATH)
+    def merge(o_part, lse_part, o, lse, row, ok, rows, S, n_seen, sh_x, sh_w):
+        lane = uint32(cuda.threadIdx.x) % uint32(32)
+        base = (uint32(cuda.threadIdx.x) // uint32(32)) * uint32(MAX_SPLITS)
         nr = int64(0)
         nw = int64(0)
         mm = NEG_INF
         s = lane
-        while s < uint32(num_splits):
+        while s < uint32(S):
             x = NEG_INF
             if ok:
                 x = lse_part[uint64(s) * uint64(rows) + row]
@@ -423,36 +468,75 @@ def combine_kernel(d: int, dtype_name: str, count: bool):
         m_use = mm if mm != NEG_INF else ZERO
         w = ZERO
         s = lane
-        while s < uint32(num_splits):
+        while s < uint32(S):
             w += exp2_ieee(sh_x[base + s] - m_use)
             s += uint32(32)
         for st in range(5):
             w += cuda.shfl_xor_sync(FULL, w, 16 >> st)
         lse2 = mm + log2_or_minus_inf(w)
         s = lane
-        while s < uint32(num_splits):
+        while s < uint32(S):
             x = sh_x[base + s]
             sh_w[base + s] = exp2_ieee(x - lse2) if x != NEG_INF else ZERO
             s += uint32(32)
-        cuda.syncthreads()
+        cuda.syncthreads()  # the weights written before any lane reads them
+        only_minus_inf = n_seen > 0 and lse2 == NEG_INF  # saw keys, every score -inf: no softmax, NaN
         if ok:
             c = lane
             while c < uint32(D):
                 acc = ZERO
-                for si in range(num_splits):
-                    if sh_x[base + si] != NEG_INF:  # a split that saw no key of the row wrote no partial
-                        acc += sh_w[base + si] * o_part[(uint64(si) * uint64(rows) + row) * uint64(D) + uint64(c)]
-                        if COUNT:
-                            nr += 4
+                for si in range(n_seen):  # the splits that saw a key of the row wrote O_s
+                    acc += sh_w[base + si] * o_part[(uint64(si) * uint64(rows) + row) * uint64(D) + uint64(c)]
+                    if COUNT:
+                        nr += 4
+                if only_minus_inf:
+                    acc = NAN
                 o[row * uint64(D) + uint64(c)] = _bf16.f32_to_bf16(acc) if BF16 else DT(acc)
                 if COUNT:
                     nw += S_ITEM
                 c += uint32(32)
             if lane == 0:
-                lse[row] = lse2 * F_LN2 if lse2 != NEG_INF else NEG_INF
+                lse[row] = NAN if only_minus_inf else (lse2 * F_LN2 if lse2 != NEG_INF else NEG_INF)
                 if COUNT:
                     nw += 4
+        return nr, nw
+
+    return merge
+
+
+@lru_cache(maxsize=None)
+def combine_kernel(d: int, dtype_name: str, count: bool):
+    """The combine kernel: one warp per output row, the splits' partials merged with the online-softmax rescale
+    (:func:`row_merger`).
+
+    Which splits saw a key of a row is the geometry, as in the split kernel: the row's length L (``seqlens``, read
+    once per row), its last visible key ``last`` (L - 1, or with ``causal`` L - Nq + i for new token i) and the
+    splits' chunk ``ceil(L / num_splits)``: splits 0 .. last // chunk saw keys (and wrote a partial O_s), the
+    others none (:func:`splits_that_see`)."""
+    COUNT = count
+    W_SPLITS = WARPS * MAX_SPLITS
+    merge = row_merger(d, dtype_name, count)
+
+    @jit(fastmath=FASTMATH)
+    def combine(o_part, lse_part, seqlens, o, lse, rows, num_splits, Hq, Nq, causal, counter):
+        tid = cuda.threadIdx.x
+        warp = uint32(tid) // uint32(32)
+        lane = uint32(tid) % uint32(32)
+        row = uint64(cuda.blockIdx.x) * uint64(WARPS) + uint64(warp)
+        ok = row < uint64(rows)
+        sh_x = cuda.shared.array(W_SPLITS, float32)  # lse2_s of the warp's row
+        sh_w = cuda.shared.array(W_SPLITS, float32)  # its weights 2^(lse2_s - LSE2)
+        nr = int64(0)
+        seq = uint64(Hq) * uint64(Nq)  # rows (b, h, i) a sequence
+        len0 = int32(0)
+        if ok and lane == 0:
+            len0 = seqlens[row // seq]
+            if COUNT:
+                nr += 4
+        L = int64(cuda.shfl_sync(FULL, len0, 0))
+        n_seen = splits_that_see(L, int64(row % uint64(Nq)), int64(Nq), int64(num_splits), causal)
+        tr, nw = merge(o_part, lse_part, o, lse, row, ok, rows, num_splits, n_seen, sh_x, sh_w)
         if COUNT:
-            add_counts(counter, nr, nw)
+            add_counts(counter, nr + tr, nw)
 
     return combine

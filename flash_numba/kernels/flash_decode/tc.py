@@ -28,9 +28,13 @@ the instructions of a faster read anyway.  Here:
   cache row of one key of a tile (one division a tile) and pass it to the lanes that copy it (``shfl``).
 
 Numerics: as flash2_tc, P is rounded to float16 (bfloat16) before P V, a relative error of the storage type's
-unit roundoff per weight; and one exception to the CUDA-core kernel's "a masked key adds nothing": an Inf or NaN
-in **v** at a key that a causal row cannot see (among the last Nq - 1 keys) reaches that row as NaN, because
-the tensor core computes 0 * Inf.  Keys past the chunk are zero-filled in shared memory and never do this.
+unit roundoff per weight.  The non-finite rule is the CUDA-core kernel's (docs/RELIABILITY.md, section 2): a
+masked key adds nothing, a visible one multiplies (p = 0 or not).  A tensor core multiplies every entry, so the
+keys that causal masking hides from some of the Nq new tokens (the last Nq - 1 keys of the sequence, in the last
+tile or two of the last split) do not go through it: on the steps that hold them, each such key's P V is added
+on CUDA cores to the rows that see it, and its V row is zeroed in shared memory before the mma.  At Nq = 1
+nothing is masked and the non-causal build runs (:func:`flash_numba.kernels.flash_decode.run`).  Keys past the
+chunk are zero-filled in shared memory and add 0.
 """
 
 from __future__ import annotations
@@ -41,10 +45,10 @@ from functools import lru_cache
 from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ...device import jit
-from .. import _mma, _smem
+from .. import _bf16, _mma, _smem
 from .._common import add_counts, exp2_ieee, nan_max, nb_type
 from .fused import SHARED_FLOATS, combine_tail
-from .kernels import FASTMATH, NT, log2_or_minus_inf, result_writer
+from .kernels import FASTMATH, NT, log2_or_minus_inf, result_writer, split_sees_key
 
 WARPS = NT // 32
 FULL = 0xFFFFFFFF
@@ -126,6 +130,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     tail = combine_tail(d, dtype_name, count)
     SHX = SHARED_FLOATS // 2 if FUSED else 1
     pack = _mma.pack_bf16x2 if BF16 else _mma.pack_f16x2
+    to_f32 = _bf16.bf16_to_f32 if BF16 else float32
     mma = _mma.mma_m16n8k16_bf16 if BF16 else _mma.mma_m16n8k16_f16
     ldsm, ldsm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
     cp_async, zero_16 = _mma.cp_async_16, _mma.zero_16
@@ -350,6 +355,34 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
                         acc[(dt * NR + r) * 2] *= alpha
                         acc[(dt * NR + r) * 2 + 1] *= alpha
 
+                if CAUSAL and first_masked < min(hi, lo + (i + 1) * (WARPS * KT)):
+                    # the step holds some of the last Nq - 1 keys, each hidden from some rows: a masked key adds
+                    # nothing, even an Inf or NaN value, and a tensor core would multiply its P = 0 by it.  So these
+                    # keys leave P V: each is added here, on CUDA cores, to the rows that see it (p = 0 or not, as
+                    # IEEE arithmetic), and its V row is zeroed before the mma.  The condition holds for every warp
+                    # of the step alike (the simulator's warp operations wait for the whole block).
+                    vbuf = buf + uint32(V_OFF)
+                    for jj in range(KT):
+                        j = kb + jj
+                        take = j >= first_masked and j < hi
+                        src = (lane & uint32(28)) | uint32((jj & 7) >> 1)  # the quad's lane holding key jj's P
+                        for r in range(NR):
+                            p_lo = s[2 * r + 1] if jj & 1 else s[2 * r]  # keys kb + 2t, 2t + 1 ...
+                            p_hi = s[5 + 2 * r] if jj & 1 else s[4 + 2 * r]  # ... and kb + 8 + 2t, 9 + 2t
+                            p = cuda.shfl_sync(FULL, p_hi if jj >= 8 else p_lo, src)
+                            if take and j <= lim[r]:
+                                v_at = vbuf + uint32(jj) * DS_U + uint32(2) * t
+                                for dt in range(DTILES):
+                                    for e2 in range(2):
+                                        acc[(dt * NR + r) * 2 + e2] += p * to_f32(sm[v_at + uint32(8 * dt + e2)])
+                    cuda.syncwarp()  # every lane has read the rows ...
+                    for u in range(CPL):  # ... which are zeroed for the mma
+                        c = lane + uint32(32 * u)
+                        kr = c // uint32(CR)
+                        if kb + int64(kr) >= first_masked and kb + int64(kr) < hi:
+                            zero_16(sm, vbuf + kr * DS_U + (c - kr * uint32(CR)) * uint32(8))
+                    cuda.syncwarp()
+
                 # O += P V: P in registers, rounded to the storage type (the accumulators are the A fragment)
                 p0 = pack(s[0], s[1])
                 p1 = pack(s[2], s[3]) if NR == 2 else ZERO_U
@@ -415,13 +448,16 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
             accv = sh_o[e]
             ll = sh_stat[MR + r]
             lse2 = sh_stat[r] + log2_or_minus_inf(ll)
-            nw += write_result(o, lse, uint64(grow0 + int64(r)), sp, rows, c, accv, ll, lse2)
+            seen = split_sees_key(int64(sh_len[0]), sp, S, int64(uint32(r0 + int64(r)) % uint32(Nq)), int64(Nq),
+                                  CAUSAL)
+            nw += write_result(o, lse, uint64(grow0 + int64(r)), sp, rows, c, accv, ll, lse2, seen)
             e += uint32(NT)
         if FUSED:  # the group's last block merges its partials into o_out, lse_out
             sh_flag = cuda.shared.array(1, int32)
             sh_x = cuda.shared.array(SHX, float32)
             sh_w = cuda.shared.array(SHX, float32)
-            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, sh_flag, sh_x, sh_w)
+            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, int64(sh_len[0]), int64(Nq), CAUSAL,
+                          sh_flag, sh_x, sh_w)
             nr += tr
             nw += tw
         if COUNT:
