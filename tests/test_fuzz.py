@@ -17,6 +17,9 @@ one key j a score 1e4 below the others (P_ij = 0 in float64 too) and puts a NaN 
 an lse edited on a row that sees exactly one key (see ``problems``), where dS = Inf * (rounding noise) is
 +-Inf or NaN by the last bit.
 
+flash_decode (``attention_decode``) is drawn the same way against ``decode_reference``: ragged lengths (0 included),
+contiguous or paged caches, grouped heads, causal new tokens, one to three splits, on both split kernels.
+
 Examples per kernel: ``FLASH_NUMBA_FUZZ_EXAMPLES`` (default 3, make test-all 4; derandomized: the same examples
 on every machine; each costs a few seconds in the simulator).
 """
@@ -33,7 +36,8 @@ import test_kernels as matrix  # tests/ is on sys.path (pytest's default rootdir
 import test_reliability as rel
 import test_reference as reference_tests
 import test_standard as standard_tests
-from flash_numba import _inputs, kernels, reference
+import flash_numba as fn
+from flash_numba import _inputs, _switches, kernels, reference
 
 EXAMPLES = int(os.environ.get("FLASH_NUMBA_FUZZ_EXAMPLES", "3"))  # make test-all sets 4
 #: (kernel, deterministic): every kernel, and flash2_fast's atomic backward
@@ -148,3 +152,73 @@ def test_every_kernel_matches_the_reference_nan_and_inf_included(kernel, determi
     for name, got, base, ref, size, out in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), plain, want, sizes, reach[1:]):
         got, base, ref = np.asarray(got)[~out], np.asarray(base)[~out], ref[~out]
         matrix.assert_like_reference(got, ref, tolerance(base, ref, dtype, Nk, d, s_max), name, size)
+
+
+#: flash_decode's split kernels (both paths, ``_switches.DECODE_PATH``): the tensor-core one in float16 and bfloat16,
+#: the CUDA-core one in float16 and float32
+DECODE_PATHS = [("float16", "tc"), ("bfloat16", "tc"), ("float16", "cuda"), ("float32", "cuda")]
+
+
+@st.composite
+def decode_problems(draw):
+    """A decoding step: B = 1 or 2 sequences of lengths 0..24 (a contiguous cache or shuffled pages of 1..8 keys),
+    Hkv = 1 or 2 KV heads with G = 1, 2 or 4 query heads each, Nq = 1..4 new tokens (causal or not), d = 16, 1..3
+    splits; the regimes and the NaN/Inf entries of :func:`problems` (q, k and v of any head, token or key)."""
+    B, Hkv, G, Nq = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 4])), \
+        draw(st.integers(1, 4))
+    lengths = tuple(draw(st.lists(st.integers(0, 24), min_size=B, max_size=B)))
+    page_size = draw(st.sampled_from([None, 1, 3, 8]))
+    causal, splits = draw(st.booleans()), draw(st.integers(1, 3))
+    regime = draw(st.sampled_from(("unit", "large", "underflow")))
+    seed = draw(st.integers(0, 2**32 - 1))
+    where = st.tuples(st.sampled_from("qkv"), st.integers(0, 63), st.integers(0, 15), st.integers(0, 2))
+    specials = draw(st.lists(where, max_size=3))
+    low = draw(st.tuples(st.integers(0, 23), st.integers(0, 15), st.integers(0, 2)))
+    return dict(B=B, Hkv=Hkv, G=G, Nq=Nq, lengths=lengths, page_size=page_size, causal=causal, splits=splits,
+                regime=regime, seed=seed, specials=specials, low=low)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype, path", DECODE_PATHS, ids=[f"{d}-{p}" for d, p in DECODE_PATHS])
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          phases=[Phase.explicit, Phase.generate],  # monkeypatch sets one path for all examples of a test
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(problem=decode_problems())
+def test_flash_decode_matches_the_reference_nan_and_inf_included(monkeypatch, dtype, path, problem):
+    """flash_decode (``attention_decode``) against :func:`flash_numba.reference.decode_reference`: NaN, +Inf and
+    -Inf exactly where it has them, in o and lse (docs/RELIABILITY.md, section 2: a masked key adds nothing, a visible
+    one multiplies, a row of -inf scores is NaN, a row that sees no key 0 and -inf); finite values within the
+    arithmetic's bound (tests/test_decode.py's ``tolerance``); counted bytes equal to the IO model."""
+    import test_decode as dec
+
+    p = problem
+    d, Hq = 16, p["Hkv"] * p["G"]
+    monkeypatch.setattr(_switches, "DECODE_PATH", path)
+    rng = np.random.default_rng(p["seed"])
+    q, k, v, seqlens, table = dec.make(rng, p["B"], Hq, p["Hkv"], p["Nq"], d, p["lengths"], np.float64,
+                                       p["page_size"])
+    if p["regime"] == "large":  # scores +-1e3 (float16) or +-1e4 + O(1): the online rescale
+        C = 1e3 if dtype == "float16" else 1e4
+        a = math.sqrt(C * math.sqrt(d))
+        q[..., 0] = a * rng.choice([-1.0, 1.0], q.shape[:-1])
+        k[..., 0] = np.where(np.isnan(k[..., 0]), np.nan, a)  # a paged cache's spare pages stay NaN
+    elif p["regime"] == "underflow":  # one key's score -1e4 + O(1) on every row (P = 0), and v there NaN or Inf
+        q[..., 0] = 1.0
+        k[..., p["low"][0] % k.shape[2], 0] = -1e4 * math.sqrt(d)
+        v[..., p["low"][0] % k.shape[2], p["low"][1] % d] = SPECIALS["v"][p["low"][2]]
+    for name, at, col, kind in p["specials"]:  # at: (sequence or page, head, token or key) flattened
+        x = {"q": q, "k": k, "v": v}[name]
+        lead = x.reshape(-1, d)
+        lead[at % lead.shape[0], col % d] = SPECIALS[name][kind]
+    q, k, v = (x.astype(np.float32 if dtype == "bfloat16" else dtype) for x in (q, k, v))
+    q, k, v = dec.as_words(dtype, q, k, v)
+    qf, kf, vf = (dec.as_float(dtype, x).astype(np.float64) for x in (q, k, v))
+    o_ref, lse_ref = reference.decode_reference(qf, kf, vf, seqlens, table, causal=p["causal"])
+    key = "bfloat16" if dtype == "bfloat16" else np.dtype(dtype).type
+    tol = dec.tolerance(key, np.nan_to_num(o_ref), *(np.where(np.isfinite(x), x, 0) for x in (qf, kf, vf)),
+                        max(p["lengths"]), d, 1 / math.sqrt(d), path)
+    r = fn.attention_decode(q, k, v, cache_seqlens=seqlens, block_table=table, num_splits=p["splits"],
+                            causal=p["causal"], count_hbm=True)
+    dec.assert_like_reference(dec.as_float(dtype, r.o).astype(np.float64), np.asarray(r.lse, np.float64), o_ref,
+                              lse_ref, tol)
+    assert r.hbm == dec.model_of(r, q, k, seqlens, table, p["causal"], "bfloat16" if dtype == "bfloat16" else "")
