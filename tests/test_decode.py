@@ -343,6 +343,21 @@ def test_a_masked_key_adds_nothing_on_either_path_even_an_inf_or_nan_value(monke
         assert r.hbm == model_of(r, q, k, seqlens, None, True, "bfloat16" if dtype == "bfloat16" else ""), S
 
 
+def test_one_new_token_runs_the_plain_build_causal_or_not(monkeypatch, rng):
+    """At Nq = 1 the causal mask hides no key: causal=True runs the non-causal build (no diagonal code), bit for bit
+    the same result and bytes, with an Inf in the last key's v (visible: +Inf in o)."""
+    q, k, v, seqlens, _ = make(rng, 2, 4, 1, 1, 16, (17, 5), np.float16)
+    v[0, 0, 16, 3] = np.inf
+    built = []
+    real = fd.split_tc_kernel
+    monkeypatch.setattr(fd, "split_tc_kernel", lambda *a: built.append(a[5]) or real(*a))
+    a, b = (fn.attention_decode(q, k, v, cache_seqlens=seqlens, num_splits=2, causal=c, count_hbm=True)
+            for c in (True, False))
+    assert built == [False, False]  # causal argument of both builds
+    assert np.array_equal(a.o, b.o, equal_nan=True) and np.array_equal(a.lse, b.lse) and a.hbm == b.hbm
+    assert np.isposinf(a.o[0, :, 0, 3]).all() and np.isfinite(np.delete(a.o, 3, axis=-1)).all()
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("dtype, path", NONFINITE_PATHS)
 def test_rows_whose_visible_scores_are_all_minus_inf_are_nan_and_rows_that_see_no_key_stay_zero(

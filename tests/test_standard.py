@@ -278,3 +278,54 @@ def test_gpu_counts_real_sizes(rng, Nq, Nk):
     std = api._forward("standard", q, k, v, True, None, block, True).hbm
     f2 = api._forward("flash2", q, k, v, True, None, block, True).hbm
     assert std.total - f2.total == iomodel.sp_bytes(3, Nq, Nk, d, np.float32, True, block)
+
+
+# A float16 problem of the fuzz test's "large" regime (scores -1e3 + O(1), tests/test_fuzz.py) on which the forward's S
+# and the backward's S round differently: q_0 . k_0 = -4006.99976 exactly; the forward's tensor cores (the
+# simulator's stand-in: the exact sum rounded once to float32, -4006.9998) give scale * S = -1001.74994, rounded to
+# float16 -1001.5; the backward's CUDA-core sum in float32, term by term, gives -4007.0 and -1001.75, a tie rounded
+# (to even) to -1002.0.  One float16 ulp (0.5) apart: P_00 = exp(S - L) is 0.61 of the forward's.
+_FWD_BWD_Q = [[-63.25, 0.16845703125, 0.8505859375, -1.95703125, -0.7529296875, -0.0012884140014648438,
+               -0.31494140625, -2.533203125, -0.7919921875, 2.54296875, -0.35791015625, -0.41748046875,
+               -0.281005859375, -0.673828125, 0.162109375, -1.578125],
+              [-63.25, 1.6376953125, -0.8037109375, 0.5205078125, 0.07470703125, -0.1727294921875, -0.416259765625,
+               1.2548828125, -1.017578125, -0.5888671875, 1.724609375, 0.075927734375, 0.4560546875, -0.36328125,
+               0.280029296875, 0.1484375]]
+_FWD_BWD_K0 = [63.25, 0.239501953125, 0.332275390625, 0.91943359375, 0.0679931640625, 0.63916015625,
+               -0.1568603515625, 2.005859375, -0.1173095703125, -0.505859375, -0.46533203125, 0.4921875,
+               0.7138671875, 0.77294921875, -0.18505859375, -1.3349609375]
+
+
+@pytest.mark.skipif(not fn.device.SIMULATOR, reason="built on the simulator's tensor-core stand-in (exact sums "
+                    "rounded once); a GPU's tensor cores round the sum elsewhere, so other inputs straddle there")
+@pytest.mark.xfail(strict=True, reason="open (docs/RELIABILITY.md, section 8): the float16 forward computes S on "
+                   "tensor cores, the backward recomputes it on CUDA cores; where the two float32 sums round to "
+                   "different float16 values, the backward's P is not the forward's and D = rowsum(dO o) no longer "
+                   "cancels it")
+def test_float16_backward_meets_the_rule_where_its_s_rounds_unlike_the_forwards():
+    """Dao-AILab's rule, as the fuzz test holds it (tests/test_fuzz.py: 3x the error of plain float16 attention, which
+    keeps the forward's P): here dq, dk, dv are off by 3.2, 0.31, 0.27 (:func:`_rel`) against plain's 0.043, 0.036,
+    0.13; with q[0, 0, 5] raised by 0.01, so that the two sums round alike, standard's errors are plain's (0.043,
+    0.041, 0.053 both).  The fuzz draw of section 8 (dv 0.175 against 0.044, 15 examples a kernel) did not come back
+    in the simulator (15 and 40 examples, and ~160 more float16 draws); this case is built to the cause found."""
+    import test_reliability as rel
+
+    d, scale = 16, np.float32(0.25)
+    q = np.array([_FWD_BWD_Q], np.float16)  # (1, 2, 16)
+    k = np.array([[_FWD_BWD_K0] * 3], np.float16)  # (1, 3, 16): keys 1 and 2 one and two lower for row 0
+    k[0, 1, 1], k[0, 2, 2] = -7.76171875, -9.0703125
+    qf, kf = q[0, 0].astype(np.float32), k[0, 0].astype(np.float32)
+    exact = np.float32((qf.astype(np.float64) * kf.astype(np.float64)).sum())
+    term_by_term = np.float32(0)
+    for x in qf * kf:  # float16 products are exact in float32
+        term_by_term = np.float32(term_by_term + x)
+    assert np.float16(scale * exact) == -1001.5 and np.float16(scale * term_by_term) == -1002.0  # the case is built
+    rng = np.random.default_rng(3)
+    v, do = (rng.standard_normal(shape).astype(np.float16) for shape in ((1, 3, d), (1, 2, d)))
+    f = fn.standard_attention_forward(q, k, v)
+    b = fn.standard_attention_backward(q, k, v, f.o, f.lse, do)
+    o_ref, lse_ref = reference.attention_forward(q, k, v)
+    want = reference.attention_backward(q, k, v, o_ref, lse_ref, do)
+    plain = rel.plain_backward(q, k, v, do, dtype=np.float16)
+    for name, got, base, ref in zip(("dq", "dk", "dv"), (b.dq, b.dk, b.dv), plain, want):
+        assert _rel(got, ref) <= 3 * _rel(base, ref), name

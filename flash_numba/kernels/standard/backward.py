@@ -75,7 +75,10 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     order, the same scale, rounded to the storage dtype), so it differs from the
     forward's P only by a factor per row (L's rounding), which D = rowsum(dO O)
     cancels: with scores of 1e4 a differently rounded S would put noise of ~1e-3
-    into each P_ij, which the sum dS K no longer cancels.
+    into each P_ij, which the sum dS K no longer cancels.  Not yet in float16, whose
+    forward computes S on tensor cores: where its float32 sum and this kernel's round
+    to neighbouring float16 values, P_ij is off by that much (docs/RELIABILITY.md,
+    section 8).
     """
     dtype = np.dtype(dtype_name)
     g = geometry(Br, Bc, d, dtype)
