@@ -26,7 +26,14 @@ The backward is the paper's Algorithm 3 with the same blocks: D = rowsum(dO*O)
 dS = P * (dP - D) with dP = dO V^T (dP stays in registers; P and dS go to HBM),
 then dV = P^T dO and dK = scale dS^T Q per key block, dQ = scale dS K per query
 block.  The API is stateless, so P is recomputed from Q, K and L rather than
-kept from the forward pass as PyTorch's autograd would.
+kept from the forward pass as PyTorch's autograd would, and it must be exp(S - L)
+of exactly the forward's S: a float32 sum in another order rounds, now and then,
+to the neighbouring float16 (P off by e^0.5 at |S| = 1e3), which D = rowsum(dO O)
+no longer cancels.  So in float16, whose forward computes S on tensor cores, the
+backward first runs the forward's own S launch again (the same kernel and mma path,
+into P's buffer; :data:`BACKWARD_TC_NAMES`), and the P and dS kernel reads S
+instead of Q and K; in float32 and float64 it recomputes S with the forward's
+CUDA-core products (:data:`BACKWARD_NAMES`).
 
 How it is fast.  Every kernel is register-tiled like :mod:`flash2_fast`: 128
 threads as an 8 x 16 grid, each owning a TM x TN (or TM x TD) micro-tile, tiles
@@ -41,7 +48,7 @@ at blocks (64, Bc), Bc = 16, 32 or 64; the softmax is the same kernel, and every
 same, so float16 flash2_tc against standard differs in S and P going through HBM only, as in the
 paper.  Measured on the H200 (benchmarks/results/h200-2026-12-01-standard-tc/, B*H = 32,
 N = 4096, d = 64): 2.97 ms against 5.18 on CUDA cores; the softmax is 20% of it, the products 80%.
-The backward, float32 and float64 stay on CUDA cores.
+The backward's other kernels, float32 and float64 stay on CUDA cores.
 
 What the counters count.  Each launch adds to ``counters.array(name)`` the bytes
 its threads load from and store to global arrays (see :mod:`._common`): every

@@ -1,4 +1,5 @@
-"""Standard attention's backward kernels: P and dS = P (dP - D) per tile; C_j = alpha A^T B (dV, dK)."""
+"""Standard attention's backward kernels: P and dS = P (dP - D) per tile, from Q and K or from the forward's S;
+C_j = alpha A^T B (dV, dK)."""
 
 from __future__ import annotations
 
