@@ -40,6 +40,10 @@ def test_launches_are_the_io_models_kernels(name, causal, dtype):
         # every launch but flash2_fast's float16-only cast runs at these sizes; its deterministic backward
         # runs one of two sets (two-pass or split dQ, kernels.flash2_fast.layout.split_dq_copies picks)
         optional = {"flash2_fast dQ to storage dtype"} if dtype == "float32" else set()
+        if name == "standard" and pass_ == "backward":  # P and dS from S or recomputing it (backward_names(dtype))
+            from flash_numba.kernels.standard import BACKWARD_NAMES, BACKWARD_TC_NAMES, backward_names
+            assert tuple(model.per_kernel) == backward_names(dtype)
+            optional = set(BACKWARD_NAMES + BACKWARD_TC_NAMES) - set(backward_names(dtype))
         if name in ("flash2_fast", "flash2_tc") and pass_ == "backward" and deterministic:  # (tc: fast's backward)
             two_pass = {"flash2_fast dQ", "flash2_fast dK, dV"}  # the dQ kernel computes D itself
             split = set(launches) - two_pass

@@ -29,7 +29,17 @@ Backward::
     "dK = scale*dS^T@Q"  read s R + s d Q_R                     write s Nk d
     "dQ = scale*dS@K"    read s R + s d sum_i kv_i              write s Nq d
 
-with the N x N term ``5 s R`` (P and dS written once; P read once, dS twice).
+with the N x N term ``5 s R`` (P and dS written once; P read once, dS twice).  In float16, where the
+forward computes S on tensor cores, the backward's P must be exp(S - L) of exactly that S (a float32
+sum in another order rounds, now and then, to the neighbouring float16), so it runs the forward's S
+launch again, into P's buffer, at the forward's block ``(64, Bc')`` (sums ``kv'_i``, ``R'``:
+:func:`flash_numba.kernels.standard.scores_block`), and the P and dS kernel reads S instead of Q and K::
+
+    "S = scale*Q@K^T"           read s Nq d + s d sum kv'_i          write s R' + 3 a Nq  (as the forward's)
+    "P, dS = P*(dP-D) from S"   read s Nq d + 2 a Nq + s d sum kv_i + s E    write 2 s R
+
+``E`` the visible (row, key) pairs, the entries of S it reads (Nq Nk without a mask); the N x N term
+is ``5 s R + s R' + s E``.  L, m and l of the S launch go to scratch and count as re-reads.
 These are bytes the code requests; the L2 cache serves some of the re-reads
 (see :mod:`flash_numba.hbm`).
 """
@@ -40,7 +50,8 @@ import numpy as np
 
 from .._inputs import acc_dtype
 from ..hbm import HBMCount, KernelBytes
-from ..kernels.standard import BACKWARD_NAMES, FORWARD_NAMES
+from ..kernels._spec import visible_pairs
+from ..kernels.standard import BACKWARD_NAMES, BACKWARD_TC_NAMES, FORWARD_NAMES, scores_block
 from .flash2 import kv_rows_read
 from .matmul16 import TILE, matmul  # noqa: F401  (lesson 4's product, imported from here before)
 
@@ -71,14 +82,24 @@ def forward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
 
 def backward(BH, Nq, Nk, d, dtype, causal=False, block=None, G=1) -> HBMCount:
     """Bytes of :func:`flash_numba.kernels.standard.backward`, per kernel; dV and dK are written
-    once per key/value head (BH / G of them, ``G`` query heads per key/value head)."""
+    once per key/value head (BH / G of them, ``G`` query heads per key/value head).  float16 on this GPU's
+    tensor cores (the simulator's: every cc) runs :data:`BACKWARD_TC_NAMES`, else :data:`BACKWARD_NAMES`."""
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     kv, R, QR = _sums(Nq, Nk, causal, block)
     col = KernelBytes(BH * s * (R + d * QR), BH // G * s * Nk * d)
+    sblock = scores_block(d, dtype)
+    if sblock is None:  # P and dS recompute S from Q and K
+        grad = {BACKWARD_NAMES[1]: KernelBytes(BH * (2 * s * Nq * d + 2 * a * Nq + 2 * s * d * kv), BH * 2 * s * R)}
+    else:  # the forward's S launch again, then P and dS read S at the visible entries
+        E = visible_pairs(Nq, Nk, causal)
+        grad = {
+            BACKWARD_TC_NAMES[1]: forward(BH, Nq, Nk, d, dtype, causal, sblock).per_kernel[FORWARD_NAMES[0]],
+            BACKWARD_TC_NAMES[2]: KernelBytes(BH * (s * Nq * d + 2 * a * Nq + s * d * kv + s * E), BH * 2 * s * R),
+        }
     return HBMCount(
         {
             BACKWARD_NAMES[0]: KernelBytes(BH * 2 * s * Nq * d, BH * a * Nq),
-            BACKWARD_NAMES[1]: KernelBytes(BH * (2 * s * Nq * d + 2 * a * Nq + 2 * s * d * kv), BH * 2 * s * R),
+            **grad,
             BACKWARD_NAMES[2]: col,
             BACKWARD_NAMES[3]: col,
             BACKWARD_NAMES[4]: KernelBytes(BH * s * (R + kv * d), BH * s * Nq * d),
@@ -90,10 +111,13 @@ def sp_bytes(BH, Nq, Nk, d, dtype, causal, block, pass_="forward") -> int:
     """The S/P term: bytes of the N x N matrices through HBM (and the softmax's row statistics).
 
     Forward ``4 s R + 4 a Nq``: S written and read, P written and read, m and l written and read.
-    Backward ``5 s R``: P and dS written, P read once, dS twice.
+    Backward ``5 s R``: P and dS written, P read once, dS twice; in float16 on tensor cores also S, written
+    by the forward's S launch at its block (``s R'``) and read at the visible entries (``s E``).
     """
     s, a = np.dtype(dtype).itemsize, acc_dtype(dtype).itemsize
     _, R, _ = _sums(Nq, Nk, causal, block)
     if pass_ == "forward":
         return BH * (4 * s * R + 4 * a * Nq)
-    return BH * 5 * s * R
+    sblock = scores_block(d, dtype)
+    S = 0 if sblock is None else s * (_sums(Nq, Nk, causal, sblock)[1] + visible_pairs(Nq, Nk, causal))
+    return BH * (5 * s * R + S)

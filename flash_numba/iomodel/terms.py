@@ -14,8 +14,9 @@ bytes) split into three terms:
     accumulators.  It is the model's total minus the two other terms.
 ``S/P``
     The N x N matrices through HBM: S and P written and read back (with the
-    softmax's row statistics m, l) in the forward, P and dS in the backward; only the
-    standard kernels have it (:func:`flash_numba.iomodel.standard.sp_bytes`).
+    softmax's row statistics m, l) in the forward, P and dS in the backward (and S in
+    float16, whose backward runs the forward's S launch again); only the standard
+    kernels have it (:func:`flash_numba.iomodel.standard.sp_bytes`).
 
 At equal blocks the standard forward does exactly flash2's reads and writes
 plus the S/P term (Q once, K and V once per query block, O and L once), so

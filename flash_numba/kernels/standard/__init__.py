@@ -26,7 +26,14 @@ The backward is the paper's Algorithm 3 with the same blocks: D = rowsum(dO*O)
 dS = P * (dP - D) with dP = dO V^T (dP stays in registers; P and dS go to HBM),
 then dV = P^T dO and dK = scale dS^T Q per key block, dQ = scale dS K per query
 block.  The API is stateless, so P is recomputed from Q, K and L rather than
-kept from the forward pass as PyTorch's autograd would.
+kept from the forward pass as PyTorch's autograd would, and it must be exp(S - L)
+of exactly the forward's S: a float32 sum in another order rounds, now and then,
+to the neighbouring float16 (P off by e^0.5 at |S| = 1e3), which D = rowsum(dO O)
+no longer cancels.  So in float16, whose forward computes S on tensor cores, the
+backward first runs the forward's own S launch again (the same kernel and mma path,
+into P's buffer; :data:`BACKWARD_TC_NAMES`), and the P and dS kernel reads S
+instead of Q and K; in float32 and float64 it recomputes S with the forward's
+CUDA-core products (:data:`BACKWARD_NAMES`).
 
 How it is fast.  Every kernel is register-tiled like :mod:`flash2_fast`: 128
 threads as an 8 x 16 grid, each owning a TM x TN (or TM x TD) micro-tile, tiles
@@ -41,7 +48,7 @@ at blocks (64, Bc), Bc = 16, 32 or 64; the softmax is the same kernel, and every
 same, so float16 flash2_tc against standard differs in S and P going through HBM only, as in the
 paper.  Measured on the H200 (benchmarks/results/h200-2026-12-01-standard-tc/, B*H = 32,
 N = 4096, d = 64): 2.97 ms against 5.18 on CUDA cores; the softmax is 20% of it, the products 80%.
-The backward, float32 and float64 stay on CUDA cores.
+The backward's other kernels, float32 and float64 stay on CUDA cores.
 
 What the counters count.  Each launch adds to ``counters.array(name)`` the bytes
 its threads load from and store to global arrays (see :mod:`._common`): every
@@ -63,34 +70,39 @@ from .._common import COUNTER_TYPE, acc_nb_type, array_type, head_grid, input_ty
 from .._spec import KernelSpec, launch_flops
 from .._tile_ops import NT
 from ..matmul16 import TILE, matmul, matmul_kernel  # noqa: F401  (lesson 4's kernel, imported from here before)
-from .backward import colprod_kernel, grad_scores_kernel
+from .backward import colprod_kernel, grad_scores_from_s_kernel, grad_scores_kernel
 from . import tensor
 from .forward import rowprod_kernel, scores_kernel, softmax_kernel
 from .halves import rows_aligned
 from .layout import (  # noqa: F401  (the public names of standard, imported from here)
     BACKWARD_NAMES,
+    BACKWARD_TC_NAMES,
     FORWARD_NAMES,
     SOFTMAX_ROWS,
     USES_BLOCKS,
+    backward_names,
     block_limits,
     check_block,
     choose_block,
     geometry,
     mma_path,
     n_key_blocks,
+    scores_block,
     shared_bytes,
     tensor_cores,
 )
 
 
 def grids(prob, block) -> dict:
-    """The 1-D launch grid of each launch, by launch name (B*H folded into axis x, see head_grid)."""
+    """The 1-D launch grid of each launch at ``block``, by launch name (B*H folded into axis x, see head_grid); the
+    backward's S launch (:data:`BACKWARD_TC_NAMES`) runs at its own block, :func:`scores_block`."""
     Br, Bc = block
     Tr, Tc = -(-prob.Nq // Br), -(-prob.Nk // Bc)
     softmax = head_grid(-(-prob.BH * prob.Nq // SOFTMAX_ROWS), 1)
     by_row, by_col = head_grid(Tr, prob.BH), head_grid(Tc, prob.BHkv)  # by_col: dV, dK per key/value head
-    return dict(zip(FORWARD_NAMES + BACKWARD_NAMES,
-                    (by_row, softmax, by_row, _rowsum.grid(prob), by_row, by_col, by_col, by_row)))
+    return {**dict(zip(FORWARD_NAMES, (by_row, softmax, by_row))),
+            **dict(zip(BACKWARD_NAMES, (_rowsum.grid(prob), by_row, by_col, by_col, by_row))),
+            BACKWARD_TC_NAMES[2]: by_row}
 
 
 def _forward_steps(prob, ops, block, counters):
@@ -164,32 +176,50 @@ def forward_launches(q, k, v, *, causal=False, block=None, scale=None):
 
 
 def backward(prob, ops, block, counters):
-    """The paper's Algorithm 3 with blocks: D, then P and dS (to HBM), then dV, dK, dQ.  Returns dQ, dK, dV."""
+    """The paper's Algorithm 3 with blocks: D, then P and dS (to HBM), then dV, dK, dQ.  Returns dQ, dK, dV.
+
+    Where the forward computes S on tensor cores (float16, :data:`BACKWARD_TC_NAMES`) P comes from exactly its
+    S: the forward's S launch runs again (the same kernel, the same mma path, at :func:`scores_block`) into the
+    P buffer, and the P and dS kernel reads S from there and writes P over it; its L, m and l go to scratch
+    (counted: they are the launch's bytes).  Elsewhere the P and dS kernel recomputes S itself.
+    """
     if prob.dtype_name == "bfloat16":
-        raise TypeError("q: dtype bfloat16 is not supported by standard's backward (its kernels run on CUDA cores "
-                        "in float16, float32 and float64); the forward runs bfloat16")
+        raise TypeError("q: dtype bfloat16 is not supported by standard's backward (it runs float16, float32 and "
+                        "float64, its products on CUDA cores); the forward runs bfloat16")
     Br, Bc = block
     BH, Nq, Nk, d, dt, acc = prob.BH, prob.Nq, prob.Nk, prob.d, prob.dtype, prob.acc
     q, k, v, o, lse, do = (ops[name].dev for name in ("q", "k", "v", "o", "lse", "do"))
     count, causal = counters.enabled, prob.causal
-    grid = [grids(prob, block)[name] for name in BACKWARD_NAMES]
+    names = backward_names(dt)
+    grid = grids(prob, block)
     D = _rowsum.rowsum(prob, o, do, counters)
     P = _inputs.empty((BH, Nq, Nk), dt)
     dS = _inputs.empty((BH, Nq, Nk), dt)
     dropout, drop_args = _dropout.launch_args(prob)
-    launch(grad_scores_kernel(d, Br, Bc, dt.name, causal, count, dropout), grid[1], NT)(  # P: Zs P with dropout
-        q, k, v, do, lse, D, P, dS, Nq, Nk, prob.G, acc.type(prob.scale), counters.array(BACKWARD_NAMES[1]),
-        *drop_args
-    )
     scale = acc.type(prob.scale)
+    if names == BACKWARD_TC_NAMES:  # S = scale Q K^T as the forward computed it, bit for bit, into P's buffer
+        sblock = scores_block(d, dt)
+        scores = tensor.scores_kernel(d, *sblock, prob.dtype_name, causal, count, mma_path() == "sm75")
+        L, ml = _inputs.empty((BH, Nq), acc), _inputs.empty((BH, 2, Nq), acc)  # the launch's L, m, l: unused
+        launch(scores, grids(prob, sblock)[names[1]], NT)(
+            q, k, P, L, ml, Nq, Nk, prob.G, scale, rows_aligned(q) and rows_aligned(k), rows_aligned(P),
+            counters.array(names[1]))
+        launch(grad_scores_from_s_kernel(d, Br, Bc, dt.name, causal, count, dropout), grid[names[2]], NT)(
+            P, v, do, lse, D, P, dS, Nq, Nk, prob.G, counters.array(names[2]), *drop_args  # P over S: Zs P
+        )
+    else:
+        launch(grad_scores_kernel(d, Br, Bc, dt.name, causal, count, dropout), grid[names[1]], NT)(  # P: Zs P
+            q, k, v, do, lse, D, P, dS, Nq, Nk, prob.G, scale, counters.array(names[1]), *drop_args
+        )
+    dV_, dK_, dQ_ = names[-3:]
     colprod = colprod_kernel(d, Br, Bc, dt.name, causal, count)
     dV = _inputs.empty((prob.BHkv, Nk, d), dt)  # summed over the G query heads of each key/value head
-    launch(colprod, grid[2], NT)(P, do, dV, Nq, Nk, prob.G, acc.type(1), counters.array(BACKWARD_NAMES[2]))
+    launch(colprod, grid[dV_], NT)(P, do, dV, Nq, Nk, prob.G, acc.type(1), counters.array(dV_))
     dK = _inputs.empty((prob.BHkv, Nk, d), dt)
-    launch(colprod, grid[3], NT)(dS, q, dK, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[3]))
+    launch(colprod, grid[dK_], NT)(dS, q, dK, Nq, Nk, prob.G, scale, counters.array(dK_))
     dQ = _inputs.empty((BH, Nq, d), dt)
-    launch(rowprod_kernel(d, Br, Bc, dt.name, causal, count), grid[4], NT)(
-        dS, k, dQ, Nq, Nk, prob.G, scale, counters.array(BACKWARD_NAMES[4]), *drop_args  # (unused: no dropout)
+    launch(rowprod_kernel(d, Br, Bc, dt.name, causal, count), grid[dQ_], NT)(
+        dS, k, dQ, Nq, Nk, prob.G, scale, counters.array(dQ_), *drop_args  # (unused: no dropout)
     )
     return dQ, dK, dV
 
@@ -220,7 +250,13 @@ def compile_all(ccs, dtypes, ds):
                 for causal in (False, True):
                     tag = f"d={d} {dt}{' causal' * causal}{' count' * count}"
                     f, b = f"{tag} Br={fwd[0]} Bc={fwd[1]}", f"{tag} Br={bwd[0]} Bc={bwd[1]}"
+                    grad, grad_sig = "grad_scores", (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE,
+                                                     *DROP)
+                    grad_kernel = grad_scores_kernel
                     if tensor_cores(dt, "forward", cc0):  # the products on mma.sync (m16n8k8 on sm_75)
+                        # the backward: the forward's S launch (built here), then P and dS from that S
+                        grad, grad_kernel = "grad_scores_from_s", grad_scores_from_s_kernel
+                        grad_sig = (X3, XI, XI, A2, A2, X3, X3, I64, I64, I64, COUNTER_TYPE, *DROP)
                         def tc(factory, cc):
                             return factory(d, *fwd, dt.name, causal, count, mma_path(cc) == "sm75")
                         B = types.boolean
@@ -247,8 +283,7 @@ def compile_all(ccs, dtypes, ds):
                         (f"softmax {f}", softmax_kernel(*fwd, dt.name, causal, count),
                          (X3, A3, X3, I64, I64, COUNTER_TYPE)),
                     ] + products[1:] + [
-                        (f"grad_scores {b}", grad_scores_kernel(d, *bwd, dt.name, causal, count),
-                         (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                        (f"{grad} {b}", grad_kernel(d, *bwd, dt.name, causal, count), grad_sig),
                         (f"colprod {b}", colprod_kernel(d, *bwd, dt.name, causal, count),
                          (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE)),
                     ]
@@ -259,8 +294,7 @@ def compile_all(ccs, dtypes, ds):
                         specs += [
                             (f"rowprod {f} dropout", rowprod_kernel(d, *fwd, dt.name, causal, count, True),
                              (X3, XI, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
-                            (f"grad_scores {b} dropout", grad_scores_kernel(d, *bwd, dt.name, causal, count, True),
-                             (XI, XI, XI, XI, A2, A2, X3, X3, I64, I64, I64, ACC, COUNTER_TYPE, *DROP)),
+                            (f"{grad} {b} dropout", grad_kernel(d, *bwd, dt.name, causal, count, True), grad_sig),
                         ]
                     for label, kernel, sig in specs:
                         for cc in ccs:
@@ -279,6 +313,8 @@ FLOPS = launch_flops(
     backward={
         _rowsum.NAME: (0, 0, 2),
         BACKWARD_NAMES[1]: (4, 5, 0),  # Q K^T, dO V^T; scale, subtract, exp, subtract, multiply
+        BACKWARD_TC_NAMES[1]: (2, 5, 0),  # the forward's S launch again (float16 on tensor cores)
+        BACKWARD_TC_NAMES[2]: (2, 4, 0),  # dO V^T; subtract, exp, subtract, multiply
         BACKWARD_NAMES[2]: (2, 0, 0),
         BACKWARD_NAMES[3]: (2, 0, 0),
         BACKWARD_NAMES[4]: (2, 0, 0),
@@ -314,7 +350,7 @@ def _compile_bfloat16_forward(ccs, ds):
 
 SPEC = KernelSpec(
     name="standard", flops=FLOPS, doc=__doc__, forward=forward, backward=backward, compile_all=compile_all,
-    forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES,
+    forward_launches=FORWARD_NAMES, backward_launches=BACKWARD_NAMES + BACKWARD_TC_NAMES[1:3],  # backward_names
     shared_bytes=shared_bytes, block_limits=block_limits, choose_block=choose_block, check_block=check_block,
     dtypes=("float16", "bfloat16", "float32", "float64"), min_cc={"bfloat16": (8, 0)},
     forward_only=("bfloat16",),  # the forward's products on tensor cores; no bfloat16 backward yet

@@ -1,11 +1,12 @@
-"""Standard attention's backward kernels: P and dS = P (dP - D) per tile; C_j = alpha A^T B (dV, dK)."""
+"""Standard attention's backward kernels: P and dS = P (dP - D) per tile, from Q and K or from the forward's S;
+C_j = alpha A^T B (dV, dK)."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint32
 
 from ... import _inputs
 from .. import _dropout
@@ -75,10 +76,11 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     order, the same scale, rounded to the storage dtype), so it differs from the
     forward's P only by a factor per row (L's rounding), which D = rowsum(dO O)
     cancels: with scores of 1e4 a differently rounded S would put noise of ~1e-3
-    into each P_ij, which the sum dS K no longer cancels.  Not yet in float16, whose
-    forward computes S on tensor cores: where its float32 sum and this kernel's round
-    to neighbouring float16 values, P_ij is off by that much (docs/RELIABILITY.md,
-    section 8).
+    into each P_ij, which the sum dS K no longer cancels.  Where the forward computes S
+    on tensor cores (float16 from compute capability 7.5) this kernel's float32 sum
+    would round, now and then, to the neighbouring float16 value (one ulp: 0.5 at
+    |S| = 1e3, P off by e^0.5): there the backward runs the forward's S launch again
+    and :func:`grad_scores_from_s_kernel` instead.
     """
     dtype = np.dtype(dtype_name)
     g = geometry(Br, Bc, d, dtype)
@@ -169,6 +171,116 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
                     pv = ZERO  # masked, or past Nk: P = dS = 0, whatever S, dP and L
                     ds = ZERO
                     if not (edge and b > lim):
+                        pv = exp_ieee(x - Lr[a])  # the given L, unclamped
+                        zs = drop(rk, ct + b, threshold, inv_keep)
+                        ds = pv * (zs * dp[a, b] - Dr[a])
+                        pv *= zs
+                    s[a, b] = pv
+                    dp[a, b] = ds
+            n = store(p_out, bh, rt, ct, Nq - rt, Nk - ct, s)
+            n += store(ds_out, bh, rt, ct, Nq - rt, Nk - ct, dp)
+            if COUNT:
+                nw += n * SB
+        if COUNT:
+            add_counts(counter, nr, nw)
+
+    return fast_kernel(kernel)
+
+
+@lru_cache(maxsize=None)
+def grad_scores_from_s_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool,
+                              dropout: bool = False):
+    """:func:`grad_scores_kernel` with S read from HBM: ``P = exp(S - L)`` and ``dS = P * (dP - D)``,
+    ``dP = dO V^T``, for the visible tiles, one query block per thread block, from the S that the forward's own
+    S launch wrote (float16 on tensor cores: the backward runs that launch first, at any block of its own), so that
+    P is exp(S - L) of the forward's S bit for bit and D = rowsum(dO O) cancels its rows' factor exactly.
+
+    Launch ``kernel[Tr * BH, 128](s, v, do, lse, D, p, ds, Nq, Nk, G, counter, seed, threshold, inv_keep)``
+    (v: head bh // G; the last three: dropout's, as there).  ``s`` (BH, Nq, Nk) is read at the visible entries
+    only (every one of them lies in a tile the S launch wrote, whatever its block; a masked entry gives P = dS = 0
+    unread); ``p`` may be ``s`` itself: each thread reads its entries of S before it writes P over them, and no
+    other thread reads them.  dO_i stays in shared memory; the V_j pass through one buffer.
+    """
+    dtype = np.dtype(dtype_name)
+    g = geometry(Br, Bc, d, dtype)
+    TM, TN, DP, QS, KS = g["TM"], g["TN"], g["DP"], g["QS"], g["KS"]
+    ACC = acc_nb_type(dtype)
+    acc_name = str(ACC)
+    SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
+    _, POS_INF, ZERO = _consts(dtype)
+    CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
+    block_start = query_block(Br, Bc, causal)
+    load_do = tile_loader(Br, d, 1, QS, acc_name)  # dO_i -> (DP, QS) transposed
+    load_v = tile_loader(Bc, d, 1, KS, acc_name)  # V_j -> (DP, KS) transposed
+    product = micro_product(TM, TN, DP, QS, KS, acc_name)
+    store = tile_store(TM, TN, dtype.name)
+    drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+
+    QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
+    def kernel(s_in, v, do, lse, D, p_out, ds_out, Nq, Nk, G, counter, seed, threshold, inv_keep):
+        dOT = cuda.shared.array(QT_SIZE, ACC, alignment=ALIGN)  # dO_i^T (DP, QS)
+        VT = cuda.shared.array(KT_SIZE, ACC, alignment=ALIGN)  # V_j^T (DP, KS)
+        Ls = cuda.shared.array(Br, ACC)  # L_i as given (+inf past Nq)
+        Ds = cuda.shared.array(Br, ACC)  # D_i
+        s = cuda.local.array((TM, TN), ACC)  # P
+        dp = cuda.local.array((TM, TN), ACC)  # dP, then dS
+        Lr = cuda.local.array(TM, ACC)
+        Dr = cuda.local.array(TM, ACC)
+        tid, ty, tx = thread_tile()
+        r0, bh, hkv, n_j = block_start(Nq, Nk, G)
+        off = Nk - Nq
+        nr = 0
+        nw = 0
+
+        n = load_do(do, bh, r0, 0, Nq - r0, d, dOT, tid)
+        if COUNT:
+            nr += n * SB
+        for e in range(tid, PAD * QS, NT):  # padding rows d..DP stay 0
+            dOT[d * QS + e] = ZERO
+        for e in range(tid, PAD * KS, NT):
+            VT[d * KS + e] = ZERO
+        if tid < Br:
+            Lv = POS_INF
+            Dv = ZERO
+            if r0 + tid < Nq:
+                Lv = lse[bh, r0 + tid]
+                Dv = D[bh, r0 + tid]
+                if COUNT:
+                    nr += 2 * AB
+            Ls[tid] = Lv
+            Ds[tid] = Dv
+        cuda.syncthreads()
+        for a in range(TM):
+            Lr[a] = Ls[ty * TM + a]
+            Dr[a] = Ds[ty * TM + a]
+        rt = r0 + ty * TM
+        bh_u = uint32(bh)
+        for j in range(n_j):
+            c0 = j * Bc
+            ct = c0 + tx * TN
+            cuda.syncthreads()  # everyone is done with the previous V_j
+            n = load_v(v, hkv, c0, 0, Nk - c0, d, VT, tid)
+            if COUNT:
+                nr += n * SB
+            cuda.syncthreads()
+            for a in range(TM):
+                for b in range(TN):
+                    dp[a, b] = ZERO
+            product(dOT, ty * TM, VT, tx * TN, dp)  # dP = dO_i V_j^T
+            for a in range(TM):
+                lim = Nk - 1 - ct  # keys ct + b with b <= lim exist and are visible to row rt + a
+                if CAUSAL:
+                    lim = min(lim, rt + a + off - ct)
+                if rt + a >= Nq:
+                    lim = -1  # past Nq: nothing to read (the stores leave those rows out)
+                rk = drop_row(drop_head(seed, bh), rt + a)  # dropout's hash of the row
+                for b in range(TN):
+                    pv = ZERO  # masked, or past Nq or Nk: P = dS = 0, S unread
+                    ds = ZERO
+                    if b <= lim:
+                        x = ACC(s_in[bh_u, uint32(rt + a), uint32(ct + b)])  # the forward's S, as it stored it
+                        if COUNT:
+                            nr += SB
                         pv = exp_ieee(x - Lr[a])  # the given L, unclamped
                         zs = drop(rk, ct + b, threshold, inv_keep)
                         ds = pv * (zs * dp[a, b] - Dr[a])

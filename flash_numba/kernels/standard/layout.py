@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import _inputs
-from ...device import SIMULATOR, jit
+from ...device import SIMULATOR, STATIC_SHARED_LIMIT, jit
 from .. import _rowsum
 from .._tile_ops import NT, TX, TY, check_micro_tile_block
 
@@ -13,7 +13,13 @@ USES_BLOCKS = True
 FULL_MASK = 0xFFFFFFFF
 #: Kernel names, as the counters and the IO model call them.
 FORWARD_NAMES = ("S = scale*Q@K^T", "P = softmax(S)", "O = P@V")
+#: The backward's launches where its P and dS kernel recomputes S on CUDA cores (float32, float64, and float16
+#: where the forward's S runs on CUDA cores too: below compute capability 7.5).
 BACKWARD_NAMES = (_rowsum.NAME, "P, dS = P*(dP-D)", "dV = P^T@dO", "dK = scale*dS^T@Q", "dQ = scale*dS@K")
+#: The backward's launches where the forward computes S on tensor cores (float16, :func:`tensor_cores`): the forward's
+#: own S launch again (the same build, into the P buffer), then P and dS from that S; P = exp(S - L) must come from
+#: the forward's S bit for bit (a float32 sum in another order rounds, now and then, to the neighbouring float16).
+BACKWARD_TC_NAMES = (_rowsum.NAME, FORWARD_NAMES[0], "P, dS = P*(dP-D) from S", *BACKWARD_NAMES[2:])
 #: Rows of the softmax per thread block: one warp per row.
 SOFTMAX_ROWS = NT // 32
 #: Blocks in order of preference (the largest query block first: K and V are read once per query block).
@@ -40,6 +46,22 @@ def tensor_cores(dtype, pass_: str = "forward", cc=None) -> bool:
 
         cc = info().compute_capability
     return cc is None or tuple(cc) >= (7, 5)
+
+
+def backward_names(dtype, cc=None) -> tuple[str, ...]:
+    """The backward's launches, in order, in storage ``dtype`` on a GPU of compute capability ``cc`` (default:
+    this one's): :data:`BACKWARD_TC_NAMES` where the forward's S runs on tensor cores, else :data:`BACKWARD_NAMES`."""
+    return BACKWARD_TC_NAMES if tensor_cores(dtype, "forward", cc) else BACKWARD_NAMES
+
+
+def scores_block(d: int, dtype, cc=None):
+    """The block at which the backward runs the forward's tensor-core S launch (:data:`BACKWARD_TC_NAMES`): the
+    forward's own choice for 48 KB, (64, Bc); None where the backward recomputes S (:data:`BACKWARD_NAMES`).  Any
+    (64, Bc) gives the same S, element for element (an element of an mma's result depends on its row of Q, its
+    column of K^T and the k-steps, in the same order at every Bc); the block only sets the tiles written."""
+    if not tensor_cores(dtype, "forward", cc):
+        return None
+    return choose_block(d, dtype, STATIC_SHARED_LIMIT, "forward", cc)
 
 
 def padded_d(d: int) -> int:

@@ -3,7 +3,9 @@
 The same three launches as :mod:`.forward`, the same bytes (:mod:`flash_numba.iomodel.standard`),
 the same softmax kernel between them: only the two matrix products move from CUDA cores to
 ``mma.sync`` (:mod:`.._mma`), so that in half precision standard attention differs from
-:mod:`flash2_tc` in one thing, S and P going through HBM, as in the paper.
+:mod:`flash2_tc` in one thing, S and P going through HBM, as in the paper.  The float16 backward
+runs ``scores_kernel`` again, so that its P is exp(S - L) of exactly the forward's S
+(:mod:`flash_numba.kernels.standard`).
 
 Blocks: Br = 64 query rows, four warps of 16 rows each (the m16 of m16n8k16); Bc = 16, 32 or 64
 keys.  Tiles are 16-bit rows in shared memory, each row padded by 8 elements (16 bytes: the 8
