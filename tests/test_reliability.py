@@ -87,12 +87,15 @@ def _table_rows():
 def test_every_table_row_names_tests_that_exist():
     rows = _table_rows()
     assert len(rows) >= 30
+    import test_decode as decode_tests
+    import test_flash2_tc as tc_tests
     import test_kernels as matrix_tests
+    import test_spec as spec_tests
 
     cases = {"inputs": {c[0]: c[2] for c in inputs_tests.CASES}, "reliability": {c[0]: c[2] for c in NEW_CASES},
-             "strides": {}, "kernels": {}}
+             "strides": {}, "kernels": {}, "tc": {}, "spec": {}, "decode": {}}
     modules = {"inputs": inputs_tests, "reliability": sys.modules[__name__], "strides": strides_tests,
-               "kernels": matrix_tests}
+               "kernels": matrix_tests, "tc": tc_tests, "spec": spec_tests, "decode": decode_tests}
     cited = {where: set() for where in cases}
     for case, functions, behaviour, tests in rows:
         names = re.findall(r"`([^`]+)`", tests)
