@@ -163,7 +163,7 @@ FUSED_CASES = [  # (dtype, path, Nq, causal, Hq, Hkv, lengths, page_size, splits
 def test_the_combine_fused_into_the_split_kernel_gives_the_combine_kernels_bits(monkeypatch, rng, dtype, path, Nq,
                                                                                causal, Hq, Hkv, lengths, page_size,
                                                                                splits):
-    """The last block of each group merges the partials (kernels/flash_decode/fused.py): the same o and lse, bit
+    """The last block of each group merges the partials (kernels.combine_tail): the same o and lse, bit
     for bit, as the combine kernel launched after the split kernel (the same sums in the same order), in one
     launch; its counted bytes equal the IO model's (the group counters' term included); the counters are zero
     again after the call (the next launch on the stream finds them so).  Empty splits (a length of 0, causal rows

@@ -19,7 +19,7 @@ for the same ``row_tiles``.  Terms:
 ``partials``      S > 1 only: ``lse2_s`` written and read (``2 * 4 * S * rows``), and ``O_s / l_s`` written and
                   read (``2 * 4 d`` per row and split that saw one of the row's keys: the geometry, whatever
                   the scores, so a split whose scores of the row are all -inf has its partial too)
-``split counters`` S > 1 with the combine fused into the split kernel (:mod:`~flash_numba.kernels.flash_decode.fused`)
+``split counters`` S > 1 with the combine fused into the split kernel (``flash_decode.kernels.combine_tail``)
                   only: each block's ``atomicAdd`` on its group's counter (4 read, 4 written) and each group's last
                   block's reset (4 written): ``8 * blocks + 4 * blocks / S``
 

@@ -12,7 +12,7 @@ online-softmax rescale of lesson 3:
     lse2_s = m_s + log2(l_s),  LSE2 = log2(sum_s 2^lse2_s),  O = sum_s 2^(lse2_s - LSE2) * (O_s / l_s)
 
 in the split kernel itself: the last block of each group to finish, found with an atomic counter, merges the
-group's partials (:mod:`.fused`, :data:`FUSE_COMBINE`: one launch a call), or in a second launch, the combine
+group's partials (:func:`.combine_tail`, :data:`FUSE_COMBINE`: one launch a call), or in a second launch, the combine
 kernel (``_switches.DECODE_FUSED = False``).
 
 * **GQA reads each KV element once per step**: the block of KV head hkv computes every query row that
@@ -54,9 +54,8 @@ from .._launch import launch
 from .._spec import lazy
 from .._decode_spec import DecodeSpec
 from . import tc
-from .kernels import (COMBINE_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME,
+from .kernels import (COMBINE_NAME, FUSED_NAME, LOG2E, MAX_ROWS, MAX_SPLITS, NT, SPLIT_NAME, SPLIT_ONE_NAME,
                       WARPS, combine_kernel, geometry, keys_in_flight, rows_per_block, split_kernel)
-from .fused import FUSED_NAME
 from .tc import split_tc_kernel
 
 __all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_kernel", "split_tc_kernel",
@@ -74,8 +73,9 @@ MAX_NQ = 16
 RESIDENT_BLOCKS = 4
 #: The split rule's floor: keys a split reads at least (and two pages of a paged cache).
 MIN_KEYS_PER_SPLIT = 256
-#: With more than one split, the split kernel's last block of each group merges the group's partials (:mod:`.fused`:
-#: one launch a call) instead of a combine kernel launched after it.  ``_switches.DECODE_FUSED`` overrides it.
+#: With more than one split, the split kernel's last block of each group merges the group's partials
+#: (:func:`.kernels.combine_tail`: one launch a call) instead of a combine kernel launched after it.
+#: ``_switches.DECODE_FUSED`` overrides it.
 #: Measured on the H200 (d = 128, G = 4, B*Hkv = 64, 4 splits, float16; benchmarks/results/h200-2026-12-02-decode):
 #: the unfused step takes 8.5% longer at 4k, 2.0% at 32k, 0.8% at 128k (4-9 us).
 FUSE_COMBINE = True
@@ -178,9 +178,9 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
 
 
 def fuse_combine(num_splits: int, fused=None) -> bool:
-    """Whether a call of ``num_splits`` merges its partials in the split kernel (:mod:`.fused`): never with one
-    split; else ``fused`` (a problem's ``fused``: the benchmark sets it), else ``_switches.DECODE_FUSED``, else
-    :data:`FUSE_COMBINE`."""
+    """Whether a call of ``num_splits`` merges its partials in the split kernel (:func:`.kernels.combine_tail`):
+    never with one split; else ``fused`` (a problem's ``fused``: the benchmark sets it), else
+    ``_switches.DECODE_FUSED``, else :data:`FUSE_COMBINE`."""
     from ... import _switches
 
     if num_splits == 1:

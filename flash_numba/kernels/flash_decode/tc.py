@@ -47,8 +47,8 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 from ...device import jit
 from .. import _bf16, _mma, _smem
 from .._common import add_counts, exp2_ieee, nan_max, nb_type
-from .fused import SHARED_FLOATS, combine_tail
-from .kernels import FASTMATH, NT, log2_or_minus_inf, result_writer, split_sees_key
+from .kernels import (FASTMATH, NT, SHARED_FLOATS, combine_tail, log2_or_minus_inf, result_writer,
+                      split_sees_key)
 
 WARPS = NT // 32
 FULL = 0xFFFFFFFF
@@ -87,7 +87,7 @@ def tile_sizes(d: int, stages: int) -> tuple[int, int]:
 
 def static_bytes(d: int, NR: int, fused: bool = False) -> int:
     """Bytes of the kernel's static shared arrays: the table batch, the length, O and the row statistics of the
-    merge (float32); ``fused``: the last block's merge of the partials too (:mod:`.fused`)."""
+    merge (float32); ``fused``: the last block's merge of the partials too (:func:`.kernels.combine_tail`)."""
     MR = 8 * NR
     merge = 4 + 4 * SHARED_FLOATS if fused else 0  # sh_flag, sh_x, sh_w
     return 4 * (TABLE_BATCH + 1 + MR * d + 2 * WARPS * MR + 2 * MR) + merge
@@ -115,7 +115,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     """The tensor-core split kernel: head dim d (16 .. 128, a multiple of 16), ``dtype_name`` float16 or bfloat16,
     ``NR`` halves of the row tile in use (:func:`half_rows`), ``paged``, ``split`` (partials out), ``causal``,
     ``count``, ``stages`` (2 .. 8) buffers a warp, ``fused`` (with ``split``: the last block of a group merges
-    the partials, :mod:`.fused`).  Arguments as :func:`.kernels.split_kernel`'s."""
+    the partials, :func:`.kernels.combine_tail`).  Arguments as :func:`.kernels.split_kernel`'s."""
     if not runs(d, dtype_name):
         raise ValueError(f"flash_decode's tensor-core kernel runs float16 and bfloat16 at d = 16 .. 128, a multiple "
                          f"of 16, not {dtype_name} at d = {d}")
