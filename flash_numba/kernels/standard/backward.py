@@ -11,6 +11,7 @@ from numba import cuda, uint32
 from ... import _inputs
 from .. import _dropout
 from ..causal import crosses_diagonal_dev as crosses_diagonal
+from ...device import jit
 from .._common import acc_nb_type, add_counts, exp_ieee, group_step, nb_type, rounded_mul
 from .._tile_ops import fast_kernel, NT, micro_product, tile_loader, tile_store
 from .layout import _align, _consts, geometry
@@ -63,6 +64,37 @@ def colprod_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, coun
 
 
 @lru_cache(maxsize=None)
+def row_stats(Br: int, TM: int, dtype_name: str, count: bool):
+    """``stage(lse, D, bh, r0, Nq, tid, ty, Ls, Ds, Lr, Dr) -> bytes read``: the block's Br rows of L and D
+    (from ``r0``; +inf and 0 past Nq) into the shared ``Ls``, ``Ds``, a barrier, then the thread's TM rows of them
+    (from ``ty * TM``) into its ``Lr``, ``Dr``: the start of both P and dS kernels.  The bytes when counting, else 0."""
+    dtype = np.dtype(dtype_name)
+    _, POS_INF, ZERO = _consts(dtype)
+    AB, COUNT = _inputs.acc_dtype(dtype).itemsize, count
+
+    @jit(device=True)
+    def stage(lse, D, bh, r0, Nq, tid, ty, Ls, Ds, Lr, Dr):
+        nr = 0
+        if tid < Br:
+            Lv = POS_INF
+            Dv = ZERO
+            if r0 + tid < Nq:
+                Lv = lse[bh, r0 + tid]
+                Dv = D[bh, r0 + tid]
+                if COUNT:
+                    nr += 2 * AB
+            Ls[tid] = Lv
+            Ds[tid] = Dv
+        cuda.syncthreads()
+        for a in range(TM):
+            Lr[a] = Ls[ty * TM + a]
+            Dr[a] = Ds[ty * TM + a]
+        return nr
+
+    return stage
+
+
+@lru_cache(maxsize=None)
 def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, count: bool, dropout: bool = False):
     """``P = exp(S - L)`` and ``dS = P * (dP - D)``, ``dP = dO V^T``, for the visible tiles, one query block per
     thread block; P and dS are written to HBM, dP never leaves the registers.  With ``dropout`` (the paper's
@@ -88,7 +120,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     ACC = acc_nb_type(dtype)
     acc_name = str(ACC)
     SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
-    _, POS_INF, ZERO = _consts(dtype)
+    ZERO = _consts(dtype)[2]
     ST = nb_type(dtype)
     ROUND = SB < AB
     MUL_RN = rounded_mul(_inputs.acc_dtype(dtype))
@@ -99,6 +131,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
     store = tile_store(TM, TN, dtype.name)
     drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    stage_rows = row_stats(Br, TM, dtype.name, count)
 
     QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
     def kernel(q, k, v, do, lse, D, p_out, ds_out, Nq, Nk, G, scale, counter, seed, threshold, inv_keep):
@@ -126,20 +159,7 @@ def grad_scores_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal: bool, 
             dOT[d * QS + e] = ZERO
         for e in range(tid, PAD * KS, NT):
             XT[d * KS + e] = ZERO
-        if tid < Br:
-            Lv = POS_INF
-            Dv = ZERO
-            if r0 + tid < Nq:
-                Lv = lse[bh, r0 + tid]
-                Dv = D[bh, r0 + tid]
-                if COUNT:
-                    nr += 2 * AB
-            Ls[tid] = Lv
-            Ds[tid] = Dv
-        cuda.syncthreads()
-        for a in range(TM):
-            Lr[a] = Ls[ty * TM + a]
-            Dr[a] = Ds[ty * TM + a]
+        nr += stage_rows(lse, D, bh, r0, Nq, tid, ty, Ls, Ds, Lr, Dr)
         rt = r0 + ty * TM
         for j in range(n_j):
             c0 = j * Bc
@@ -206,8 +226,8 @@ def grad_scores_from_s_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal:
     TM, TN, DP, QS, KS = g["TM"], g["TN"], g["DP"], g["QS"], g["KS"]
     ACC = acc_nb_type(dtype)
     acc_name = str(ACC)
-    SB, AB = dtype.itemsize, _inputs.acc_dtype(dtype).itemsize
-    _, POS_INF, ZERO = _consts(dtype)
+    SB = dtype.itemsize
+    ZERO = _consts(dtype)[2]
     CAUSAL, COUNT, ALIGN, PAD = causal, count, _align(), DP - d
     block_start = query_block(Br, Bc, causal)
     load_do = tile_loader(Br, d, 1, QS, acc_name)  # dO_i -> (DP, QS) transposed
@@ -215,6 +235,7 @@ def grad_scores_from_s_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal:
     product = micro_product(TM, TN, DP, QS, KS, acc_name)
     store = tile_store(TM, TN, dtype.name)
     drop_head, drop_row, drop = _dropout.factor(dropout, _inputs.acc_dtype(dtype).name)
+    stage_rows = row_stats(Br, TM, dtype.name, count)
 
     QT_SIZE, KT_SIZE = DP * QS, DP * KS  # shared-array sizes must be constants
     def kernel(s_in, v, do, lse, D, p_out, ds_out, Nq, Nk, G, counter, seed, threshold, inv_keep):
@@ -239,20 +260,7 @@ def grad_scores_from_s_kernel(d: int, Br: int, Bc: int, dtype_name: str, causal:
             dOT[d * QS + e] = ZERO
         for e in range(tid, PAD * KS, NT):
             VT[d * KS + e] = ZERO
-        if tid < Br:
-            Lv = POS_INF
-            Dv = ZERO
-            if r0 + tid < Nq:
-                Lv = lse[bh, r0 + tid]
-                Dv = D[bh, r0 + tid]
-                if COUNT:
-                    nr += 2 * AB
-            Ls[tid] = Lv
-            Ds[tid] = Dv
-        cuda.syncthreads()
-        for a in range(TM):
-            Lr[a] = Ls[ty * TM + a]
-            Dr[a] = Ds[ty * TM + a]
+        nr += stage_rows(lse, D, bh, r0, Nq, tid, ty, Ls, Ds, Lr, Dr)
         rt = r0 + ty * TM
         bh_u = uint32(bh)
         for j in range(n_j):
