@@ -123,6 +123,33 @@ def split_sees_key(L, s, S, i, Nq, causal):
 
 
 @lru_cache(maxsize=None)
+def state_merger(P: int, R: int):
+    """``merge(sh_m, sh_l, sh_stat, tid)``: the online-softmax states of R rows held by P parts of a block (lane groups
+    or warps; part p's m and l of row r at ``sh_m[p R + r]``, ``sh_l[p R + r]``) merged by threads 0 .. R - 1, a row
+    each: ``M = max_p m_p``, ``L = sum_p l_p 2^(m_p - M)`` into ``sh_stat[r]``, ``sh_stat[R + r]``, and each part's
+    factor ``2^(m_p - M)`` over its m in ``sh_m`` (by which its O is scaled next).  Both split kernels' end."""
+    NEG_INF = float32(-math.inf)
+    ZERO = float32(0.0)
+
+    @jit(device=True, forceinline=True, fastmath=FASTMATH)
+    def merge(sh_m, sh_l, sh_stat, tid):
+        if tid < R:
+            mm = NEG_INF
+            for p in range(P):
+                mm = nan_max(mm, sh_m[p * R + tid])
+            m_use = mm if mm != NEG_INF else ZERO
+            ll = ZERO
+            for p in range(P):
+                a = exp2_ieee(sh_m[p * R + tid] - m_use)
+                sh_m[p * R + tid] = a
+                ll += sh_l[p * R + tid] * a
+            sh_stat[tid] = mm
+            sh_stat[R + tid] = ll
+
+    return merge
+
+
+@lru_cache(maxsize=None)
 def result_writer(d: int, dtype_name: str, split: bool, count: bool):
     """``write(o, lse, row, s, rows, c, acc, ll, lse2, seen) -> bytes``: column c of query row ``row``'s result,
     from the unnormalised ``acc``, the row's sum ``ll``, its log2-sum-exp ``lse2`` and ``seen``, whether the block
@@ -182,6 +209,7 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
     g = geometry(d, dtype_name)
     V, C, LPR, NG = g["V"], g["C"], g["LPR"], g["NG"]
     T = keys_in_flight(RT) if T is None else T
+    merge_states = state_merger(NG, RT)
     BF16 = dtype_name == "bfloat16"  # stored as uint16 words: converted by _bf16 (bits << 16, round to even)
     STORE = "uint16" if BF16 else dtype_name
     S_ITEM = np.dtype(STORE).itemsize
@@ -369,18 +397,7 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                 sh_m[grp * RT + r] = m[r]
                 sh_l[grp * RT + r] = l[r]
         cuda.syncthreads()
-        if tid < RT:
-            mm = NEG_INF
-            for gi in range(NG):
-                mm = nan_max(mm, sh_m[gi * RT + tid])
-            m_use = mm if mm != NEG_INF else ZERO
-            ll = ZERO
-            for gi in range(NG):
-                a = exp2_ieee(sh_m[gi * RT + tid] - m_use)
-                sh_m[gi * RT + tid] = a
-                ll += sh_l[gi * RT + tid] * a
-            sh_stat[tid] = mm
-            sh_stat[RT + tid] = ll
+        merge_states(sh_m, sh_l, sh_stat, tid)
         cuda.syncthreads()
         for r in range(RT):
             if active:

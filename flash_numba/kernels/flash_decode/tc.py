@@ -48,7 +48,7 @@ from ...device import jit
 from .. import _bf16, _mma, _smem
 from .._common import add_counts, exp2_ieee, nan_max, nb_type
 from .kernels import (FASTMATH, NT, SHARED_FLOATS, combine_tail, log2_or_minus_inf, result_writer,
-                      split_sees_key)
+                      split_sees_key, state_merger)
 
 WARPS = NT // 32
 FULL = 0xFFFFFFFF
@@ -151,6 +151,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     DTILES = d // 8
     ACC = NR * 2 * DTILES
     MR = 8 * NR  # rows of the tile in use
+    merge_states = state_merger(WARPS, MR)
     MRD = MR * d
     WMR = WARPS * MR
     MR2 = 2 * MR
@@ -417,18 +418,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
                 sh_m[warp * uint32(MR) + g + uint32(8 * r)] = m[r]
                 sh_l[warp * uint32(MR) + g + uint32(8 * r)] = l[r]
         cuda.syncthreads()
-        if tid < MR:
-            mm = NEG_INF
-            for wi in range(WARPS):
-                mm = nan_max(mm, sh_m[wi * MR + tid])
-            m_use = mm if mm != NEG_INF else ZERO
-            ll = ZERO
-            for wi in range(WARPS):
-                a = exp2_ieee(sh_m[wi * MR + tid] - m_use)
-                sh_m[wi * MR + tid] = a
-                ll += sh_l[wi * MR + tid] * a
-            sh_stat[tid] = mm
-            sh_stat[MR + tid] = ll
+        merge_states(sh_m, sh_l, sh_stat, tid)
         cuda.syncthreads()
         for wr in range(WARPS):  # warp by warp, in order: the same sums every run
             if warp == uint32(wr):
