@@ -62,7 +62,6 @@ class DecodeProblem:
     keys_in_flight: int | None = None  # T of the CUDA-core split kernel (None: its rule; the benchmark sets others)
     path: str = ""  # the split kernel's path, "tc" or "cuda" (prepare sets it; "": kernels.flash_decode.path_of)
     stages: int | None = None  # the tensor-core kernel's pipeline stages (None: its default; the benchmark sets others)
-    prefetch: int | None = None  # the tensor-core kernel's L2 prefetch distance (None: its default; the benchmark)
     fused: bool | None = None  # the combine in the split kernel (None: kernels.flash_decode.fuse_combine's default)
     dtype_name: str = ""  # "float16", "bfloat16" or "float32" (dtype is the storage: uint16 for bfloat16)
     host_dtype: object = None  # ml_dtypes.bfloat16 when the NumPy inputs were: outputs are viewed as it
@@ -352,12 +351,12 @@ def plan_key(prob, tensors, count: bool = False):
     a call), not the checks: every call's lengths and table are still checked on the host first.  The key holds
     what the launches depend on besides the data: the tensors' shapes, strides, dtypes and devices (the lengths
     and the table among them: without ``cache_seqlens`` the call copies its lengths to the device, which no plan
-    can replay), the splits, path, pipeline stages, prefetch distance and fusion chosen, causal, scale, the stream and the switches;
+    can replay), the splits, path, pipeline stages and fusion chosen, causal, scale, the stream and the switches;
     the lengths' values are read by the kernels on the device, so they may change between replays."""
     if count or not _launch_plan.ENABLED:
         return None
     return _launch_plan.key("decode", KERNEL, tensors, (
-        prob.num_splits, prob.path, prob.stages, prob.prefetch, prob.fused, prob.keys_in_flight, prob.causal, float(prob.scale),
+        prob.num_splits, prob.path, prob.stages, prob.fused, prob.keys_in_flight, prob.causal, float(prob.scale),
         prob.paged, _stream.handle(prob.stream), *_switches.values(), os.environ.get("FLASH_NUMBA_DECODE_PATH")))
 
 

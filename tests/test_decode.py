@@ -201,25 +201,23 @@ def test_many_pages_one_sequence_page_size_one(rng):
     assert r.hbm.terms["page table"] == 4 * 140
 
 
-@pytest.mark.parametrize("stages, dynamic, prefetch, page_size",
-                         [(2, False, 0, 1), (3, True, 0, 1), (4, False, 0, 1), (2, False, 3, 1), (3, False, 2, None)])
-def test_tensor_cores_pipeline_segments_and_stages(monkeypatch, rng, stages, dynamic, prefetch, page_size):
+@pytest.mark.parametrize("stages, dynamic", [(2, False), (3, True), (4, False)])
+def test_tensor_cores_pipeline_segments_and_stages(monkeypatch, rng, stages, dynamic):
     """The tensor-core kernel over 600 keys in pages of one row: two segments of the table (512 pages, then 88),
-    ten tiles a warp, through 2, 3 and 4 pipeline stages (3: its tiles in dynamic shared memory), with and without
-    the L2 prefetch (whose stand-in refuses an index outside the cache: paged, and a contiguous cache whose last
-    tiles end the array); one and two splits, counted bytes equal to the model (a prefetch is not counted)."""
+    ten tiles a warp, through 2, 3 and 4 pipeline stages (3: its tiles in dynamic shared memory); one and two
+    splits, counted bytes equal to the model."""
     from flash_numba import _inputs
     from flash_numba.hbm import Counters
 
     if dynamic:
         monkeypatch.setattr(_switches, "DYNAMIC_ABOVE", 0)
-    q, k, v, seqlens, table = make(rng, 1, 4, 1, 1, 16, (600,), np.float16, page_size=page_size)
+    q, k, v, seqlens, table = make(rng, 1, 4, 1, 1, 16, (600,), np.float16, page_size=1)
     o_ref, lse_ref = decode_reference(q, k, v, seqlens, table)
     tol = tolerance(np.float16, o_ref, q, np.nan_to_num(k), np.nan_to_num(v), 600, 16, 0.25, "tc")
     for S in (1, 2):
         prob, ops = decode.prepare(q, k, v, seqlens, table, S, False, None, None)
         assert prob.path == "tc"
-        prob.stages, prob.prefetch = stages, prefetch
+        prob.stages = stages
         counters = Counters(True)
         with _inputs.allocate_like(prob):
             o, lse = fd.SPEC.run(prob, ops, counters)
@@ -228,7 +226,7 @@ def test_tensor_cores_pipeline_segments_and_stages(monkeypatch, rng, stages, dyn
         assert (np.abs(o - o_ref) <= tol).all(), S
         assert np.abs(lse - lse_ref).max() < 1e-4
         assert counters.result() == fd.SPEC.io_model(prob)
-        assert fd.SPEC.io_model(prob).terms["page table"] == (4 * 600 * 1 if page_size else 0)
+        assert fd.SPEC.io_model(prob).terms["page table"] == 4 * 600 * 1
 
 
 def test_default_lengths_and_splits_and_a_stream(rng):

@@ -28,8 +28,6 @@ element with the lower column / k index)::
     cp_async_16(smem, s_index, gmem, g_index)               # sm_80+: cp.async.cg.shared.global, 16 bytes
     cp_async_commit() ; cp_async_wait_all()                 # sm_80+: commit_group; wait_group 0
     cp_async_wait_group(n)() -> None                        # sm_80+: wait_group n (n a Python int: a constant)
-    prefetch_l2(gmem, g_index)                              # prefetch.global.L2: the line of gmem.flat[g_index]
-                                                            # into the L2 cache (no register, no shared memory)
     red_add_f32x2(arr, index, x, y)                         # sm_90+: arr.flat[index] += x, [index + 1] += y, one
                                                             # red.global.add.v2.f32 (index even: 8-byte aligned)
 
@@ -331,12 +329,6 @@ def _nothing():
     return None
 
 
-def prefetch_l2_standin(gmem, g_index):
-    """Nothing to fetch in the simulator; the index must still lie in the array (a kernel's bug shows here)."""
-    if not 0 <= int(g_index) < gmem.size:
-        raise IndexError(f"prefetch_l2: index {int(g_index)} outside an array of {gmem.size} elements")
-
-
 _RED_LOCK = threading.Lock()
 
 
@@ -576,15 +568,6 @@ def _copy_intrinsics():
         return types.void(), codegen
 
     @intrinsic
-    def prefetch_l2(typingctx, gmem, g_index):
-        def codegen(context, builder, sig, args):
-            src = _pointer(builder, sig.args[0], context, args[0], args[1], 1)
-            asm(builder, "prefetch.global.L2 [$0];", "l", [i64], [src])
-            return context.get_dummy_value()
-
-        return types.void(gmem, types.uint64), codegen
-
-    @intrinsic
     def red_add_f32x2(typingctx, arr, index, x, y):
         def codegen(context, builder, sig, args):
             dst = _pointer(builder, sig.args[0], context, args[0], args[1], 1)
@@ -596,7 +579,7 @@ def _copy_intrinsics():
         return types.void(arr, types.uint64, types.float32, types.float32), codegen
 
     return (copy_16, load_16, store_16, store_32, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all,
-            red_add_f32x2, prefetch_l2)
+            red_add_f32x2)
 
 
 @lru_cache(maxsize=None)
@@ -630,12 +613,11 @@ if SIMULATOR:
     copy_16 = cp_async_16 = copy_16_standin
     load_16, store_16, store_32 = load_16_standin, store_16_standin, store_32_standin
     red_add_f32x2 = red_add_f32x2_standin
-    prefetch_l2 = prefetch_l2_standin
     zero_16 = zero_16_standin
     cp_async_commit = cp_async_wait_all = _nothing
 else:
     (copy_16, load_16, store_16, store_32, zero_16, cp_async_16, cp_async_commit, cp_async_wait_all,
-     red_add_f32x2, prefetch_l2) = _copy_intrinsics()
+     red_add_f32x2) = _copy_intrinsics()
 
 if SIMULATOR:
     mma_m16n8k16_f16 = _mma_standin("m16n8k16_f16")

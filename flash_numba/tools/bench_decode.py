@@ -32,8 +32,7 @@ sm_80+), ``flash_decode-paged`` (the same cache in shuffled pages of 256 rows), 
 forced; ``-s1`` is "without splits"), ``flash_decode-cuda`` and ``flash_decode-paged-cuda`` (the CUDA-core split
 kernel, forced with ``_switches.DECODE_PATH``; its own split rule), ``flash_decode-st<n>`` (the tensor-core kernel
 with n pipeline stages a warp instead of :data:`~flash_numba.kernels.flash_decode.tc.STAGES`; the split rule for
-that many), ``flash_decode-pf<n>`` (the tensor-core kernel with an L2 prefetch n of a warp's tiles ahead of its
-copies instead of :data:`~flash_numba.kernels.flash_decode.tc.PREFETCH`; 0: none), ``flash_decode-t4`` (the CUDA-core kernel with four keys in flight a lane group instead of its rule's
+that many), ``flash_decode-t4`` (the CUDA-core kernel with four keys in flight a lane group instead of its rule's
 two at four rows a block: a measurement of that choice), ``-unfused`` / ``-fused`` (the partials merged by a
 combine kernel launched after the split kernel, or by the split kernel's last block of each group:
 :data:`~flash_numba.kernels.flash_decode.FUSE_COMBINE` is the default),
@@ -134,13 +133,11 @@ def variant(name: str) -> dict:
     by its last blocks)."""
     parts = name.split("-")[1:]
     out = {"paged": "paged" in parts, "path": "cuda" if "cuda" in parts or "t4" in parts else None,
-           "stages": None, "prefetch": None, "splits": None, "keys_in_flight": 4 if "t4" in parts else None,
+           "stages": None, "splits": None, "keys_in_flight": 4 if "t4" in parts else None,
            "fused": False if "unfused" in parts else True if "fused" in parts else None}
     for p in parts:
         if p.startswith("st") and p[2:].isdigit():
             out["stages"] = int(p[2:])
-        elif p.startswith("pf") and p[2:].isdigit():
-            out["prefetch"] = int(p[2:])
         elif p.startswith("s") and p[1:].isdigit():
             out["splits"] = int(p[1:])
     return out
@@ -162,7 +159,6 @@ def prepared(name: str, case: Case, i: int):
     try:
         prob, ops = _decode.prepare(q, k, v, case.seqlens, table, None, False, None, None)
         prob.stages, prob.keys_in_flight, prob.fused = var["stages"], var["keys_in_flight"], var["fused"]
-        prob.prefetch = var["prefetch"]
         prob.num_splits = var["splits"] or _decode._num_splits(None, prob, case.N)
     finally:
         _switches.DECODE_PATH = saved

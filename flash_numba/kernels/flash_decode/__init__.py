@@ -124,12 +124,6 @@ def row_tile(R: int, path: str) -> int:
     return tc.MMA_ROWS if path == "tc" else rows_per_block(R)
 
 
-def prefetch_of(prob) -> int:
-    """L2 prefetch distance of the tensor-core kernel (``prob.prefetch`` when set, else :data:`.tc.PREFETCH`)."""
-    pf = getattr(prob, "prefetch", None)
-    return tc.PREFETCH if pf is None else pf
-
-
 def stages_of(prob) -> int:
     """Pipeline stages of the tensor-core kernel (``prob.stages``, else :data:`.tc.STAGES`)."""
     return getattr(prob, "stages", None) or tc.STAGES
@@ -271,8 +265,7 @@ def run(prob, ops, counters):
     shared = {}
     if path == "tc":
         stages, NR = stages_of(prob), tc.half_rows(R)
-        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, causal, counters.enabled, stages, fused,
-                                 prefetch_of(prob))
+        kernel = split_tc_kernel(d, prob.dtype_name, NR, prob.paged, split, causal, counters.enabled, stages, fused)
         if tc.dynamic(d, stages, NR, fused):
             shared = {"dynamic_bytes": _smem.total_bytes(tc.tile_sizes(d, stages), 2),
                       "static_bytes": tc.static_bytes(d, NR, fused)}

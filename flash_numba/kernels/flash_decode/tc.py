@@ -66,13 +66,6 @@ TABLE_BATCH = 512
 #: GB/s at 32k and 128k, 3 stages (two blocks, 4 splits) 2,993 and 3,786, 4 stages (one block, 2 splits) 2,998
 #: and 3,786: within 2%, so the fewest, which leave the most shared memory and fit an A100's 164 KB an SM.
 STAGES = 2
-#: L2 prefetch distance: with ``PREFETCH = n > 0`` a warp that issues the cp.async of its tile i + stages - 1 also
-#: issues ``prefetch.global.L2`` for the lines of its tile i + stages - 1 + n (:func:`_mma.prefetch_l2`: no
-#: register, no shared memory), so that more of the cache is on its way from DRAM than the shared-memory buffers
-#: hold.  0: none.
-PREFETCH = 0
-#: Bytes of an L2 line a prefetch brings.
-LINE_BYTES = 128
 
 
 def runs(d: int, dtype_name: str) -> bool:
@@ -118,19 +111,16 @@ def resident_blocks(d: int, stages: int, NR: int, shared_per_sm: int, fused: boo
 
 @lru_cache(maxsize=None)
 def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, causal: bool, count: bool,
-                    stages: int = STAGES, fused: bool = False, prefetch: int = PREFETCH):
+                    stages: int = STAGES, fused: bool = False):
     """The tensor-core split kernel: head dim d (16 .. 128, a multiple of 16), ``dtype_name`` float16 or bfloat16,
     ``NR`` halves of the row tile in use (:func:`half_rows`), ``paged``, ``split`` (partials out), ``causal``,
     ``count``, ``stages`` (2 .. 8) buffers a warp, ``fused`` (with ``split``: the last block of a group merges
-    the partials, :func:`.kernels.combine_tail`), ``prefetch`` (0 .. 8: the L2 prefetch distance in a warp's
-    tiles, :data:`PREFETCH`).  Arguments as :func:`.kernels.split_kernel`'s."""
+    the partials, :func:`.kernels.combine_tail`).  Arguments as :func:`.kernels.split_kernel`'s."""
     if not runs(d, dtype_name):
         raise ValueError(f"flash_decode's tensor-core kernel runs float16 and bfloat16 at d = 16 .. 128, a multiple "
                          f"of 16, not {dtype_name} at d = {d}")
     if not 2 <= stages <= 8:
         raise ValueError(f"stages: {stages} is not 2 .. 8")
-    if not 0 <= prefetch <= 8:
-        raise ValueError(f"prefetch: {prefetch} is not 0 .. 8")
     BF16 = dtype_name == "bfloat16"
     STORE = "uint16" if BF16 else dtype_name
     DT = nb_type(STORE)
@@ -143,10 +133,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     to_f32 = _bf16.bf16_to_f32 if BF16 else float32
     mma = _mma.mma_m16n8k16_bf16 if BF16 else _mma.mma_m16n8k16_f16
     ldsm, ldsm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
-    cp_async, zero_16, prefetch_l2 = _mma.cp_async_16, _mma.zero_16, _mma.prefetch_l2
-    PF = prefetch
-    ROW_LINES = -(-2 * d // LINE_BYTES)  # L2 lines a cache row spans (its start is 16-byte aligned: may straddle)
-    LINE_ELEMS = LINE_BYTES // 2
+    cp_async, zero_16 = _mma.cp_async_16, _mma.zero_16
     commit, wait_pipe = _mma.cp_async_commit, _mma.cp_async_wait_group(stages - 2)
     DYN = dynamic(d, stages, NR, FUSED)
     block_tiles = _smem.tiles(tile_sizes(d, stages), STORE, DYN)
@@ -210,28 +197,6 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
                 zero_16(sm, s_at)
                 zero_16(sm, s_at + uint32(V_OFF))
         return nr
-
-    @jit(device=True, forceinline=True)
-    def prefetch_tile(k, v, sh_pages, kb, hi, pb, P, Hkv, hkv, head_row, lane):
-        """``prefetch.global.L2`` of the K rows (lanes 0..15) and V rows (lanes 16..31) of keys kb .. kb + 15 below
-        hi: lane l the row of key kb + l % 16, each of its lines (the first line from the row's start, the rest a
-        line apart, the last at the row's last element).  Nothing is read into the SM: not counted."""
-        j = kb + int64(lane & uint32(15))
-        if j < hi:
-            row = int64(0)
-            if PAGED:
-                pj = uint32(j) // uint32(P)
-                page = uint32(sh_pages[pj - uint32(pb)])
-                row = int64((uint64(page) * uint64(Hkv) + uint64(hkv)) * uint64(P) + uint64(uint32(j) - pj * uint32(P)))
-            else:
-                row = head_row + j
-            at = uint64(row) * uint64(D)
-            for u in range(ROW_LINES):
-                e = min(u * LINE_ELEMS, D - 1)
-                if lane < uint32(16):
-                    prefetch_l2(k, at + uint64(e))
-                else:
-                    prefetch_l2(v, at + uint64(e))
 
     @jit(fastmath=FASTMATH)
     def kernel(q, k, v, table, seqlens, o, lse, o_out, lse_out, sem, Hkv, G, Nq, P, max_pages, rows, row_tiles,
@@ -343,10 +308,6 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
                     nr += load_tile(sm, wbase + uint32(st * STAGE), k, v, sh_pages, kw + st * WARPS * KT, hi, pb,
                                     P, Hkv, hkv, head_row, lane)
                 commit()
-            for st in range(PF):  # tiles NS - 1 .. NS - 2 + PF on their way to the L2 cache
-                if NS - 1 + st < steps:
-                    prefetch_tile(k, v, sh_pages, kw + (NS - 1 + st) * WARPS * KT, hi, pb, P, Hkv, hkv, head_row,
-                                  lane)
             for i in range(steps):
                 wait_pipe()  # this lane's copies of tile i have landed ...
                 cuda.syncwarp()  # ... and the warp's; every lane is done with tile i - 1's buffer
@@ -355,8 +316,6 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
                     nr += load_tile(sm, wbase + uint32((nxt % NS) * STAGE), k, v, sh_pages,
                                     kw + nxt * WARPS * KT, hi, pb, P, Hkv, hkv, head_row, lane)
                 commit()
-                if PF > 0 and nxt + PF < steps:
-                    prefetch_tile(k, v, sh_pages, kw + (nxt + PF) * WARPS * KT, hi, pb, P, Hkv, hkv, head_row, lane)
                 buf = wbase + uint32((i % NS) * STAGE)
                 kb = kw + i * WARPS * KT
 
