@@ -1,10 +1,10 @@
 """flash2_tc's backward on a GPU: errors against float64 (Dao-AILab's rule against PyTorch's same-precision error),
 bitwise determinism over 20 calls, and times at B*H = 32, N = 4096.  Writes CSV to the directory given.
 
-    python benchmarks/tc_backward.py OUTDIR [--sanitize]
+    python benchmarks/tc_backward.py OUTDIR [--sanitize | --times]
 
 O and L from flash2_tc's forward; every call through the public API (host time included, as a user sees it).
-``--sanitize``: two small cases of each backward path only (d = 64 float16, the dK/dV kernel that keeps S^T in
+``--times``: the times only (no error cases).  ``--sanitize``: two small cases of each backward path only (d = 64 float16, the dK/dV kernel that keeps S^T in
 registers; d = 128 bfloat16 causal, the shared-memory one), for compute-sanitizer, and no PyTorch attention kernel
 beside ours: cuDNN's SDPA kernels synchronise through mbarriers that racecheck does not follow, and it reports
 them as hazards (1,008 on 2026-12-01, every one displayed in a cudnn_generated kernel).
@@ -64,6 +64,8 @@ def main():
     cases = ([(1, 2, 97, 97, 64, "float16", False), (1, 2, 97, 97, 128, "bfloat16", True)] if sanitize else
              [(1, 4, 97, 97, 64, "float16", False), (1, 4, 1000, 1000, 64, "float16", True),
               (1, 2, 4099, 4099, 128, "bfloat16", True), (1, 2, 1000, 1000, 128, "float16", False)])
+    if "--times" in sys.argv:
+        cases = []
     for Bn, H, Nq, Nk, d, dt, causal in cases:
         q, k, v, do = (torch.randn(Bn, H, n, d, device="cuda", generator=gen, dtype=TDT[dt]) for n in (Nq, Nk, Nk, Nq))
         scale = d ** -0.5
@@ -87,10 +89,11 @@ def main():
             rows.append(dict(case=f"N={Nq} d={d} {dt}{' causal' * causal}", path="det", grad="20 calls",
                              err=0.0, torch_err=0.0, ratio=0.0, finite=same_bits))
             print("deterministic over 20 calls:", same_bits, flush=True)
-    with open(os.path.join(out, "errors.csv" if not sanitize else "sanitize_errors.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    if rows:
+        with open(os.path.join(out, "errors.csv" if not sanitize else "sanitize_errors.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
     if sanitize:
         return
     times = []
@@ -122,7 +125,8 @@ def main():
         w = csv.DictWriter(f, fieldnames=list(times[0]))
         w.writeheader()
         w.writerows(times)
-    print("\nworst ratio to PyTorch's same-precision error:", max(r["ratio"] for r in rows))
+    if rows:
+        print("\nworst ratio to PyTorch's same-precision error:", max(r["ratio"] for r in rows))
     for r in times:
         print(f"d={r['d']} {r['dtype']}: fwd+bwd det {r['ours_fwd_bwd_det']:.3f} ms, atomic "
               f"{r['ours_fwd_bwd_atomic']:.3f} ms (bwd {r['ours_bwd_det']:.3f} / {r['ours_bwd_atomic']:.3f}); "
