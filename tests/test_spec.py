@@ -44,10 +44,17 @@ def test_launches_are_the_io_models_kernels(name, causal, dtype):
             from flash_numba.kernels.standard import BACKWARD_NAMES, BACKWARD_TC_NAMES, backward_names
             assert tuple(model.per_kernel) == backward_names(dtype)
             optional = set(BACKWARD_NAMES + BACKWARD_TC_NAMES) - set(backward_names(dtype))
-        if name in ("flash2_fast", "flash2_tc") and pass_ == "backward" and deterministic:  # (tc: fast's backward)
+        if name == "flash2_fast" and pass_ == "backward" and deterministic:
             two_pass = {"flash2_fast dQ", "flash2_fast dK, dV"}  # the dQ kernel computes D itself
             split = set(launches) - two_pass
             assert set(model.per_kernel) in (two_pass, split), model.per_kernel
+            continue
+        if name == "flash2_tc" and pass_ == "backward" and deterministic:  # one launch of dQ and dK/dV up to d = 64
+            from flash_numba.kernels.flash2_tc import _bwd as tc_bwd
+
+            one, two = {tc_bwd.D_NAME, tc_bwd.BACKWARD_NAME}, {tc_bwd.BACKWARD_Q_NAME, tc_bwd.BACKWARD_KV_NAME}
+            assert set(launches) == one | two
+            assert set(model.per_kernel) == (one if tc_bwd.one_launch(d) else two), model.per_kernel
             continue
         assert set(launches) - set(model.per_kernel) <= optional, (pass_, deterministic)
 

@@ -28,7 +28,8 @@ Backward (:mod:`.backward`): FA2's, on the same instructions: S recomputed with 
 dP, dS, dK per key block, dQ in a kernel of its own (deterministic) or by float32 atomics
 (``deterministic=False``).
 
-Counters: "flash2_tc forward"; "flash2_tc dQ" and "flash2_tc dK, dV" (deterministic backward);
+Counters: "flash2_tc forward"; "flash2_tc D" and "flash2_tc dQ | dK, dV" (deterministic backward up to d = 64: D,
+then the dQ and dK/dV blocks in one launch), "flash2_tc dQ" and "flash2_tc dK, dV" (above d = 64);
 "flash2_tc D, zero dQ", "flash2_tc dK, dV, dQ (atomic)" and "flash2_tc dQ to storage dtype" (atomic).
 """
 
@@ -93,8 +94,8 @@ def forward(prob, ops, block, counters):
 
 
 def backward(prob, ops, block, counters):
-    """dQ, dK, dV on tensor cores, deterministic: the dQ kernel (which writes D), then the dK/dV kernel
-    (:mod:`.backward`)."""
+    """dQ, dK, dV on tensor cores, deterministic: up to d = 64 D, then the dQ and dK/dV kernels' blocks in one
+    launch; above, the dQ kernel (which writes D), then the dK/dV kernel (:mod:`.backward`)."""
     return _bwd.run_backward(prob, ops, counters, instruction_path(prob.dtype_name) == "sm75")
 
 
@@ -173,10 +174,11 @@ def compile_all(ccs, dtypes, ds):
     return out + _bwd.compile_backward(ccs, dts, [d for d in ds if layout.runs_head_dim(d)])
 
 
-#: FLOPs a score: the dQ kernel recomputes S and dP and adds dS K (6 d), the dK/dV kernel S, dP, P^T dO, dS^T Q
-#: (8 d), the atomic one all five products (10 d); D = rowsum(dO * O) 2 d a row
+#: FLOPs a score: the dQ blocks recompute S and dP and add dS K (6 d), the dK/dV blocks S, dP, P^T dO, dS^T Q
+#: (8 d), both in one launch; the atomic kernel all five products (10 d); D = rowsum(dO * O) 2 d a row
 FLOPS = launch_flops(forward={FORWARD_NAME: (4, 5, 0)},
-                     backward={_bwd.BACKWARD_Q_NAME: (6, 5, 2), _bwd.BACKWARD_KV_NAME: (8, 5, 0)},
+                     backward={_bwd.D_NAME: (0, 0, 2), _bwd.BACKWARD_NAME: (14, 10, 0),
+                               _bwd.BACKWARD_Q_NAME: (6, 5, 2), _bwd.BACKWARD_KV_NAME: (8, 5, 0)},
                      atomic={_bwd.D_ZERO_NAME: (0, 0, 2), _bwd.BACKWARD_KVQ_NAME: (10, 5, 0),
                              _bwd.CAST_DQ_NAME: (0, 0, 0)})
 _flops = FLOPS
@@ -190,7 +192,7 @@ SPEC = KernelSpec(
     name="flash2_tc", doc=__doc__, flops=_flops,
     forward=forward, backward=backward, backward_atomic=backward_atomic,
     forward_launches=(FORWARD_NAME,),
-    backward_launches=(_bwd.BACKWARD_Q_NAME, _bwd.BACKWARD_KV_NAME),
+    backward_launches=(_bwd.D_NAME, _bwd.BACKWARD_NAME, _bwd.BACKWARD_Q_NAME, _bwd.BACKWARD_KV_NAME),
     atomic_backward_launches=(_bwd.D_ZERO_NAME, _bwd.BACKWARD_KVQ_NAME, _bwd.CAST_DQ_NAME),
     compile_all=compile_all,
     compile_groups=((("float16", "bfloat16"), (128,)), (("bfloat16",), (64,))),  # and GROUPS: float16 at d = 64

@@ -96,6 +96,8 @@ FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}
 
 BACKWARD_Q_NAME = "flash2_tc dQ"
 BACKWARD_KV_NAME = "flash2_tc dK, dV"
+D_NAME = "flash2_tc D"
+BACKWARD_NAME = "flash2_tc dQ | dK, dV"
 D_ZERO_NAME = "flash2_tc D, zero dQ"
 BACKWARD_KVQ_NAME = "flash2_tc dK, dV, dQ (atomic)"
 CAST_DQ_NAME = "flash2_tc dQ to storage dtype"
@@ -392,7 +394,8 @@ def _block_tiles(sizes, dtype_name: str, dynamic: bool):
 
 @lru_cache(maxsize=None)
 def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, atomic_dq: bool = False,
-                dropout: bool = False, dynamic: bool = False, aligned: bool = False, red2: bool = False):
+                dropout: bool = False, dynamic: bool = False, aligned: bool = False, red2: bool = False,
+                device: bool = False):
     """The dK/dV kernel (with ``atomic_dq``: dQ by atomics too) for head dim d (a multiple of 16, <= 128).
 
     Arguments ``(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
@@ -404,10 +407,11 @@ def dkdv_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = F
     ``red.global.add.v2.f32`` (:func:`.._mma.red_add_f32x2`), half the atomic instructions of one add an element.
 
     Up to d = 64 (:func:`transposed`) S^T and dP^T in registers (:func:`_dkdv_transposed`), above through
-    shared memory (:func:`_dkdv_shared`).
+    shared memory (:func:`_dkdv_shared`).  ``device``: the same code as a device function, for
+    :func:`backward_kernel` (the block's key tile and head from ``blockIdx.x`` all the same).
     """
     build = _dkdv_transposed if transposed(d) else _dkdv_shared
-    return build(d, dtype_name, causal, count, k8, atomic_dq, dropout, dynamic, aligned, red2)
+    return build(d, dtype_name, causal, count, k8, atomic_dq, dropout, dynamic, aligned, red2, device)
 
 
 @lru_cache(maxsize=None)
@@ -469,7 +473,7 @@ def _atomic_dq(d: int, Bc: int, a_stride: int, transposed: bool, dtype_name: str
 
 
 def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, atomic_dq: bool, dropout: bool,
-                 dynamic: bool, aligned: bool, red2: bool):
+                 dynamic: bool, aligned: bool, red2: bool, device: bool = False):
     """The dK/dV kernel above d = 64: S and dP in 2 x 2 warp tiles of 16 queries x Bc/2 keys, P (times Z) and dS
     through shared memory (module docstring)."""
     assert d % 16 == 0 and 16 <= d <= 128
@@ -645,11 +649,11 @@ def _dkdv_shared(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, a
         if COUNT:
             add_counts(counter, nr + int64(n_atomic) * 4, int64(n_atomic) * 4 + nw)
 
-    return jit(fastmath=FASTMATH)(kernel)
+    return _compiled(kernel, device)
 
 
 def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: bool, atomic_dq: bool, dropout: bool,
-                     dynamic: bool, aligned: bool, red2: bool):
+                     dynamic: bool, aligned: bool, red2: bool, device: bool = False):
     """The dK/dV kernel up to d = 64: each warp owns 16 keys (kr = 16 warp ..) and computes S^T = K_j Q_i^T and
     dP^T = V_j dO_i^T for them, so that P^T and dS^T stay in registers.
 
@@ -876,17 +880,19 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
         if COUNT:
             add_counts(counter, nr + int64(n_atomic) * 4, int64(n_atomic) * 4 + nw)
 
-    return jit(fastmath=FASTMATH)(kernel)
+    return _compiled(kernel, device)
 
 
 @lru_cache(maxsize=None)
 def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, dropout: bool = False,
-              dynamic: bool = False, aligned: bool = False):
+              dynamic: bool = False, aligned: bool = False, device: bool = False):
     """The dQ kernel of the deterministic backward: D_i and dQ_i for one query block of Br = 64 rows.
 
     Arguments ``(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
     o_lay, seed, threshold, inv_keep)``; D written (for the dK/dV kernel).  A 1-D grid of Tr * B*H blocks, the
-    last (longest, causal) row tiles first.
+    last (longest, causal) row tiles first.  ``device``: a device function for :func:`backward_kernel`, which
+    reads D (written by :func:`d_kernel`; o and o_lay unused) and takes its row tile and head from
+    ``blockIdx.x`` and B*H = ``dq.shape[0]`` (its grid is wider than Tr * B*H).
     """
     assert d % 16 == 0 and 16 <= d <= 128
     to_f32, from_f32, pack = _storage(dtype_name)
@@ -905,6 +911,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
     commit, wait_all = (_nothing, _nothing) if k8 else (_mma.cp_async_commit, _mma.cp_async_wait_all)
     ldx4, ldx4_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
     drop_head, drop_row, drop = _dropout.factor(dropout, "float32")
+    DEVICE = device
 
     def kernel(q, k, v, do, o, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay, do_lay,
                o_lay, seed, threshold, inv_keep):
@@ -923,7 +930,13 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
         lane = uint32(tid % 32)
         warp = uint32(tid // 32)
         g, t = lane >> uint32(2), lane & uint32(3)
-        r0, bh = last_tile_first(Nq, Br)
+        if DEVICE:  # the fused grid's x runs past Tr * B*H: the head count from dq
+            BHq = uint32(dq.shape[0])
+            tile_q = uint32(cuda.blockIdx.x) // BHq
+            bh = uint32(cuda.blockIdx.x) - tile_q * BHq
+            r0 = (int64((uint32(Nq) + uint32(Br - 1)) // uint32(Br)) - 1 - int64(tile_q)) * Br
+        else:
+            r0, bh = last_tile_first(Nq, Br)
         hkv = kv_head(bh, G)
         sr = warp * uint32(16)
         b_lane, bt_lane = lane_rows(DS, lane)
@@ -939,14 +952,19 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
             Lr = POS_INF
             row = uint32(r0) + uint32(tid)
             if row < uint32(Nq):
-                o0 = head_starts(o_lay, o_lay, bh)[0] + uint64(row * uint32(o_lay[3]))
-                for x in range(d):
-                    Dr += to_f32(dOs[uint32(tid * DS + x)]) * to_f32(o[o0 + uint64(x)])
-                D[uint32(bh), row] = Dr
+                if DEVICE:
+                    Dr = D[uint32(bh), row]
+                    if COUNT:
+                        nr += 8  # D_i and L_i
+                else:
+                    o0 = head_starts(o_lay, o_lay, bh)[0] + uint64(row * uint32(o_lay[3]))
+                    for x in range(d):
+                        Dr += to_f32(dOs[uint32(tid * DS + x)]) * to_f32(o[o0 + uint64(x)])
+                    D[uint32(bh), row] = Dr
+                    if COUNT:
+                        nr += d * SB + 4
+                        nw += 4
                 Lr = lse[uint32(bh), row] * float32(LOG2E)
-                if COUNT:
-                    nr += d * SB + 4
-                    nw += 4
             Ds[tid] = Dr
             Ls[tid] = Lr
         for kk in range(KD):
@@ -1057,18 +1075,58 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
         if COUNT:
             add_counts(counter, nr, nw)
 
+    return _compiled(kernel, device)
+
+
+def _compiled(kernel, device: bool):
+    """``kernel`` (a Python function) compiled as a kernel, or with ``device`` as an inlined device function."""
+    if device:
+        return jit(device=True, forceinline=True, fastmath=FASTMATH)(kernel)
     return jit(fastmath=FASTMATH)(kernel)
 
 
 @lru_cache(maxsize=None)
-def d_kernel(d: int, dtype_name: str, count: bool):
-    """D = rowsum(dO * O) and the float32 dQ accumulator zeroed, for the atomic backward: one launch.
+def backward_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = False, dropout: bool = False,
+                    aligned: bool = False):
+    """The deterministic backward's dQ and dK/dV in one launch (after :func:`d_kernel` has written D).
 
-    Arguments ``(o, do, D, dq_acc, Nq, counter, o_lay, do_lay)``; a 1-D grid of ceil(Nq / 8) * B*H blocks of 128
-    threads, 8 rows a block, 16 lanes a row (columns 16 apart; the row's 16 partial sums added in a fixed order
-    with shuffles: deterministic)."""
+    A grid ``(max(Tr * B*H, Tc * B*Hkv), 2)``: row y = 0 runs the dQ kernel's blocks (:func:`dq_kernel`, x < n_q),
+    row y = 1 the dK/dV kernel's (:func:`dkdv_kernel`, x < n_kv); both read D and nothing of the other's.  Why one
+    launch: a launch's last wave runs part-full while the next launch waits.  Measured on the H200 at N = 4096,
+    B*H = 32, d = 64 float16 (benchmarks/results/h200-2026-12-02-waves): the dK/dV kernel's 2,048 blocks at 3 an
+    SM are 5.17 waves of 396 and took 0.99 / 1.42 / 1.47 / 1.71 ms at B*H = 24 / 32 / 36 / 40 (4, 6, 6, 7 waves:
+    its time steps with the waves); one launch of both kernels' 4,096 blocks has one tail instead of two.  The
+    tiles of both are dynamic shared memory (one array, aliased: a block runs one of the two), the larger
+    of the two a block.
+
+    Arguments ``(q, k, v, do, lse, D, dq, dk, dv, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+    do_lay, seed, threshold, inv_keep, n_q, n_kv)``.
+    """
+    dq_part = dq_kernel(d, dtype_name, causal, count, k8, dropout, True, aligned, True)
+    kv_part = dkdv_kernel(d, dtype_name, causal, count, k8, False, dropout, True, aligned, False, True)
+
+    def kernel(q, k, v, do, lse, D, dq, dk, dv, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+               do_lay, seed, threshold, inv_keep, n_q, n_kv):
+        if cuda.blockIdx.y == 0:
+            if cuda.blockIdx.x < n_q:
+                dq_part(q, k, v, do, do, lse, D, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+                        do_lay, do_lay, seed, threshold, inv_keep)
+        elif cuda.blockIdx.x < n_kv:
+            kv_part(q, k, v, do, lse, D, dk, dv, dq, Nq, Nk, G, scale, scale_log2, counter, q_lay, k_lay, v_lay,
+                    do_lay, seed, threshold, inv_keep)
+
+    return jit(fastmath=FASTMATH)(kernel)
+
+
+@lru_cache(maxsize=None)
+def d_kernel(d: int, dtype_name: str, count: bool, zero: bool = True):
+    """D = rowsum(dO * O) and (``zero``, the atomic backward) the float32 dQ accumulator zeroed: one launch.
+
+    Arguments ``(o, do, D, dq_acc, Nq, counter, o_lay, do_lay)`` (dq_acc untouched without ``zero``); a 1-D grid
+    of ceil(Nq / 8) * B*H blocks of 128 threads, 8 rows a block, 16 lanes a row (columns 16 apart; the row's 16
+    partial sums added in a fixed order with shuffles: deterministic)."""
     to_f32, _, _ = _storage(dtype_name)
-    COUNT, SB = count, 2
+    COUNT, SB, ZERO = count, 2, zero
     STEPS = -(-d // D_TX)
 
     def kernel(o, do, D, dq_acc, Nq, counter, o_lay, do_lay):
@@ -1086,10 +1144,12 @@ def d_kernel(d: int, dtype_name: str, count: bool):
                 x = x0 + uint32(u * D_TX)
                 if x < uint32(d):
                     part += to_f32(do[d0 + uint64(x)]) * to_f32(o[o0 + uint64(x)])
-                    dq_acc[bh, row, x] = F32_ZERO
+                    if ZERO:
+                        dq_acc[bh, row, x] = F32_ZERO
                     if COUNT:
                         nr += 2 * SB
-                        nw += 4
+                        if ZERO:
+                            nw += 4
         for m in (8, 4, 2, 1):  # the 16 lanes of the row
             part += cuda.shfl_xor_sync(0xFFFFFFFF, part, m)
         if row < uint32(Nq) and x0 == uint32(0):
@@ -1137,14 +1197,27 @@ def q_tile_bytes(d: int) -> int:
     return q_shared_bytes(d) - 8 * Q_BR
 
 
+def backward_tile_bytes(d: int, k8: bool) -> int:
+    """Dynamic shared memory of :func:`backward_kernel` (up to d = 64): the larger of the two kernels' tiles (a
+    block runs one), on the sm_80 path or (``k8``) the sm_75 path's single buffers."""
+    nbuf = kv_buffers(k8)
+    qr, qc = q_block(d)
+    kr, kc = kv_block(d)
+    rows = max(nbuf * qc, qr)
+    q_tiles = (rows * stride(d), rows * stride(d))
+    kv_tiles = (kc * stride(d), kc * stride(d), nbuf * kr * stride(d), nbuf * kr * stride(d), 8)
+    return max(_smem.total_bytes(q_tiles, 2), _smem.total_bytes(kv_tiles, 2))
+
+
 def grids(prob) -> dict:
     """The 1-D grid of each backward launch, by launch name."""
     n = prob.BH * prob.Nq * prob.d
     Bc = kv_block(prob.d)[1]
     kv = head_grid(-(-prob.Nk // Bc), prob.BHkv)
-    return {BACKWARD_Q_NAME: head_grid(-(-prob.Nq // Q_BR), prob.BH), BACKWARD_KV_NAME: kv, BACKWARD_KVQ_NAME: kv,
-            D_ZERO_NAME: head_grid(-(-prob.Nq // D_ROWS), prob.BH),
-            CAST_DQ_NAME: head_grid(-(-n // ELEMWISE_THREADS), 1)}
+    q = head_grid(-(-prob.Nq // Q_BR), prob.BH)
+    d_rows = head_grid(-(-prob.Nq // D_ROWS), prob.BH)
+    return {BACKWARD_Q_NAME: q, BACKWARD_KV_NAME: kv, BACKWARD_KVQ_NAME: kv, BACKWARD_NAME: (max(q, kv), 2),
+            D_NAME: d_rows, D_ZERO_NAME: d_rows, CAST_DQ_NAME: head_grid(-(-n // ELEMWISE_THREADS), 1)}
 
 
 def _inputs_of(prob, ops):
@@ -1160,8 +1233,18 @@ def _inputs_of(prob, ops):
     return q, k, v, do, (q_lay, k_lay, v_lay, do_lay), dk, dv, aligned
 
 
+def one_launch(d: int) -> bool:
+    """Whether the deterministic backward runs its dQ and dK/dV blocks in one launch (:func:`backward_kernel`): up
+    to d = 64, where the two kernels take about as many registers (sm_90, float16: 166 and 137, one launch 168;
+    three blocks an SM either way).  Above, the dQ kernel's registers (about 230 at d = 128) would halve the dK/dV
+    blocks an SM (128 registers, four): two launches, the dQ kernel's first (it writes D)."""
+    return transposed(d)
+
+
 def run_backward(prob, ops, counters, k8: bool):
-    """dQ, dK, dV, deterministic: the dQ kernel (which writes D), then the dK/dV kernel."""
+    """dQ, dK, dV, deterministic: up to d = 64 (:func:`one_launch`) D (:func:`d_kernel`), then the dQ and dK/dV
+    kernels' blocks in one launch (:func:`backward_kernel`); above, the dQ kernel (which writes D), then the dK/dV
+    kernel."""
     from ... import _inputs, _views
 
     name, count = prob.dtype_name, counters.enabled
@@ -1172,16 +1255,26 @@ def run_backward(prob, ops, counters, k8: bool):
     scale, scale_log2 = np.float32(prob.scale), np.float32(prob.scale * LOG2E)
     D = _inputs.empty((prob.BH, prob.Nq), np.float32)
     dq = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
-    q_dyn = _dynamic_bytes(q_tile_bytes(prob.d))
-    qk = dq_kernel(prob.d, name, prob.causal, count, k8, dropout, bool(q_dyn), aligned)
-    launch(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
-        q, k, v, do, o, ops["lse"].dev, D, dq, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
-        counters.array(BACKWARD_Q_NAME), *lays, o_lay, *drop_args)
-    kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
-    kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, False, dropout, bool(kv_dyn), aligned)
-    launch(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
-        q, k, v, do, ops["lse"].dev, D, dk, dv, _unused_dq(), prob.Nq, prob.Nk, prob.G, scale, scale_log2,
-        counters.array(BACKWARD_KV_NAME), *lays, *drop_args)
+    if not one_launch(prob.d):
+        q_dyn = _dynamic_bytes(q_tile_bytes(prob.d))
+        qk = dq_kernel(prob.d, name, prob.causal, count, k8, dropout, bool(q_dyn), aligned)
+        launch(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
+            q, k, v, do, o, ops["lse"].dev, D, dq, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+            counters.array(BACKWARD_Q_NAME), *lays, o_lay, *drop_args)
+        kv_dyn = _dynamic_bytes(kv_tile_bytes(prob.d))
+        kv = dkdv_kernel(prob.d, name, prob.causal, count, k8, False, dropout, bool(kv_dyn), aligned)
+        launch(kv, grid[BACKWARD_KV_NAME], NT, kv_dyn)(
+            q, k, v, do, ops["lse"].dev, D, dk, dv, _unused_dq(), prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+            counters.array(BACKWARD_KV_NAME), *lays, *drop_args)
+        return dq, dk, dv
+    launch(d_kernel(prob.d, name, count, False), grid[D_NAME], NT)(o, do, D, _unused_dq(), prob.Nq,
+                                                                   counters.array(D_NAME), o_lay, lays[3])
+    n_q = grid[BACKWARD_Q_NAME]
+    n_kv = grid[BACKWARD_KV_NAME]
+    launch(backward_kernel(prob.d, name, prob.causal, count, k8, dropout, aligned), grid[BACKWARD_NAME], NT,
+           backward_tile_bytes(prob.d, k8))(
+        q, k, v, do, ops["lse"].dev, D, dq, dk, dv, prob.Nq, prob.Nk, prob.G, scale, scale_log2,
+        counters.array(BACKWARD_NAME), *lays, *drop_args, n_q, n_kv)
     return dq, dk, dv
 
 
@@ -1238,13 +1331,20 @@ _UNUSED: dict = {}
 
 
 def io_backward(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
-    """Bytes (read, written) of the deterministic backward's launches, by name: what they count."""
+    """Bytes (read, written) of the deterministic backward's launches, by name: what they count.  Up to d = 64
+    (:func:`one_launch`) D: O and dO read, D written; the one launch of dQ and dK/dV (:func:`backward_kernel`):
+    the dQ blocks read Q_i, dO_i, L_i, D_i once and K_j, V_j per visited key, and write dQ; the dK/dV blocks as
+    :func:`_kv_bytes`.  Above: the dQ kernel reads O_i instead of D_i and writes D_i."""
     from ...iomodel.flash2_fast import visited_keys
 
     s, a = np.dtype(dtype).itemsize, 4
     keys = visited_keys(Nq, Nk, *q_block(d), causal)
-    dq = (BH * ((3 * s * d + a) * Nq + 2 * s * d * keys), BH * (s * d + a) * Nq)
-    return {BACKWARD_Q_NAME: dq, BACKWARD_KV_NAME: _kv_bytes(BH, Nq, Nk, d, s, causal, G)}
+    kv = _kv_bytes(BH, Nq, Nk, d, s, causal, G)
+    if not one_launch(d):  # the dQ kernel reads O_i and writes D_i
+        dq = (BH * ((3 * s * d + a) * Nq + 2 * s * d * keys), BH * (s * d + a) * Nq)
+        return {BACKWARD_Q_NAME: dq, BACKWARD_KV_NAME: kv}
+    dq_read, dq_written = BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * keys), BH * s * d * Nq
+    return {D_NAME: (BH * 2 * s * d * Nq, BH * a * Nq), BACKWARD_NAME: (dq_read + kv[0], dq_written + kv[1])}
 
 
 def _kv_bytes(BH, Nq, Nk, d, s, causal, G):
@@ -1300,6 +1400,8 @@ def compile_backward(ccs, dtypes, ds):
                       LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP)
             q_sig = (X1, X1, X1, X1, X1, A2, A2, X3, I64, I64, I64, F32, F32, COUNTER_TYPE,
                      LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP)
+            bwd_sig = (X1, X1, X1, X1, A2, A2, X3, X3, X3, I64, I64, I64, F32, F32, COUNTER_TYPE,
+                       LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, LAYOUT_TYPE, *DROP, I64, I64)
             for d in ds:
                 kv_dyn, q_dyn = bool(_dynamic_bytes(kv_tile_bytes(d))), bool(_dynamic_bytes(q_tile_bytes(d)))
                 # (count, causal, dropout, aligned): causal or not with 16-byte loads, element loads (not causal);
@@ -1310,20 +1412,27 @@ def compile_backward(ccs, dtypes, ds):
                 for count, causal, drop, aligned in variants:
                     tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
                            f"{' aligned' * aligned}{' m16n8k8' * k8}")
+                    if one_launch(d):
+                        out.append(compile_kernel(f"{BACKWARD_NAME} {tag} dynamic={backward_tile_bytes(d, k8)}",
+                                                  backward_kernel(d, dtype, causal, count, k8, drop, aligned),
+                                                  bwd_sig, cc))
+                    else:
+                        out += [compile_kernel(f"{BACKWARD_Q_NAME} {tag}{' dynamic' * q_dyn}",
+                                               dq_kernel(d, dtype, causal, count, k8, drop, q_dyn, aligned), q_sig, cc),
+                                compile_kernel(f"{BACKWARD_KV_NAME} {tag}{' dynamic' * kv_dyn}",
+                                               dkdv_kernel(d, dtype, causal, count, k8, False, drop, kv_dyn, aligned),
+                                               kv_sig, cc)]
                     out += [
-                        compile_kernel(f"{BACKWARD_Q_NAME} {tag}{' dynamic' * q_dyn}",
-                                       dq_kernel(d, dtype, causal, count, k8, drop, q_dyn, aligned), q_sig, cc),
-                        compile_kernel(f"{BACKWARD_KV_NAME} {tag}{' dynamic' * kv_dyn}",
-                                       dkdv_kernel(d, dtype, causal, count, k8, False, drop, kv_dyn, aligned),
-                                       kv_sig, cc),
                         compile_kernel(f"{BACKWARD_KVQ_NAME} {tag}{' dynamic' * kv_dyn}",
                                        dkdv_kernel(d, dtype, causal, count, k8, True, drop, kv_dyn, aligned,
                                                    tuple(cc) >= (9, 0)), kv_sig, cc)]
                 if d == ds[0]:
                     for count in (False, True):
                         tag = f"{dtype}{' count' * count}"
-                        out += [compile_kernel(f"{D_ZERO_NAME} d={d} {tag}", d_kernel(d, dtype, count),
-                                               (X1, X1, A2, A3, I64, COUNTER_TYPE, LAYOUT_TYPE, LAYOUT_TYPE), cc),
+                        d_sig = (X1, X1, A2, A3, I64, COUNTER_TYPE, LAYOUT_TYPE, LAYOUT_TYPE)
+                        out += [compile_kernel(f"{D_ZERO_NAME} d={d} {tag}", d_kernel(d, dtype, count), d_sig, cc),
+                                compile_kernel(f"{D_NAME} d={d} {tag}", d_kernel(d, dtype, count, False), d_sig,
+                                               cc),
                                 compile_kernel(f"{CAST_DQ_NAME} {tag}", cast_kernel(dtype, count),
                                                (types.Array(F32, 1, "C"), X1, I64, COUNTER_TYPE), cc)]
     return out
