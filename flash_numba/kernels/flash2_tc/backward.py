@@ -17,7 +17,7 @@ query block i and a key block j, recomputed from Q_i, K_j, V_j, dO_i, L_i and D_
 the forward runs, so S (and P's exponent) is bit-identical to the forward's; the m16n8k8 path (sm_75)
 runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on that path.
 
-**Two kernels walk the pairs** (both 128 threads, 4 warps):
+**Two kernels walk the pairs** (both 128 threads, 4 warps; up to d = 64 in one launch, below):
 
 * ``dkdv_kernel``: a block owns Bc keys and walks over the query blocks of Br = 32 rows that see them (GQA:
   of each of the G query heads of its key/value head in turn); dK_j, dV_j stay in registers as mma
@@ -43,6 +43,14 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
   forward, dS in the accumulator registers, rounded and packed in place as the A operand of dS K_j (the C
   layout of two n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
   without atomics: each output element summed by one warp in a fixed order, bitwise reproducible.
+
+**One launch up to d = 64** (:func:`backward_kernel`, :func:`one_launch`): ``d_kernel`` writes D first, then one
+launch runs both kernels' blocks (a grid of two rows: y = 0 the dQ blocks, which then read D instead of O; y = 1
+the dK/dV blocks).  A launch's last wave runs part-full while the next launch waits for it, and the dK/dV
+kernel's time stepped with its waves on the H200 (2,048 blocks at 3 an SM: 5.17 waves); one launch of both has
+one tail instead of two: d = 64 float16 forward+backward 2.87 -> 2.72-2.75 ms at N = 4096, B*H = 32
+(benchmarks/results/h200-2026-12-02-backward-one-launch/).  Above d = 64 the dQ kernel's registers (about 230
+at d = 128) would halve the dK/dV blocks an SM, and the two launches stay.
 
 **S^T bit for bit.**  The transposed kernel's S^T entries are the same mma chains as the forward's S entries,
 with A and B swapped: each is sum_k Q[q][k] K[c][k] over the same k16 steps in the same order, and a tensor core's
@@ -1093,9 +1101,10 @@ def backward_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool
     A grid ``(max(Tr * B*H, Tc * B*Hkv), 2)``: row y = 0 runs the dQ kernel's blocks (:func:`dq_kernel`, x < n_q),
     row y = 1 the dK/dV kernel's (:func:`dkdv_kernel`, x < n_kv); both read D and nothing of the other's.  Why one
     launch: a launch's last wave runs part-full while the next launch waits.  Measured on the H200 at N = 4096,
-    B*H = 32, d = 64 float16 (benchmarks/results/h200-2026-12-02-waves): the dK/dV kernel's 2,048 blocks at 3 an
-    SM are 5.17 waves of 396 and took 0.99 / 1.42 / 1.47 / 1.71 ms at B*H = 24 / 32 / 36 / 40 (4, 6, 6, 7 waves:
-    its time steps with the waves); one launch of both kernels' 4,096 blocks has one tail instead of two.  The
+    d = 64 float16 (benchmarks/results/h200-2026-12-02-backward-one-launch/): the dK/dV kernel's 2,048 blocks at
+    B*H = 32, 3 an SM, are 5.17 waves of 396, and it took 0.99 / 1.42 / 1.47 / 1.71 ms at B*H = 24 / 32 / 36 / 40
+    (4, 6, 6, 7 waves: its time steps with the waves, each launch timed with host work included); one launch of
+    both kernels' 4,096 blocks has one tail instead of two (forward + backward 2.87 -> 2.72-2.75 ms).  The
     tiles of both are dynamic shared memory (one array, aliased: a block runs one of the two), the larger
     of the two a block.
 
