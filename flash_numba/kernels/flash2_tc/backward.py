@@ -44,13 +44,14 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
   layout of two n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
   without atomics: each output element summed by one warp in a fixed order, bitwise reproducible.
 
-**One launch up to d = 64** (:func:`backward_kernel`, :func:`one_launch`): ``d_kernel`` writes D first, then one
+**One launch up to d = 64, no mask** (:func:`backward_kernel`, :func:`one_launch`): ``d_kernel`` writes D first, then one
 launch runs both kernels' blocks (a grid of two rows: y = 0 the dQ blocks, which then read D instead of O; y = 1
 the dK/dV blocks).  A launch's last wave runs part-full while the next launch waits for it, and the dK/dV
 kernel's time stepped with its waves on the H200 (2,048 blocks at 3 an SM: 5.17 waves); one launch of both has
 one tail instead of two: d = 64 float16 forward+backward 2.87 -> 2.72-2.75 ms at N = 4096, B*H = 32
 (benchmarks/results/h200-2026-12-02-backward-one-launch/).  Above d = 64 the dQ kernel's registers (about 230
-at d = 128) would halve the dK/dV blocks an SM, and the two launches stay.
+at d = 128) would halve the dK/dV blocks an SM, and the two launches stay; causal too (slower in one launch,
+:func:`one_launch`).
 
 **S^T bit for bit.**  The transposed kernel's S^T entries are the same mma chains as the forward's S entries,
 with A and B swapped: each is sum_k Q[q][k] K[c][k] over the same k16 steps in the same order, and a tensor core's
@@ -1242,12 +1243,16 @@ def _inputs_of(prob, ops):
     return q, k, v, do, (q_lay, k_lay, v_lay, do_lay), dk, dv, aligned
 
 
-def one_launch(d: int) -> bool:
+def one_launch(d: int, causal: bool) -> bool:
     """Whether the deterministic backward runs its dQ and dK/dV blocks in one launch (:func:`backward_kernel`): up
-    to d = 64, where the two kernels take about as many registers (sm_90, float16: 166 and 137, one launch 168;
-    three blocks an SM either way).  Above, the dQ kernel's registers (about 230 at d = 128) would halve the dK/dV
-    blocks an SM (128 registers, four): two launches, the dQ kernel's first (it writes D)."""
-    return transposed(d)
+    to d = 64 without a causal mask, where the two kernels take about as many registers (sm_90, float16: 166 and
+    137, one launch 168; three blocks an SM either way).  Above d = 64 the dQ kernel's registers (about 230 at
+    d = 128) would halve the dK/dV blocks an SM (128 registers, four).  Causal: measured slower in one launch on the
+    H200 (harness of 2026-12-02, N = 4096, d = 64, float16: 1.694 ms against 1.508 in two; N = 16384: 23.93 against
+    20.89), whose causal build takes 173 registers (two blocks an SM, not three), while two launches ordered
+    heaviest blocks first already fill each other's tails with light blocks.  Otherwise two launches, the dQ
+    kernel's first (it writes D)."""
+    return transposed(d) and not causal
 
 
 def run_backward(prob, ops, counters, k8: bool):
@@ -1264,7 +1269,7 @@ def run_backward(prob, ops, counters, k8: bool):
     scale, scale_log2 = np.float32(prob.scale), np.float32(prob.scale * LOG2E)
     D = _inputs.empty((prob.BH, prob.Nq), np.float32)
     dq = _inputs.empty((prob.BH, prob.Nq, prob.d), prob.dtype)
-    if not one_launch(prob.d):
+    if not one_launch(prob.d, prob.causal):
         q_dyn = _dynamic_bytes(q_tile_bytes(prob.d))
         qk = dq_kernel(prob.d, name, prob.causal, count, k8, dropout, bool(q_dyn), aligned)
         launch(qk, grid[BACKWARD_Q_NAME], NT, q_dyn)(
@@ -1349,7 +1354,7 @@ def io_backward(BH, Nq, Nk, d, dtype, causal=False, G=1) -> dict:
     s, a = np.dtype(dtype).itemsize, 4
     keys = visited_keys(Nq, Nk, *q_block(d), causal)
     kv = _kv_bytes(BH, Nq, Nk, d, s, causal, G)
-    if not one_launch(d):  # the dQ kernel reads O_i and writes D_i
+    if not one_launch(d, causal):  # the dQ kernel reads O_i and writes D_i
         dq = (BH * ((3 * s * d + a) * Nq + 2 * s * d * keys), BH * (s * d + a) * Nq)
         return {BACKWARD_Q_NAME: dq, BACKWARD_KV_NAME: kv}
     dq_read, dq_written = BH * ((2 * s * d + 2 * a) * Nq + 2 * s * d * keys), BH * s * d * Nq
@@ -1414,14 +1419,16 @@ def compile_backward(ccs, dtypes, ds):
             for d in ds:
                 kv_dyn, q_dyn = bool(_dynamic_bytes(kv_tile_bytes(d))), bool(_dynamic_bytes(q_tile_bytes(d)))
                 # (count, causal, dropout, aligned): causal or not with 16-byte loads, element loads (not causal);
-                # at the first head dim, float16: a counting build; at the first head dim: causal with dropout
+                # at the first head dim, float16: a counting build; at the first head dim: causal with dropout (and
+                # without the mask where that runs in one launch)
                 variants = [(False, False, False, True), (False, True, False, True), (False, False, False, False)]
                 variants += [(True, False, False, True)] if d == ds[0] and dtype == "float16" else []
                 variants += [(False, True, True, True)] if d == ds[0] else []
+                variants += [(False, False, True, True)] if d == ds[0] and one_launch(d, False) else []
                 for count, causal, drop, aligned in variants:
                     tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
                            f"{' aligned' * aligned}{' m16n8k8' * k8}")
-                    if one_launch(d):
+                    if one_launch(d, causal):
                         out.append(compile_kernel(f"{BACKWARD_NAME} {tag} dynamic={backward_tile_bytes(d, k8)}",
                                                   backward_kernel(d, dtype, causal, count, k8, drop, aligned),
                                                   bwd_sig, cc))
