@@ -1429,7 +1429,7 @@ def compile_backward(ccs, dtypes, ds):
                     tag = (f"d={d} {dtype}{' causal' * causal}{' count' * count}{' dropout' * drop}"
                            f"{' aligned' * aligned}{' m16n8k8' * k8}")
                     if one_launch(d, causal):
-                        out.append(compile_kernel(f"{BACKWARD_NAME} {tag} dynamic={backward_tile_bytes(d, k8)}",
+                        out.append(compile_kernel(f"{BACKWARD_NAME} {tag} aliased={backward_tile_bytes(d, k8)}",
                                                   backward_kernel(d, dtype, causal, count, k8, drop, aligned),
                                                   bwd_sig, cc))
                     else:
