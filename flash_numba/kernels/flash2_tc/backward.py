@@ -692,8 +692,7 @@ def _dkdv_transposed(d: int, dtype_name: str, causal: bool, count: bool, k8: boo
     MUL_RN = rounded_mul("float32")
     NBUF = kv_buffers(k8)
     QSZ, SSZ = Br * DS, NBUF * Br  # elements of a Q_i (dO_i) buffer; of L_i (D_i) and its buffers
-    block_tiles = _block_tiles((Bc * DS, Bc * DS, NBUF * QSZ, NBUF * QSZ, Bc * TS if atomic_dq else 8), dtype_name,
-                               dynamic)
+    block_tiles = _block_tiles(transposed_kv_tiles(d, k8, atomic_dq), dtype_name, dynamic)
     load_kv = tile_loader(Bc, d, dtype_name, count, aligned, not k8)
     load_q = tile_loader(Br, d, dtype_name, count, aligned, not k8)
     commit, wait_all = (_nothing, _nothing) if k8 else (_mma.cp_async_commit, _mma.cp_async_wait_all)
@@ -913,8 +912,7 @@ def dq_kernel(d: int, dtype_name: str, causal: bool, count: bool, k8: bool = Fal
     SB = 2
     MUL_RN = rounded_mul("float32")
     NBUF = kv_buffers(k8)
-    ROWS = max(NBUF * Bc, Br)  # rows of each tile: NBUF buffers of K_j (V_j), or first Q_i (dO_i)
-    block_tiles = _block_tiles((ROWS * DS, ROWS * DS), dtype_name, dynamic)
+    block_tiles = _block_tiles(q_tiles(d, k8), dtype_name, dynamic)
     load_q = tile_loader(Br, d, dtype_name, count, aligned)
     load_kv = tile_loader(Bc, d, dtype_name, count, aligned, not k8)
     commit, wait_all = (_nothing, _nothing) if k8 else (_mma.cp_async_commit, _mma.cp_async_wait_all)
@@ -1207,16 +1205,26 @@ def q_tile_bytes(d: int) -> int:
     return q_shared_bytes(d) - 8 * Q_BR
 
 
+def q_tiles(d: int, k8: bool) -> tuple[int, int]:
+    """Elements of the dQ kernel's two 16-bit tiles: rows max(NBUF Bc, Br) each (NBUF buffers of K_j and of V_j,
+    or first Q_i and dO_i) of d + 8."""
+    Br, Bc = q_block(d)
+    rows = max(kv_buffers(k8) * Bc, Br)
+    return rows * stride(d), rows * stride(d)
+
+
+def transposed_kv_tiles(d: int, k8: bool, atomic_dq: bool) -> tuple[int, ...]:
+    """Elements of the transposed dK/dV kernel's 16-bit tiles (up to d = 64): K_j, V_j (Bc rows); NBUF buffers of
+    Q_i and of dO_i (Br rows); dS^T (Bc x (Br + 8)) with ``atomic_dq``, else 8 unused."""
+    Br, Bc = kv_block(d)
+    DS, nbuf = stride(d), kv_buffers(k8)
+    return Bc * DS, Bc * DS, nbuf * Br * DS, nbuf * Br * DS, Bc * stride(Br) if atomic_dq else 8
+
+
 def backward_tile_bytes(d: int, k8: bool) -> int:
     """Dynamic shared memory of :func:`backward_kernel` (up to d = 64): the larger of the two kernels' tiles (a
     block runs one), on the sm_80 path or (``k8``) the sm_75 path's single buffers."""
-    nbuf = kv_buffers(k8)
-    qr, qc = q_block(d)
-    kr, kc = kv_block(d)
-    rows = max(nbuf * qc, qr)
-    q_tiles = (rows * stride(d), rows * stride(d))
-    kv_tiles = (kc * stride(d), kc * stride(d), nbuf * kr * stride(d), nbuf * kr * stride(d), 8)
-    return max(_smem.total_bytes(q_tiles, 2), _smem.total_bytes(kv_tiles, 2))
+    return max(_smem.total_bytes(q_tiles(d, k8), 2), _smem.total_bytes(transposed_kv_tiles(d, k8, False), 2))
 
 
 def grids(prob) -> dict:
