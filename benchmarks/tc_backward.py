@@ -4,10 +4,11 @@ bitwise determinism over 20 calls, and times at B*H = 32, N = 4096.  Writes CSV 
     python benchmarks/tc_backward.py OUTDIR [--sanitize | --times]
 
 O and L from flash2_tc's forward; every call through the public API (host time included, as a user sees it).
-``--times``: the times only (no error cases).  ``--sanitize``: two small cases of each backward path only (d = 64 float16, the dK/dV kernel that keeps S^T in
-registers; d = 128 bfloat16 causal, the shared-memory one), for compute-sanitizer, and no PyTorch attention kernel
-beside ours: cuDNN's SDPA kernels synchronise through mbarriers that racecheck does not follow, and it reports
-them as hazards (1,008 on 2026-12-01, every one displayed in a cudnn_generated kernel).
+``--times``: the times only (no error cases). ``--sanitize``: two small cases of each backward path only (d = 64
+float16, the dK/dV kernel that keeps S^T in registers; d = 128 bfloat16 causal, the shared-memory one), for
+compute-sanitizer, and no PyTorch attention kernel beside ours: cuDNN's SDPA kernels synchronise through mbarriers that
+racecheck does not follow, and it reports them as hazards (1,008 on 2026-12-01, every one displayed in a
+cudnn_generated kernel).
 """
 
 from __future__ import annotations

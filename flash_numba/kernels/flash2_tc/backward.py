@@ -44,9 +44,9 @@ runs two m16n8k8 per 16 columns, k = 0..7 then 8..15, as the forward does on tha
   layout of two n8 tiles is the A layout of one k16 step: FA2's trick for P V, here for dS K).  Then ``dkdv_kernel``
   without atomics: each output element summed by one warp in a fixed order, bitwise reproducible.
 
-**One launch up to d = 64, no mask** (:func:`backward_kernel`, :func:`one_launch`): ``d_kernel`` writes D first, then one
-launch runs both kernels' blocks (a grid of two rows: y = 0 the dQ blocks, which then read D instead of O; y = 1
-the dK/dV blocks).  A launch's last wave runs part-full while the next launch waits for it, and the dK/dV
+**One launch up to d = 64, no mask** (:func:`backward_kernel`, :func:`one_launch`): ``d_kernel`` writes D first,
+then one launch runs both kernels' blocks (a grid of two rows: y = 0 the dQ blocks, which then read D instead of O;
+y = 1 the dK/dV blocks).  A launch's last wave runs part-full while the next launch waits for it, and the dK/dV
 kernel's time stepped with its waves on the H200 (2,048 blocks at 3 an SM: 5.17 waves); one launch of both has
 one tail instead of two: d = 64 float16 forward+backward 2.87 -> 2.72-2.75 ms at N = 4096, B*H = 32
 (benchmarks/results/h200-2026-12-02-backward-one-launch/).  Above d = 64 the dQ kernel's registers (about 230

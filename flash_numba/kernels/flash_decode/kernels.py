@@ -233,7 +233,6 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
 
     FUSED = fused and split
     tail = combine_tail(d, dtype_name, count)
-    SHX = SHARED_FLOATS // 2 if FUSED else 1
 
     @jit(fastmath=FASTMATH)
     def kernel(q, k, v, table, seqlens, o, lse, o_out, lse_out, sem, Hkv, G, Nq, P, max_pages, rows, row_tiles,
@@ -415,11 +414,7 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
                 nw += write_result(o, lse, uint64(grow0 + r), s, rows, tid, acc, ll, lse2, seen)
             cuda.syncthreads()
         if FUSED:  # the group's last block merges its partials into o_out, lse_out
-            sh_flag = cuda.shared.array(1, int32)
-            sh_x = cuda.shared.array(SHX, float32)
-            sh_w = cuda.shared.array(SHX, float32)
-            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, int64(sh_len[0]), int64(Nq), CAUSAL,
-                          sh_flag, sh_x, sh_w)
+            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, int64(sh_len[0]), int64(Nq), CAUSAL)
             nr += tr
             nw += tw
         if COUNT:
@@ -564,12 +559,12 @@ def combine_kernel(d: int, dtype_name: str, count: bool):
 
 @lru_cache(maxsize=None)
 def combine_tail(d: int, dtype_name: str, count: bool):
-    """``tail(o_part, lse_part, o, lse, sem, group, row0, nrows, rows, S, L, Nq, causal, sh_flag, sh_x, sh_w) ->
-    (nr, nw)``: the end of a split block with S > 1, called by all its threads after its partials are written.
+    """``tail(o_part, lse_part, o, lse, sem, group, row0, nrows, rows, S, L, Nq, causal) -> (nr, nw)``: the end of
+    a split block with S > 1, called by all its threads after its partials are written.
     ``group`` its grid row y, ``row0`` .. ``row0 + nrows - 1`` the group's rows (global (b, h, i) rows of ``rows``,
-    all of one sequence, whose cache holds ``L`` keys; ``Nq`` new tokens, ``causal``), ``sh_flag`` one int32 of
-    shared memory, ``sh_x``, ``sh_w`` :data:`SHARED_FLOATS` // 2 float32 each.  The rows are merged by the combine
-    kernel's :func:`row_merger`.  Returns the bytes it read and wrote when counting, else zeros.
+    all of one sequence, whose cache holds ``L`` keys; ``Nq`` new tokens, ``causal``); its shared memory (a flag,
+    and :data:`SHARED_FLOATS` // 2 float32 twice for the merge's exponents and weights) is its own.  The rows are
+    merged by the combine kernel's :func:`row_merger`.  Returns the bytes it read and wrote when counting, else zeros.
 
     The combine folded into the split kernel (``fused``, the default with S > 1: :data:`FUSE_COMBINE` of the
     package):
@@ -594,10 +589,14 @@ def combine_tail(d: int, dtype_name: str, count: bool):
     the last block's reset (:mod:`flash_numba.iomodel.flash_decode`'s term "split counters").
     """
     COUNT = count
+    SHX = SHARED_FLOATS // 2
     merge = row_merger(d, dtype_name, count)
 
     @jit(device=True, forceinline=True, fastmath=FASTMATH)
-    def tail(o_part, lse_part, o, lse, sem, group, row0, nrows, rows, S, L, Nq, causal, sh_flag, sh_x, sh_w):
+    def tail(o_part, lse_part, o, lse, sem, group, row0, nrows, rows, S, L, Nq, causal):
+        sh_flag = cuda.shared.array(1, int32)
+        sh_x = cuda.shared.array(SHX, float32)
+        sh_w = cuda.shared.array(SHX, float32)
         tid = cuda.threadIdx.x
         warp = uint32(tid) >> uint32(5)
         nr = int64(0)

@@ -89,7 +89,7 @@ def static_bytes(d: int, NR: int, fused: bool = False) -> int:
     """Bytes of the kernel's static shared arrays: the table batch, the length, O and the row statistics of the
     merge (float32); ``fused``: the last block's merge of the partials too (:func:`.kernels.combine_tail`)."""
     MR = 8 * NR
-    merge = 4 + 4 * SHARED_FLOATS if fused else 0  # sh_flag, sh_x, sh_w
+    merge = 4 + 4 * SHARED_FLOATS if fused else 0  # combine_tail's flag and two arrays
     return 4 * (TABLE_BATCH + 1 + MR * d + 2 * WARPS * MR + 2 * MR) + merge
 
 
@@ -128,7 +128,6 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     write_result = result_writer(d, dtype_name, split, count)
     FUSED = fused and split
     tail = combine_tail(d, dtype_name, count)
-    SHX = SHARED_FLOATS // 2 if FUSED else 1
     pack = _mma.pack_bf16x2 if BF16 else _mma.pack_f16x2
     to_f32 = _bf16.bf16_to_f32 if BF16 else float32
     mma = _mma.mma_m16n8k16_bf16 if BF16 else _mma.mma_m16n8k16_f16
@@ -443,11 +442,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
             nw += write_result(o, lse, uint64(grow0 + int64(r)), sp, rows, c, accv, ll, lse2, seen)
             e += uint32(NT)
         if FUSED:  # the group's last block merges its partials into o_out, lse_out
-            sh_flag = cuda.shared.array(1, int32)
-            sh_x = cuda.shared.array(SHX, float32)
-            sh_w = cuda.shared.array(SHX, float32)
-            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, int64(sh_len[0]), int64(Nq), CAUSAL,
-                          sh_flag, sh_x, sh_w)
+            tr, tw = tail(o, lse, o_out, lse_out, sem, y, grow0, nrows, rows, S, int64(sh_len[0]), int64(Nq), CAUSAL)
             nr += tr
             nw += tw
         if COUNT:
