@@ -609,6 +609,42 @@ def cp_async_wait_group(n: int):
     return wait
 
 
+@lru_cache(maxsize=None)
+def cp_async_16_l2(prefetch: int = 0, evict_first: bool = False):
+    """``cp_async_16`` with PTX's L2 qualifiers (sm_80+): ``prefetch`` bytes (0, 64, 128 or 256: the
+    ``.L2::<n>B`` prefetch size, the L2 fetching the aligned block around the 16 bytes) and ``evict_first``
+    (an ``L2::evict_first`` cache policy: data read once, first out of the L2).  (0, False) is ``cp_async_16``
+    itself; the simulator's copies ignore both."""
+    if prefetch not in (0, 64, 128, 256):
+        raise ValueError(f"cp_async_16_l2: prefetch = {prefetch} is not 0, 64, 128 or 256")
+    if SIMULATOR or (prefetch == 0 and not evict_first):
+        return cp_async_16
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    size = f".L2::{prefetch}B" if prefetch else ""
+    if evict_first:
+        text = ("{ .reg .b64 pol;\n createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+                f" cp.async.cg.shared.global.L2::cache_hint{size} [$0], [$1], 16, pol; }}")
+    else:
+        text = f"cp.async.cg.shared.global{size} [$0], [$1], 16;"
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+
+    @intrinsic
+    def copy(typingctx, smem, s_index, gmem, g_index):
+        def codegen(context, builder, sig, args):
+            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
+            src = _pointer(builder, sig.args[2], context, args[2], args[3], 1)
+            fnty = ir.FunctionType(ir.VoidType(), [i32, i64])
+            builder.call(ir.InlineAsm(fnty, text, "r,l,~{memory}", side_effect=True), [dst, src])
+            return context.get_dummy_value()
+
+        return types.void(smem, types.uint32, gmem, types.uint64), codegen
+
+    return copy
+
+
 if SIMULATOR:
     copy_16 = cp_async_16 = copy_16_standin
     load_16, store_16, store_32 = load_16_standin, store_16_standin, store_32_standin
