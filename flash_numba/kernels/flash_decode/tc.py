@@ -66,11 +66,14 @@ TABLE_BATCH = 512
 #: GB/s at 32k and 128k, 3 stages (two blocks, 4 splits) 2,993 and 3,786, 4 stages (one block, 2 splits) 2,998
 #: and 3,786: within 2%, so the fewest, which leave the most shared memory and fit an A100's 164 KB an SM.
 STAGES = 2
-#: Experiment knobs (read when a kernel is built; benchmarks/decode_l2.py sets them in its own process):
-#: cp.async's L2 prefetch size in bytes (0: none) and evict-first policy (:func:`.._mma.cp_async_16_l2`);
-#: ``K_THEN_V``: a tile's K rows all issued before its V rows (else a warp's copies alternate K and V every
-#: 512 bytes); ``EARLY_PROLOGUE``: the unpaged kernel issues its first tiles' copies before it loads Q.
-L2_PREFETCH = 0
+#: cp.async's L2 prefetch size in bytes (``.L2::128B``, as CUTLASS's cp.async; 0: none) and evict-first policy
+#: (:func:`.._mma.cp_async_16_l2`).  Measured on the H200, d = 128, float16, 4 splits, alternated in one device
+#: call (benchmarks/results/h200-2026-12-02-decode-l2): 128 bytes read the cache faster than none or 256.
+#: Knobs read when a kernel is built (benchmarks/decode_knobs.py sets them, one setting a process), with
+#: ``K_THEN_V`` (a tile's K rows all issued before its V rows; else a warp's copies alternate K and V every 512
+#: bytes) and ``EARLY_PROLOGUE`` (the unpaged kernel issues its first tiles' copies before it loads Q): neither
+#: gained (the same call).
+L2_PREFETCH = 128
 L2_EVICT_FIRST = False
 K_THEN_V = False
 EARLY_PROLOGUE = False
