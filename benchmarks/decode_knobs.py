@@ -2,8 +2,8 @@
 
     python benchmarks/decode_knobs.py [--set NAME=VALUE ...] -- [bench_decode arguments]
 
-Sets the named constants of :mod:`flash_numba.kernels.flash_decode.tc` (``L2_PREFETCH``, ``L2_EVICT_FIRST``,
-``K_THEN_V``, ``EARLY_PROLOGUE``, ``STAGES``; a value is a Python literal) before any kernel is built, then runs
+Sets the named constants of :mod:`flash_numba.kernels.flash_decode.tc` (``L2_PREFETCH``: cp.async's L2 prefetch
+size, 0, 64, 128 or 256; ``STAGES``; a value is a Python literal) before any kernel is built, then runs
 ``python -m flash_numba.tools.bench_decode`` with the rest of the arguments.  One setting a process: the kernels are
 built once a process, so two settings are two runs, each printing its setting first.  Needs a GPU.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import sys
 
-KNOBS = ("L2_PREFETCH", "L2_EVICT_FIRST", "K_THEN_V", "EARLY_PROLOGUE", "STAGES")
+KNOBS = ("L2_PREFETCH", "STAGES")
 
 
 def main(argv: list[str]) -> int:

@@ -198,3 +198,19 @@ def test_the_representative_tier_builds_only_what_it_picks(monkeypatch):
     built.clear()
     rows = compile_check.compile_module("k", tier="all")
     assert len(rows) == len(built) == len(variants) * sum(len(ds) * len(dt) for dt, ds in compile_check.GROUPS) * 2
+
+
+def test_flash_decode_copies_ask_the_l2_for_128_bytes(tmp_path):
+    """flash_decode's tensor-core kernel issues every cp.async with ``.L2::128B`` (tc.L2_PREFETCH, measured on the
+    H200): the qualifier reaches the PTX, on every copy."""
+    code = ("from flash_numba.kernels import flash_decode as fd\n"
+            "from flash_numba.kernels.flash_decode import tc\n"
+            "ptx = fd._tc_builds((9, 0), 'float16', 64)[0].ptx\n"
+            "print('decode', tc.L2_PREFETCH, ptx.count('cp.async.cg.shared.global.L2::128B'),"
+            " ptx.count('cp.async.cg.shared.global ['))\n")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _, prefetch, hinted, plain = proc.stdout.split()[-4:]
+    assert int(prefetch) == 128
+    assert int(hinted) > 0 and int(plain) == 0, proc.stdout

@@ -371,3 +371,12 @@ def test_mma_entry_is_the_same_with_the_operands_swapped(shape, rng):
         return out
 
     np.testing.assert_array_equal(product(A, B).view(np.uint32), product(B.T, A.T).T.view(np.uint32))
+
+
+def test_cp_async_with_an_l2_prefetch_size_takes_the_isas_sizes():
+    for size in (64, 128, 256):
+        assert _mma.cp_async_16_l2(size) is _mma.cp_async_16_l2(size)  # one intrinsic a size
+    assert _mma.cp_async_16_l2(0) is _mma.cp_async_16
+    for bad in (16, 32, 512, -128):
+        with pytest.raises(ValueError, match="prefetch"):
+            _mma.cp_async_16_l2(bad)

@@ -26,6 +26,7 @@ element with the lower column / k index)::
     store_32(smem, s_index, w)                              # one word (two halves) into shared memory (st.shared.b32)
     zero_16(smem, s_index)                                  # 16 zero bytes into shared
     cp_async_16(smem, s_index, gmem, g_index)               # sm_80+: cp.async.cg.shared.global, 16 bytes
+    cp_async_16_l2(prefetch)(smem, s_index, gmem, g_index)  # the same with .L2::<prefetch>B (64, 128, 256)
     cp_async_commit() ; cp_async_wait_all()                 # sm_80+: commit_group; wait_group 0
     cp_async_wait_group(n)() -> None                        # sm_80+: wait_group n (n a Python int: a constant)
     red_add_f32x2(arr, index, x, y)                         # sm_90+: arr.flat[index] += x, [index + 1] += y, one
@@ -610,25 +611,20 @@ def cp_async_wait_group(n: int):
 
 
 @lru_cache(maxsize=None)
-def cp_async_16_l2(prefetch: int = 0, evict_first: bool = False):
-    """``cp_async_16`` with PTX's L2 qualifiers (sm_80+): ``prefetch`` bytes (0, 64, 128 or 256: the
-    ``.L2::<n>B`` prefetch size, the L2 fetching the aligned block around the 16 bytes) and ``evict_first``
-    (an ``L2::evict_first`` cache policy: data read once, first out of the L2).  (0, False) is ``cp_async_16``
-    itself; the simulator's copies ignore both."""
+def cp_async_16_l2(prefetch: int = 0):
+    """``cp_async_16`` with PTX's L2 prefetch size (sm_80+): ``prefetch`` bytes, 0, 64, 128 or 256 (the
+    ``.L2::<n>B`` qualifier: the L2 fetches the aligned block of that many bytes around the 16 copied, so that
+    one DRAM access serves the neighbouring copies).  0 is ``cp_async_16`` itself; the simulator's copies ignore
+    it."""
     if prefetch not in (0, 64, 128, 256):
         raise ValueError(f"cp_async_16_l2: prefetch = {prefetch} is not 0, 64, 128 or 256")
-    if SIMULATOR or (prefetch == 0 and not evict_first):
+    if SIMULATOR or prefetch == 0:
         return cp_async_16
     from llvmlite import ir
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    size = f".L2::{prefetch}B" if prefetch else ""
-    if evict_first:
-        text = ("{ .reg .b64 pol;\n createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
-                f" cp.async.cg.shared.global.L2::cache_hint{size} [$0], [$1], 16, pol; }}")
-    else:
-        text = f"cp.async.cg.shared.global{size} [$0], [$1], 16;"
+    text = f"cp.async.cg.shared.global.L2::{prefetch}B [$0], [$1], 16;"
     i32, i64 = ir.IntType(32), ir.IntType(64)
 
     @intrinsic

@@ -13,7 +13,7 @@ the instructions of a faster read anyway.  Here:
   online-softmax state (m, l and O of its rows in mma accumulators), merged through shared memory at the end.
 * **Pipeline**: each warp has ``stages`` buffers of a K tile and a V tile (16 rows of d + 8 elements: the pad
   makes the 8 rows an ldmatrix phase reads fall in 8 different bank groups).  cp.async (16 bytes a lane, no
-  register) fills tile i + stages - 1 while the warp computes tile i; ``cp.async.wait_group stages - 2`` and a
+  register; ``.L2::128B``: the L2 fetches the aligned 128 bytes around each copy, :data:`L2_PREFETCH`) fills tile i + stages - 1 while the warp computes tile i; ``cp.async.wait_group stages - 2`` and a
   ``__syncwarp`` make tile i visible to the warp.  No block barrier inside the loop: the warps run apart.  Every
   warp runs the same number of tiles (a warp past the chunk's end computes a zero tile whose keys are all
   masked), so that the warp operations of the simulator, which wait for the whole block, stay in step.
@@ -66,17 +66,12 @@ TABLE_BATCH = 512
 #: GB/s at 32k and 128k, 3 stages (two blocks, 4 splits) 2,993 and 3,786, 4 stages (one block, 2 splits) 2,998
 #: and 3,786: within 2%, so the fewest, which leave the most shared memory and fit an A100's 164 KB an SM.
 STAGES = 2
-#: cp.async's L2 prefetch size in bytes (``.L2::128B``, as CUTLASS's cp.async; 0: none) and evict-first policy
-#: (:func:`.._mma.cp_async_16_l2`).  Measured on the H200, d = 128, float16, 4 splits, alternated in one device
-#: call (benchmarks/results/h200-2026-12-02-decode-l2): 128 bytes read the cache faster than none or 256.
-#: Knobs read when a kernel is built (benchmarks/decode_knobs.py sets them, one setting a process), with
-#: ``K_THEN_V`` (a tile's K rows all issued before its V rows; else a warp's copies alternate K and V every 512
-#: bytes) and ``EARLY_PROLOGUE`` (the unpaged kernel issues its first tiles' copies before it loads Q): neither
-#: gained (the same call).
+#: cp.async's L2 prefetch size in bytes: each 16-byte copy asks the L2 for its aligned 128 bytes
+#: (``.L2::128B``, as CUTLASS's cp.async; 0: no qualifier; :func:`.._mma.cp_async_16_l2`).  Measured on the
+#: H200 at d = 128, float16, 4 splits, alternated in one device call (benchmarks/results/h200-2026-12-02-decode-l2):
+#: 128 bytes 4,057-4,074 GB/s at 32k and 4,239-4,240 at 128k; none 3,973-3,980 and 4,132-4,141; 64 bytes as none;
+#: 256 (the call before) as none.  ``benchmarks/decode_knobs.py`` sets it (and STAGES) before a kernel is built.
 L2_PREFETCH = 128
-L2_EVICT_FIRST = False
-K_THEN_V = False
-EARLY_PROLOGUE = False
 
 
 def runs(d: int, dtype_name: str) -> bool:
@@ -143,9 +138,7 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
     to_f32 = _bf16.bf16_to_f32 if BF16 else float32
     mma = _mma.mma_m16n8k16_bf16 if BF16 else _mma.mma_m16n8k16_f16
     ldsm, ldsm_t = _mma.ldmatrix_x4, _mma.ldmatrix_x4_trans
-    cp_async, zero_16 = _mma.cp_async_16_l2(L2_PREFETCH, L2_EVICT_FIRST), _mma.zero_16
-    KV_SPLIT = K_THEN_V
-    EARLY = EARLY_PROLOGUE and not paged
+    cp_async, zero_16 = _mma.cp_async_16_l2(L2_PREFETCH), _mma.zero_16
     commit, wait_pipe = _mma.cp_async_commit, _mma.cp_async_wait_group(stages - 2)
     DYN = dynamic(d, stages, NR, FUSED)
     block_tiles = _smem.tiles(tile_sizes(d, stages), STORE, DYN)
@@ -202,27 +195,12 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
                     row = head_row + j
                 g_at = uint64(row) * uint64(D) + uint64(cc * uint32(8))
                 cp_async(sm, s_at, k, g_at)
-                if not KV_SPLIT:
-                    cp_async(sm, s_at + uint32(V_OFF), v, g_at)
+                cp_async(sm, s_at + uint32(V_OFF), v, g_at)
                 if COUNT:
                     nr += 32
             else:
                 zero_16(sm, s_at)
                 zero_16(sm, s_at + uint32(V_OFF))
-        if KV_SPLIT:  # the V rows after all the K rows
-            for u in range(CPL):
-                c = lane + uint32(32 * u)
-                kr = c // uint32(CR)
-                cc = c - kr * uint32(CR)
-                s_at = uint32(buf) + kr * DS_U + cc * uint32(8)
-                row = int64(0)
-                if PAGED:
-                    row = cuda.shfl_sync(FULL, rowidx, int32(kr))
-                j = kb + int64(kr)
-                if j < hi:
-                    if not PAGED:
-                        row = head_row + j
-                    cp_async(sm, s_at + uint32(V_OFF), v, uint64(row) * uint64(D) + uint64(cc * uint32(8)))
         return nr
 
     @jit(fastmath=FASTMATH)
@@ -265,23 +243,6 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
             sh_len[0] = seqlens[b]
             if COUNT:
                 nr += 4
-        wbase = warp * uint32(WARP_AREA)
-        head_row = int64(0)
-        if not PAGED:  # sequence b's slab (Hkv, Nmax, d): rows of KV head hkv
-            head_row = (int64(b) * int64(Hkv) + int64(hkv)) * int64(P)
-        if EARLY:  # the first tiles' copies in flight while Q is read (one segment: the whole chunk)
-            cuda.syncthreads()
-            L0 = int64(sh_len[0])
-            chunk0 = (L0 + int64(S) - 1) // int64(S)
-            start0 = int64(sp) * chunk0
-            end0 = min(L0, start0 + chunk0)
-            steps0 = ((end0 - start0 + KT - 1) // KT + WARPS - 1) // WARPS
-            for st in range(NS - 1):
-                if st < steps0:
-                    nr += load_tile(sm, wbase + uint32(st * STAGE), k, v, sh_pages,
-                                    start0 + int64(warp) * KT + st * WARPS * KT, end0, int64(0), P, Hkv, hkv,
-                                    head_row, lane)
-                commit()
         e = uint32(tid)
         while e < uint32(QROWS_D):  # Q's rows -> shared (storage type), rows past the group's zero
             r = e // D_U
@@ -322,6 +283,10 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
             + ((lane >> uint32(3)) & uint32(1)) * uint32(8)
         v_off = uint32(V_OFF) + ((lane & uint32(7)) + (((lane >> uint32(3)) & uint32(1)) << uint32(3))) * DS_U \
             + (lane >> uint32(4)) * uint32(8)
+        wbase = warp * uint32(WARP_AREA)
+        head_row = int64(0)
+        if not PAGED:  # sequence b's slab (Hkv, Nmax, d): rows of KV head hkv
+            head_row = (int64(b) * int64(Hkv) + int64(hkv)) * int64(P)
 
         lo = start
         pb = int64(0)
@@ -343,12 +308,11 @@ def split_tc_kernel(d: int, dtype_name: str, NR: int, paged: bool, split: bool, 
             steps = (n_tiles + WARPS - 1) // WARPS  # tiles each warp runs (the same for all)
             kw = lo + int64(warp) * KT  # this warp's first tile; then every WARPS * KT keys
             cuda.syncwarp()  # the warp is done with its buffers (the previous segment's last tile)
-            if not EARLY:
-                for st in range(NS - 1):  # prologue: tiles 0 .. NS - 2 in flight
-                    if st < steps:
-                        nr += load_tile(sm, wbase + uint32(st * STAGE), k, v, sh_pages, kw + st * WARPS * KT, hi,
-                                        pb, P, Hkv, hkv, head_row, lane)
-                    commit()
+            for st in range(NS - 1):  # prologue: tiles 0 .. NS - 2 in flight
+                if st < steps:
+                    nr += load_tile(sm, wbase + uint32(st * STAGE), k, v, sh_pages, kw + st * WARPS * KT, hi, pb,
+                                    P, Hkv, hkv, head_row, lane)
+                commit()
             for i in range(steps):
                 wait_pipe()  # this lane's copies of tile i have landed ...
                 cuda.syncwarp()  # ... and the warp's; every lane is done with tile i - 1's buffer
