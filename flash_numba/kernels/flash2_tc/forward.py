@@ -86,11 +86,6 @@ def _nothing():
     return
 
 
-#: cp.async's L2 prefetch size in bytes for the forward's tiles (0: none; :func:`.._mma.cp_async_16_l2`).  An
-#: experiment knob, read when a loader is built (flash_decode's kernel reads its cache faster with 128).
-L2_PREFETCH = 0
-
-
 @lru_cache(maxsize=None)
 def tile_loader(d: int, count: bool, aligned: bool, asynchronous: bool = False):
     """``load(sm, at, x, x0, sN, r0, n, tid) -> bytes read``: rows r0 .. r0 + Bc - 1 of a head of the flat input x
@@ -104,7 +99,7 @@ def tile_loader(d: int, count: bool, aligned: bool, asynchronous: bool = False):
     CHUNKS_ROW = d // 8
     ROUNDS = Bc * CHUNKS_ROW // NT  # d / 16: whole rounds, d a multiple of 16
     COUNT, ALIGNED = count, aligned
-    copy_16, zero_16 = _mma.cp_async_16_l2(L2_PREFETCH), _mma.zero_16
+    copy_16, zero_16 = _mma.cp_async_16, _mma.zero_16
     load_16, store_16 = _mma.load_16, _mma.store_16
     CR, DS_U, NT_U = uint32(CHUNKS_ROW), uint32(DS), uint32(NT)
     REGS = 4 * ROUNDS
