@@ -27,9 +27,10 @@ kernel (``_switches.DECODE_FUSED = False``).
   Compute).  Elsewhere (float32, d = 8, 24, ..., a T4) the CUDA-core kernel (:mod:`.kernels`): 16-byte
   register loads, fp32 accumulation, ``shfl_xor`` row sums.  float16, bfloat16 (its uint16 words, converted with
   :mod:`flash_numba.kernels._bf16` on CUDA cores: integer code, every cc) and float32.  Measured on the H200
-  (d = 128, float16, G = 4, B = 8, calls queued back to back, benchmarks/results/h200-2026-12-02-decode): the
-  tensor-core kernel streams the cache at 3,987 GB/s at 32k and 4,187 at 128k (PyTorch flash 4,385 and 4,557),
-  the CUDA-core kernel at 2,402 and 2,481.
+  (d = 128, float16, G = 4, B = 8, calls queued back to back, benchmarks/results/h200-2026-12-02-decode-l2): the
+  tensor-core kernel, its copies asking the L2 for 128-byte lines, streams the cache at 4,052-4,078 GB/s at 32k and
+  4,201-4,247 at 128k (PyTorch flash 4,274-4,312 and 4,466-4,491); the CUDA-core kernel at 2,402 and 2,481
+  (benchmarks/results/h200-2026-12-02-decode).
 * **num_splits** (:func:`choose_splits`): as many splits as fill one wave of resident blocks
   (:func:`resident_blocks` an SM: the tensor-core kernel's by its shared memory, the CUDA-core kernel's
   :data:`RESIDENT_BLOCKS`), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
@@ -160,7 +161,8 @@ def choose_splits(B: int, Hkv: int, row_tiles: int, max_len: int, page_size: int
     blocks an SM) and 4 stages at 2 splits (one block an SM) within 2% of it (2,993 and 2,998 at 32k).  (Those
     runs timed each launch with events around Numba's launch path, host work included: relative to each other
     only.  Timed as calls queued back to back, benchmarks/results/h200-2026-12-02-decode, the rule's 4 splits with
-    the combine fused stream 2,886 GB/s at 4k, 3,987 at 32k and 4,187 at 128k, one split 1.5-1.9x slower.)
+    the combine fused stream 2,886 GB/s at 4k, 3,987 at 32k and 4,187 at 128k, one split 1.5-1.9x slower; since
+    the copies' L2 prefetch size, benchmarks/results/h200-2026-12-02-decode-l2, 2,988, 4,052 and 4,247.)
 
     The CUDA-core kernel, measured on the H200 (132 SMs, B*Hkv = 64, d = 128, float16,
     benchmarks/results/h200-2026-12-01-decode): 8 splits (512 blocks, 0.97 of a wave) was the fastest of 1, 4, 8,
