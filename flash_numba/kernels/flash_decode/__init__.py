@@ -68,9 +68,9 @@ __all__ = ["SPEC", "run", "choose_splits", "launches", "compile_all", "split_ker
 DTYPES = ("float16", "bfloat16", "float32")
 #: New query tokens a call may hold (speculative decoding's drafts).
 MAX_NQ = 16
-#: CUDA-core split-kernel blocks an SM runs at once: 4 for the d = 128 float16 builds of one to four rows (ptxas, sm_90:
-#: 112-125 registers a thread, 128 threads: four blocks fit 65,536 registers); the causal and eight-row builds
-#: (152 and ~210 registers) hold 3 and 2, so their grids of this many blocks run in 1.3 and 2 waves.
+#: CUDA-core split-kernel blocks an SM runs at once: 4 for the builds of one to four rows (128 threads, capped at
+#: :data:`.kernels.MAX_REGISTERS` = 128 registers a thread: four blocks fit 65,536 registers); the eight-row builds
+#: (~210 registers) hold 2, so their grids of this many blocks run in 2 waves.
 RESIDENT_BLOCKS = 4
 #: The split rule's floor: keys a split reads at least (and two pages of a paged cache).
 MIN_KEYS_PER_SPLIT = 256

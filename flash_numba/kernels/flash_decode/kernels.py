@@ -71,6 +71,12 @@ MAX_ROWS = 8
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 FASTMATH = {"contract", "afn", "arcp", "nsz", "reassoc"}  # no ninf/nnan: masked scores keep their -inf
+#: Register cap of the split kernel's builds of up to 4 rows: 128 a thread, so that 4 blocks of 128 threads fit an
+#: SM's 65,536 registers (the split rule's ``RESIDENT_BLOCKS``).  Uncapped, the fused builds (the merge of
+#: :func:`combine_tail` after the loop) took 147-155 on sm_90 and sm_75 (ptxas 13.5): 3 blocks an SM, so the rule's
+#: 8 splits ran 1.3 waves (H200, 2026-12-02: 1,503 GB/s at 32k against 2,402 before the merge grew).  At 128 ptxas
+#: spills nothing in any of them (tests/test_compile.py checks every build).  Eight rows (~210) stay uncapped.
+MAX_REGISTERS = 128
 
 SPLIT_NAME = "flash_decode split-KV"
 SPLIT_ONE_NAME = "flash_decode (one split)"
@@ -233,8 +239,9 @@ def split_kernel(d: int, dtype_name: str, RT: int, paged: bool, split: bool, cau
 
     FUSED = fused and split
     tail = combine_tail(d, dtype_name, count)
+    cap = {"max_registers": MAX_REGISTERS} if RT <= 4 else {}
 
-    @jit(fastmath=FASTMATH)
+    @jit(fastmath=FASTMATH, **cap)
     def kernel(q, k, v, table, seqlens, o, lse, o_out, lse_out, sem, Hkv, G, Nq, P, max_pages, rows, row_tiles,
                scale_log2, counter):
         tid = cuda.threadIdx.x
