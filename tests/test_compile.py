@@ -200,17 +200,21 @@ def test_the_representative_tier_builds_only_what_it_picks(monkeypatch):
     assert len(rows) == len(built) == len(variants) * sum(len(ds) * len(dt) for dt, ds in compile_check.GROUPS) * 2
 
 
-def test_flash_decode_copies_ask_the_l2_for_128_bytes(tmp_path):
+def test_flash_decode_copies_ask_the_l2_for_128_bytes_and_its_cuda_core_blocks_fit_four_an_sm():
     """flash_decode's tensor-core kernel issues every cp.async with ``.L2::128B`` (tc.L2_PREFETCH, measured on the
-    H200): the qualifier reaches the PTX, on every copy."""
+    H200); its CUDA-core split kernel ships capped so that the split rule's RESIDENT_BLOCKS blocks of NT threads
+    fit an SM's 65,536 registers (uncapped, the fused build had grown to 148: three blocks an SM, 1.3 waves)."""
     code = ("from flash_numba.kernels import flash_decode as fd\n"
-            "from flash_numba.kernels.flash_decode import tc\n"
+            "from flash_numba.kernels.flash_decode import tc, kernels\n"
             "ptx = fd._tc_builds((9, 0), 'float16', 64)[0].ptx\n"
+            "caps = [kernels.split_kernel(128, 'float16', rt, False, True, False, False, None, True)"
+            ".targetoptions.get('max_registers') for rt in (1, 2, 4)]\n"
             "print('decode', tc.L2_PREFETCH, ptx.count('cp.async.cg.shared.global.L2::128B'),"
-            " ptx.count('cp.async.cg.shared.global ['))\n")
+            " ptx.count('cp.async.cg.shared.global ['), fd.RESIDENT_BLOCKS * kernels.NT * max(caps))\n")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    _, prefetch, hinted, plain = proc.stdout.split()[-4:]
+    _, prefetch, hinted, plain, registers = proc.stdout.split()[-5:]
     assert int(prefetch) == 128
     assert int(hinted) > 0 and int(plain) == 0, proc.stdout
+    assert int(registers) <= 65536, proc.stdout

@@ -28,9 +28,9 @@ kernel (``_switches.DECODE_FUSED = False``).
   register loads, fp32 accumulation, ``shfl_xor`` row sums.  float16, bfloat16 (its uint16 words, converted with
   :mod:`flash_numba.kernels._bf16` on CUDA cores: integer code, every cc) and float32.  Measured on the H200
   (d = 128, float16, G = 4, B = 8, calls queued back to back, benchmarks/results/h200-2026-12-02-decode-l2): the
-  tensor-core kernel, its copies asking the L2 for 128-byte lines, streams the cache at 4,052-4,078 GB/s at 32k and
-  4,201-4,247 at 128k (PyTorch flash 4,274-4,312 and 4,466-4,491); the CUDA-core kernel at 2,402 and 2,481
-  (benchmarks/results/h200-2026-12-02-decode).
+  tensor-core kernel, its copies asking the L2 for 128-byte lines, streams the cache at 4,052-4,112 GB/s at 32k and
+  4,201-4,284 at 128k (PyTorch flash 4,274-4,312 and 4,466-4,491); the CUDA-core kernel, capped at 128 registers
+  (:data:`.kernels.MAX_REGISTERS`), at 2,356 and 2,389.
 * **num_splits** (:func:`choose_splits`): as many splits as fill one wave of resident blocks
   (:func:`resident_blocks` an SM: the tensor-core kernel's by its shared memory, the CUDA-core kernel's
   :data:`RESIDENT_BLOCKS`), each split at least :data:`MIN_KEYS_PER_SPLIT` keys (and two pages).
