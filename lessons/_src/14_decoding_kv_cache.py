@@ -281,6 +281,13 @@ if not SIM:  # the same step on this GPU, 32k tokens
 #   blocks and 8 splits, reaches 2,402: it holds its loads in flight in registers and issues about 100
 #   instructions a key, so it cannot keep more bytes on their way from HBM.
 # * PyTorch's flash backend reaches 4,385 GB/s, close to a device copy's rate; ours is at 0.91 of it.
+#
+# Later the same day one qualifier of one PTX instruction moved our row: each cp.async now asks the L2 for the
+# aligned 128 bytes around its 16 (`cp.async.cg.shared.global.L2::128B`, as CUTLASS's copies do), and the step
+# reads 4,052-4,112 GB/s at 32k, 0.95 of PyTorch flash in the same run
+# (`benchmarks/results/h200-2026-12-02-decode-l2/`). Keeping more bytes in flight (three blocks an SM, deeper
+# pipelines) had gained nothing: the memory was already saturated, and what helped was how the requests reach it.
+# A rate that stops growing when you add concurrency is the sign to look at the access pattern instead.
 
 # %% [markdown]
 # ## What to take away
