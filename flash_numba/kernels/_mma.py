@@ -542,15 +542,7 @@ def _copy_intrinsics():
 
         return types.void(smem, types.uint32), codegen
 
-    @intrinsic
-    def cp_async_16(typingctx, smem, s_index, gmem, g_index):
-        def codegen(context, builder, sig, args):
-            dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
-            src = _pointer(builder, sig.args[2], context, args[2], args[3], 1)
-            asm(builder, "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", [i32, i64], [dst, src])
-            return context.get_dummy_value()
-
-        return types.void(smem, types.uint32, gmem, types.uint64), codegen
+    cp_async_16 = _cp_async_intrinsic("")
 
     @intrinsic
     def cp_async_commit(typingctx):
@@ -611,24 +603,17 @@ def cp_async_wait_group(n: int):
 
 
 @lru_cache(maxsize=None)
-def cp_async_16_l2(prefetch: int = 0):
-    """``cp_async_16`` with PTX's L2 prefetch size (sm_80+): ``prefetch`` bytes, 0, 64, 128 or 256 (the
-    ``.L2::<n>B`` qualifier: the L2 fetches the aligned block of that many bytes around the 16 copied, so that
-    one DRAM access serves the neighbouring copies).  0 is ``cp_async_16`` itself; the simulator's copies ignore
-    it."""
-    if prefetch not in (0, 64, 128, 256):
-        raise ValueError(f"cp_async_16_l2: prefetch = {prefetch} is not 0, 64, 128 or 256")
-    if SIMULATOR or prefetch == 0:
-        return cp_async_16
+def _cp_async_intrinsic(qualifier: str):
+    """``cp.async.cg.shared.global<qualifier> [smem], [gmem], 16`` as an intrinsic (GPU builds only)."""
     from llvmlite import ir
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    text = f"cp.async.cg.shared.global.L2::{prefetch}B [$0], [$1], 16;"
+    text = f"cp.async.cg.shared.global{qualifier} [$0], [$1], 16;"
     i32, i64 = ir.IntType(32), ir.IntType(64)
 
     @intrinsic
-    def copy(typingctx, smem, s_index, gmem, g_index):
+    def cp_async(typingctx, smem, s_index, gmem, g_index):
         def codegen(context, builder, sig, args):
             dst = _pointer(builder, sig.args[0], context, args[0], args[1], 3)
             src = _pointer(builder, sig.args[2], context, args[2], args[3], 1)
@@ -638,7 +623,20 @@ def cp_async_16_l2(prefetch: int = 0):
 
         return types.void(smem, types.uint32, gmem, types.uint64), codegen
 
-    return copy
+    return cp_async
+
+
+@lru_cache(maxsize=None)
+def cp_async_16_l2(prefetch: int = 0):
+    """``cp_async_16`` with PTX's L2 prefetch size (sm_80+): ``prefetch`` bytes, 0, 64, 128 or 256 (the
+    ``.L2::<n>B`` qualifier: the L2 fetches the aligned block of that many bytes around the 16 copied, so that
+    one DRAM access serves the neighbouring copies).  0 is ``cp_async_16`` itself; the simulator's copies ignore
+    it."""
+    if prefetch not in (0, 64, 128, 256):
+        raise ValueError(f"cp_async_16_l2: prefetch = {prefetch} is not 0, 64, 128 or 256")
+    if SIMULATOR or prefetch == 0:
+        return cp_async_16
+    return _cp_async_intrinsic(f".L2::{prefetch}B")
 
 
 if SIMULATOR:

@@ -13,8 +13,9 @@ the instructions of a faster read anyway.  Here:
   online-softmax state (m, l and O of its rows in mma accumulators), merged through shared memory at the end.
 * **Pipeline**: each warp has ``stages`` buffers of a K tile and a V tile (16 rows of d + 8 elements: the pad
   makes the 8 rows an ldmatrix phase reads fall in 8 different bank groups).  cp.async (16 bytes a lane, no
-  register; ``.L2::128B``: the L2 fetches the aligned 128 bytes around each copy, :data:`L2_PREFETCH`) fills tile i + stages - 1 while the warp computes tile i; ``cp.async.wait_group stages - 2`` and a
-  ``__syncwarp`` make tile i visible to the warp.  No block barrier inside the loop: the warps run apart.  Every
+  register; ``.L2::128B``: the L2 fetches the aligned 128 bytes around each copy, :data:`L2_PREFETCH`) fills
+  tile i + stages - 1 while the warp computes tile i; ``cp.async.wait_group stages - 2`` and a ``__syncwarp``
+  make tile i visible to the warp.  No block barrier inside the loop: the warps run apart.  Every
   warp runs the same number of tiles (a warp past the chunk's end computes a zero tile whose keys are all
   masked), so that the warp operations of the simulator, which wait for the whole block, stay in step.
 * **Products** (mma.m16n8k16, fp32 accumulation), per tile: S = Q K^T (d/16 k-steps, two n8 tiles of keys: K
