@@ -1,11 +1,12 @@
-"""flash_decode's tensor-core kernel with its experiment knobs set, timed by the decode benchmark.
+"""flash_decode's tensor-core kernel with a build-time constant set, timed by the decode benchmark.
 
     python benchmarks/decode_knobs.py [--set NAME=VALUE ...] -- [bench_decode arguments]
 
 Sets the named constants of :mod:`flash_numba.kernels.flash_decode.tc` (``L2_PREFETCH``: cp.async's L2 prefetch
-size, 0, 64, 128 or 256; ``STAGES``; a value is a Python literal) before any kernel is built, then runs
+size, 0, 64, 128 or 256; a value is a Python literal) before any kernel is built, then runs
 ``python -m flash_numba.tools.bench_decode`` with the rest of the arguments.  One setting a process: the kernels are
-built once a process, so two settings are two runs, each printing its setting first.  Needs a GPU.
+built once a process, so two settings are two runs, each printing its setting first.  Needs a GPU.  (Pipeline
+stages need no process of their own: bench_decode's ``flash_decode-st<n>`` names run them.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import ast
 import sys
 
-KNOBS = ("L2_PREFETCH", "STAGES")
+KNOBS = ("L2_PREFETCH",)
 
 
 def main(argv: list[str]) -> int:

@@ -71,7 +71,7 @@ STAGES = 2
 #: (``.L2::128B``, as CUTLASS's cp.async; 0: no qualifier; :func:`.._mma.cp_async_16_l2`).  Measured on the
 #: H200 at d = 128, float16, 4 splits, alternated in one device call (benchmarks/results/h200-2026-12-02-decode-l2):
 #: 128 bytes 4,057-4,074 GB/s at 32k and 4,239-4,240 at 128k; none 3,973-3,980 and 4,132-4,141; 64 bytes as none;
-#: 256 (the call before) as none.  ``benchmarks/decode_knobs.py`` sets it (and STAGES) before a kernel is built.
+#: 256 (the call before) as none.  ``benchmarks/decode_knobs.py`` sets it before a kernel is built.
 L2_PREFETCH = 128
 
 
